@@ -1,0 +1,3 @@
+"""Cotrain engine: collaborative training over WebRTC, coordinated by a backbone."""
+
+__version__ = "0.1.0"

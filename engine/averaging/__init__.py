@@ -1,0 +1,1 @@
+"""Gradient averaging: how the vector is split among reducers, and the all-reduce round."""

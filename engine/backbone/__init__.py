@@ -1,0 +1,1 @@
+"""The backbone: the always-on, GPU-less server that coordinates a collaboration."""

@@ -1,0 +1,315 @@
+"""The collaboration's bookkeeper: who is in sync, when a round opens, what an epoch achieved.
+
+Pure logic: methods take what happened and return what to send and record, so every
+rule here is tested without a network. One Tracker per project.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.project import ProjectSpec
+from engine.wire.messages import (
+    CheckpointInfo,
+    EpochAdvanced,
+    Progress,
+    Ready,
+    Resync,
+    RoundDone,
+    RoundStart,
+    Status,
+    SyncPlan,
+    SyncRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Send:
+    to: str
+    msg: object
+
+
+@dataclass
+class Broadcast:
+    msg: object
+
+
+@dataclass
+class EpochRecord:
+    """A completed global step; ``epoch`` counts steps, this one included."""
+
+    epoch: int
+    loss: float | None
+    samples: int
+    peers: int
+    round_seconds: float
+    params_sha256: str
+    contributors: dict[str, int] = field(default_factory=dict)
+
+
+Out = Send | Broadcast | EpochRecord
+
+
+@dataclass
+class PeerState:
+    peer_id: str
+    name: str
+    joined_at: float
+    ready: bool = False
+    epoch: int = -1
+    samples: int = 0
+    rate: float = 0.0
+    loss: float | None = None
+    reported_at: float = 0.0
+    serving: int = 0
+    donor: str | None = None
+
+
+@dataclass
+class OpenRound:
+    round_id: int
+    epoch: int
+    group: list[str]
+    opened_at: float
+    deadline: float
+    checkpoint_by: str | None
+    reported_samples: dict[str, int]
+    outcomes: dict[str, RoundDone] = field(default_factory=dict)
+    advanced_to: str | None = None  # params hash of the first success
+
+    def settled(self, alive: set[str]) -> bool:
+        return all(p in self.outcomes or p not in alive for p in self.group)
+
+
+class Tracker:
+    def __init__(
+        self,
+        project: ProjectSpec,
+        *,
+        epoch: int = 0,
+        params_sha256: str | None = None,
+        checkpoint: CheckpointInfo | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        peer_timeout: float = 15.0,
+        round_grace: float = 5.0,
+        retry_delay: float = 1.0,
+    ) -> None:
+        self.project = project
+        self.epoch = epoch
+        self.params_sha256 = params_sha256
+        self.checkpoint = checkpoint
+        self.peers: dict[str, PeerState] = {}
+        self.round: OpenRound | None = None
+        self.peer_timeout = peer_timeout
+        self.round_grace = round_grace
+        self.retry_delay = retry_delay
+        self._clock = clock
+        self._retry_at = 0.0
+        self._round_ids = itertools.count(int(time.time() * 1000) % 2**40)
+        self._expected_checkpoints: set[tuple[str, int]] = set()
+
+    # --- membership -----------------------------------------------------------------------
+
+    def join(self, peer_id: str, name: str) -> list[Out]:
+        self.peers[peer_id] = PeerState(peer_id, name, self._clock())
+        return []
+
+    def leave(self, peer_id: str) -> list[Out]:
+        self.peers.pop(peer_id, None)
+        self._expected_checkpoints = {c for c in self._expected_checkpoints if c[0] != peer_id}
+        return self._settle_round()
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def handle(self, peer_id: str, msg: object) -> list[Out]:
+        peer = self.peers.get(peer_id)
+        if peer is None:
+            return []
+        if isinstance(msg, Progress):
+            return self._progress(peer, msg)
+        if isinstance(msg, SyncRequest):
+            return self._sync_request(peer, msg)
+        if isinstance(msg, Ready):
+            return self._ready(peer, msg)
+        if isinstance(msg, RoundDone):
+            return self._round_done(peer, msg)
+        return []
+
+    def _progress(self, peer: PeerState, msg: Progress) -> list[Out]:
+        if not peer.ready:
+            return []
+        if msg.epoch != self.epoch:
+            if msg.epoch < self.epoch and not self._in_round(peer.peer_id):
+                return self._resync(peer, f"the collaboration is at epoch {self.epoch}")
+            return []
+        peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
+        peer.reported_at = self._clock()
+        return self._maybe_open_round()
+
+    def _sync_request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
+        peer.ready = False
+        donors = [
+            p for p in self.peers.values()
+            if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id
+        ]
+        if donors:
+            usable = [p for p in donors if p.peer_id not in msg.exclude] or donors
+            donor = min(usable, key=lambda p: (p.serving, p.joined_at))
+            self._release_donor(peer)
+            donor.serving += 1
+            peer.donor = donor.peer_id
+            return [Send(peer.peer_id, SyncPlan(self.epoch, "peer", peer=donor.peer_id))]
+        if self.checkpoint is not None:
+            if self.epoch != self.checkpoint.epoch:
+                log.warning("%s: no live peer holds epoch %d; resuming from the checkpoint of epoch %d",
+                            self.project.id, self.epoch, self.checkpoint.epoch)
+            self.epoch, self.params_sha256 = self.checkpoint.epoch, self.checkpoint.params_sha256
+            return [Send(peer.peer_id, SyncPlan(self.epoch, "checkpoint", checkpoint=self.checkpoint,
+                                                params_sha256=self.params_sha256))]
+        if self.epoch != 0:
+            log.warning("%s: no live peer and no checkpoint; starting over from epoch 0",
+                        self.project.id)
+            self.epoch, self.params_sha256 = 0, None
+        return [Send(peer.peer_id, SyncPlan(0, "init", params_sha256=self.params_sha256))]
+
+    def _release_donor(self, peer: PeerState) -> None:
+        donor = self.peers.get(peer.donor or "")
+        if donor is not None:
+            donor.serving = max(donor.serving - 1, 0)
+        peer.donor = None
+
+    def _ready(self, peer: PeerState, msg: Ready) -> list[Out]:
+        self._release_donor(peer)
+        if msg.epoch != self.epoch:
+            return self._resync(peer, f"the collaboration is at epoch {self.epoch}, not {msg.epoch}")
+        if self.params_sha256 is not None and msg.params_sha256 != self.params_sha256:
+            return self._resync(peer, "your parameters differ from the collaboration's")
+        self.params_sha256 = msg.params_sha256
+        peer.ready, peer.epoch, peer.samples = True, msg.epoch, 0
+        peer.reported_at = self._clock()
+        return []
+
+    def _round_done(self, peer: PeerState, msg: RoundDone) -> list[Out]:
+        rnd = self.round
+        if rnd is None or msg.round_id != rnd.round_id or peer.peer_id not in rnd.group:
+            return []
+        if peer.peer_id in rnd.outcomes:
+            return []
+        rnd.outcomes[peer.peer_id] = msg
+        out: list[Out] = []
+        if msg.ok and msg.params_sha256:
+            if rnd.advanced_to is None:
+                out += self._advance(rnd, msg)
+            elif msg.params_sha256 != rnd.advanced_to:
+                log.error("%s: peer %s diverged in round %d", self.project.id, peer.peer_id, rnd.round_id)
+                out += self._resync(peer, "your step differs from the collaboration's")
+            if msg.params_sha256 == rnd.advanced_to:
+                peer.ready, peer.epoch, peer.samples = True, self.epoch, 0
+                peer.reported_at = self._clock()
+        elif rnd.advanced_to is not None:
+            out += self._resync(peer, "the round finished without you")
+        return out + self._settle_round()
+
+    def _advance(self, rnd: OpenRound, msg: RoundDone) -> list[Out]:
+        rnd.advanced_to = msg.params_sha256
+        self.epoch = rnd.epoch + 1
+        self.params_sha256 = msg.params_sha256
+        out: list[Out] = [
+            EpochRecord(self.epoch, msg.loss, msg.samples, len(rnd.group),
+                        round(self._clock() - rnd.opened_at, 3), msg.params_sha256 or "",
+                        dict(rnd.reported_samples)),
+            Broadcast(EpochAdvanced(self.epoch, msg.loss, msg.samples, msg.params_sha256 or "")),
+        ]
+        if rnd.checkpoint_by is not None:
+            self._expected_checkpoints.add((rnd.checkpoint_by, self.epoch))
+        for p in self.peers.values():
+            if p.ready and p.peer_id not in rnd.group:
+                out += self._resync(p, "an epoch finished while you were not in the round")
+        return out
+
+    def _settle_round(self) -> list[Out]:
+        rnd = self.round
+        if rnd is None or not rnd.settled(set(self.peers)):
+            return []
+        return self._close_round(rnd)
+
+    def _close_round(self, rnd: OpenRound) -> list[Out]:
+        self.round = None
+        out: list[Out] = []
+        if rnd.advanced_to is None:
+            log.info("%s: round %d for epoch %d failed", self.project.id, rnd.round_id, rnd.epoch)
+            self._retry_at = self._clock() + self.retry_delay
+        for pid in rnd.group:
+            peer = self.peers.get(pid)
+            if peer is not None and pid not in rnd.outcomes:
+                out += self._resync(peer, "you did not finish the round in time")
+        return out
+
+    # --- rounds -----------------------------------------------------------------------------
+
+    def _in_round(self, peer_id: str) -> bool:
+        return self.round is not None and peer_id in self.round.group
+
+    def live_peers(self) -> list[PeerState]:
+        now = self._clock()
+        return [
+            p for p in self.peers.values()
+            if p.ready and p.epoch == self.epoch and now - p.reported_at <= self.peer_timeout
+        ]
+
+    def _maybe_open_round(self) -> list[Out]:
+        now = self._clock()
+        if self.round is not None or now < self._retry_at:
+            return []
+        live = self.live_peers()
+        if not live or sum(p.samples for p in live) < self.project.target_batch_size:
+            return []
+        group = sorted(p.peer_id for p in live)
+        last = self.checkpoint.epoch if self.checkpoint else 0
+        due = self.epoch + 1 - last >= self.project.checkpoint_every
+        rnd = OpenRound(
+            round_id=next(self._round_ids), epoch=self.epoch, group=group, opened_at=now,
+            deadline=now + self.project.round_timeout, checkpoint_by=group[0] if due else None,
+            reported_samples={p.peer_id: p.samples for p in live},
+        )
+        self.round = rnd
+        start = RoundStart(rnd.round_id, rnd.epoch, group, [1.0] * len(group),
+                           self.project.round_timeout, rnd.checkpoint_by)
+        log.info("%s: round %d for epoch %d with %d peers, %d samples", self.project.id,
+                 rnd.round_id, rnd.epoch, len(group), sum(rnd.reported_samples.values()))
+        return [Send(pid, start) for pid in group]
+
+    def _resync(self, peer: PeerState, reason: str) -> list[Out]:
+        peer.ready = False
+        return [Send(peer.peer_id, Resync(self.epoch, reason))]
+
+    def tick(self) -> list[Out]:
+        """Deadlines: called about every quarter second."""
+        rnd = self.round
+        if rnd is not None and self._clock() > rnd.deadline + self.round_grace:
+            return self._close_round(rnd)
+        return self._maybe_open_round()
+
+    # --- checkpoints and status ---------------------------------------------------------
+
+    def expects_checkpoint(self, peer_id: str, epoch: int) -> bool:
+        return (peer_id, epoch) in self._expected_checkpoints
+
+    def checkpoint_stored(self, peer_id: str, info: CheckpointInfo) -> None:
+        self._expected_checkpoints.discard((peer_id, info.epoch))
+        if self.checkpoint is None or info.epoch >= self.checkpoint.epoch:
+            self.checkpoint = info
+
+    def status(self) -> Status:
+        live = self.live_peers()
+        samples = sum(p.samples for p in live)
+        rate = sum(p.rate for p in live)
+        missing = max(self.project.target_batch_size - samples, 0)
+        eta = missing / rate if rate > 0 else None
+        return Status(self.epoch, samples, self.project.target_batch_size, len(self.peers), rate, eta)

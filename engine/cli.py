@@ -1,0 +1,133 @@
+"""``cotrain`` command line: backbone, peer and demo (the desktop app comes with its own issue)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from engine.paths import user_data_dir
+
+
+def _add_logging(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more log output (-vv for debugging)")
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if verbose < 2:
+        for noisy in ("aioice", "aiortc", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cotrain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bb = sub.add_parser("backbone", help="run the server that coordinates a collaboration")
+    bb.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    bb.add_argument("--port", type=int, default=8470, help="port, 0 for any free one (default: 8470)")
+    bb.add_argument("--data-dir", type=Path, default=None,
+                    help="where the database and checkpoints live")
+    bb.add_argument("--catalog", type=Path, default=None, help="projects JSON file")
+    bb.add_argument("--peer-timeout", type=float, default=15.0,
+                    help="seconds of silence after which a peer is left out of rounds")
+    _add_logging(bb)
+
+    peer = sub.add_parser("peer", help="join a collaboration and train")
+    peer.add_argument("--backbone", required=True, help="backbone URL, e.g. http://host:8470")
+    peer.add_argument("--project", required=True, help="project id, e.g. demo-lm")
+    peer.add_argument("--name", default="", help="name shown to others")
+    peer.add_argument("--max-epochs", type=int, default=None, help="leave after this epoch")
+    peer.add_argument("--threads", type=int, default=None, help="compute threads")
+    peer.add_argument("--data", default=None, help="folder of text files to train on")
+    peer.add_argument("--data-seed", type=int, default=None, help=argparse.SUPPRESS)
+    peer.add_argument("--slowdown", type=float, default=1.0, help=argparse.SUPPRESS)
+    peer.add_argument("--ice-address", action="append", default=None,
+                      help="only offer this local address for connections (repeatable)")
+    peer.add_argument("--json", action="store_true", help="one JSON line per completed epoch")
+    _add_logging(peer)
+
+    demo = sub.add_parser("demo", help="a backbone and local peers training demo-lm together")
+    demo.add_argument("--peers", type=int, default=3)
+    demo.add_argument("--epochs", type=int, default=5)
+    demo.add_argument("--data", default=None, help="folder of text files to train on")
+    demo.add_argument("--catalog", type=Path, default=None, help=argparse.SUPPRESS)
+    _add_logging(demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        if args.command == "backbone":
+            return _run(_backbone(args))
+        if args.command == "peer":
+            return _run(_peer(args))
+        if args.command == "demo":
+            from engine.demo import run_demo
+
+            return _run(run_demo(args.peers, args.epochs, args.data, args.catalog))
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _run(coro) -> int:
+    """Run ``coro`` with SIGTERM and SIGINT stopping it cleanly."""
+    async def wrapper() -> int:
+        task = asyncio.ensure_future(coro)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return 130
+
+    return asyncio.run(wrapper())
+
+
+async def _backbone(args: argparse.Namespace) -> int:
+    from engine.backbone.server import BackboneConfig, serve
+
+    config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone",
+                            host=args.host, port=args.port, peer_timeout=args.peer_timeout)
+    if args.catalog:
+        config.catalog = args.catalog
+    try:
+        await serve(config)
+    except (OSError, ValueError) as exc:
+        print(f"cotrain backbone: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _peer(args: argparse.Namespace) -> int:
+    from engine.peer.client import BackboneError
+    from engine.peer.report import ConsoleReporter
+    from engine.peer.runner import Peer, PeerOptions
+
+    options = PeerOptions(
+        backbone_url=args.backbone, project_id=args.project, name=args.name,
+        max_epochs=args.max_epochs, threads=args.threads, data_dir=args.data,
+        data_seed=args.data_seed, slowdown=args.slowdown, ice_addresses=args.ice_address,
+    )
+    peer = Peer(options, ConsoleReporter(json_lines=args.json))
+    try:
+        reason = await peer.run()
+    except (BackboneError, ValueError, OSError) as exc:
+        print(f"cotrain peer: {exc}", file=sys.stderr)
+        return 1
+    except asyncio.CancelledError:
+        return 130
+    return 0 if reason.startswith("reached epoch") else 1

@@ -1,0 +1,1 @@
+"""A peer: joins a backbone's project, syncs state, trains and averages with the others."""

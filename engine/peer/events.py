@@ -1,0 +1,55 @@
+"""What a running peer tells its front end (the CLI, the demo, the desktop app's worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.project import ProjectSpec
+from engine.training.optimizer import EpochResult
+from engine.wire.messages import Status
+
+
+@dataclass
+class Joined:
+    peer_id: str
+    project: ProjectSpec
+
+
+@dataclass
+class SyncProgress:
+    """Downloading the collaboration's state: ``received`` of ``total`` bytes."""
+
+    source: str
+    received: int
+    total: int
+
+
+@dataclass
+class Synced:
+    epoch: int
+    source: str
+    params_sha256: str
+
+
+@dataclass
+class EpochCompleted:
+    result: EpochResult
+
+
+@dataclass
+class RoundFailed:
+    epoch: int
+    reason: str
+
+
+@dataclass
+class StatusChanged:
+    status: Status
+
+
+@dataclass
+class Stopped:
+    reason: str
+
+
+Event = Joined | SyncProgress | Synced | EpochCompleted | RoundFailed | StatusChanged | Stopped

@@ -1,0 +1,63 @@
+"""Turns a peer's events into terminal output: a status line, and JSON lines with ``--json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from engine.console import StatusLine, bar, megabytes
+from engine.peer.events import (
+    EpochCompleted,
+    Event,
+    Joined,
+    RoundFailed,
+    StatusChanged,
+    Stopped,
+    Synced,
+    SyncProgress,
+)
+
+
+class ConsoleReporter:
+    def __init__(self, json_lines: bool = False) -> None:
+        self.json_lines = json_lines
+        self.line = StatusLine()
+        self._sync_shown = -1
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Joined):
+            self.line.say(f"joined '{event.project.title}' as peer {event.peer_id}")
+        elif isinstance(event, SyncProgress):
+            if event.total:
+                pct = int(100 * event.received / event.total)
+                if pct // 10 != self._sync_shown or self.line.tty:
+                    self._sync_shown = pct // 10
+                    self.line.update(f"downloading state from {event.source} {bar(pct / 100)} "
+                                     f"{pct}% of {megabytes(event.total)}")
+            else:
+                self.line.update(f"asking {event.source} for the current state")
+        elif isinstance(event, Synced):
+            self._sync_shown = -1
+            self.line.say(f"in sync at epoch {event.epoch} (state from {event.source}, "
+                          f"params {event.params_sha256[:12]})")
+        elif isinstance(event, EpochCompleted):
+            r = event.result
+            loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
+            self.line.say(f"epoch {r.epoch}: loss {loss}, {r.samples} samples from {r.peers} peers "
+                          f"(mine {r.my_samples}), averaged in {r.round_seconds:.1f}s")
+            if self.json_lines:
+                print(json.dumps({"epoch": r.epoch, "loss": r.loss, "samples": r.samples,
+                                  "peers": r.peers, "params_sha256": r.params_sha256,
+                                  "round_seconds": round(r.round_seconds, 3),
+                                  "my_samples": r.my_samples}), flush=True)
+        elif isinstance(event, RoundFailed):
+            self.line.say(f"round for epoch {event.epoch} failed: {event.reason}")
+        elif isinstance(event, StatusChanged):
+            s = event.status
+            eta = f", next step in ~{s.eta_seconds:.0f}s" if s.eta_seconds is not None else ""
+            self.line.update(f"epoch {s.epoch} {bar(s.samples / max(s.target, 1))} "
+                             f"{s.samples}/{s.target} samples, {s.peers} peers, "
+                             f"{s.samples_per_second:.1f} samples/s{eta}")
+        elif isinstance(event, Stopped):
+            self.line.say(f"stopped: {event.reason}")
+        sys.stderr.flush()

@@ -1,0 +1,1 @@
+"""Local training mechanics: accumulation, the collaborative step, schedules and state."""

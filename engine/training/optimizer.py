@@ -1,0 +1,232 @@
+"""CollaborativeOptimizer: a torch optimizer stepped by a whole collaboration at once.
+
+Each peer runs micro-batches at its own pace and accumulates gradient sums. When the
+backbone opens a round, the peer hands over what it has, the group averages it
+(weighted by samples), and every member applies the same averaged gradient with the
+same optimizer step: synchronous large-batch training, whoever joined or left.
+
+All torch work (micro-batches, the step, state snapshots) runs on one worker thread, in
+order, so a step never overlaps a forward pass and the event loop keeps serving the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
+from engine.training.accumulator import GradientAccumulator
+from engine.training.params import flat_grad, params_sha256, set_grads, trainable
+from engine.training.schedule import ScheduleSpec, lr_at
+from engine.training.state import load_state, pack_state
+from engine.training.throughput import Throughput
+from engine.wire.messages import Progress, RoundDone, RoundStart
+from engine.wire.tensors import Bundle
+
+log = logging.getLogger(__name__)
+
+Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Averaged]]
+Send = Callable[[object], Awaitable[None]]
+MicroBatch = Callable[[], tuple[int, float]]
+
+
+@dataclass
+class EpochResult:
+    """One completed global step, as this peer saw it."""
+
+    epoch: int  # steps completed so far, this one included
+    loss: float | None
+    samples: int
+    peers: int
+    params_sha256: str
+    round_seconds: float
+    my_samples: int
+    my_batches: list[int] = field(default_factory=list)
+
+
+class CollaborativeOptimizer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: ScheduleSpec,
+        *,
+        project_id: str,
+        me: str,
+        averager: Averager,
+        send: Send,
+        clip_grad_norm: float | None = None,
+        report_interval: float = 0.5,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.base_lr = optimizer.param_groups[0]["lr"]
+        self.project_id = project_id
+        self.me = me
+        self.clip_grad_norm = clip_grad_norm
+        self.report_interval = report_interval
+        self.params = trainable(model)
+        self.accumulator = GradientAccumulator(sum(p.numel() for p in self.params))
+        self.throughput = Throughput()
+        self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
+        self.epoch = 0
+        self.discarded_samples = 0
+        self._averager = averager
+        self._send = send
+        self._generation = 0
+        self._synced = False
+        self._in_round = False
+        self._paused = False
+        self._computable = asyncio.Event()
+        self._last_report = 0.0
+
+    # --- micro-batches -----------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    @property
+    def in_round(self) -> bool:
+        return self._in_round
+
+    async def compute(self, micro_batch: MicroBatch, batch_id: int) -> bool:
+        """Run ``micro_batch`` (forward and backward on the model; returns samples and summed
+        loss) on the compute thread and accumulate its gradient. False if it was discarded
+        because a round took the accumulator meanwhile."""
+        await self._computable.wait()
+        ticket = (self.epoch, self._generation)
+
+        def work() -> tuple[torch.Tensor, int, float]:
+            self.optimizer.zero_grad(set_to_none=True)
+            samples, loss_sum = micro_batch()
+            return flat_grad(self.params, scale=float(samples)), samples, loss_sum
+
+        grad, samples, loss_sum = await self._run(work)
+        if ticket != (self.epoch, self._generation) or not self._computable.is_set():
+            self.discarded_samples += samples
+            return False
+        self.accumulator.add(grad, samples, loss_sum, batch_id)
+        self.throughput.add(samples)
+        await self.report_progress()
+        return True
+
+    async def report_progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._synced or (not force and now - self._last_report < self.report_interval):
+            return
+        self._last_report = now
+        acc = self.accumulator
+        loss = acc.loss_sum / acc.samples if acc.samples else None
+        await self._send(Progress(self.epoch, acc.samples, self.throughput.rate(), loss))
+
+    def pause(self, paused: bool) -> None:
+        self._paused = paused
+        self._update()
+
+    # --- rounds -----------------------------------------------------------------------
+
+    async def run_round(self, start: RoundStart) -> EpochResult | None:
+        """Take part in the round ``start``; returns the completed step, or None if it failed."""
+        if self.me not in start.group:
+            return None
+        if not self._synced or start.epoch != self.epoch or self._in_round:
+            await self._send(RoundDone(start.round_id, start.epoch, ok=False,
+                                       error=f"not ready for epoch {start.epoch}"))
+            return None
+        self._generation += 1
+        self._in_round = True
+        self._update()
+        taken = self.accumulator.take()
+        began = time.monotonic()
+        plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me)
+        try:
+            try:
+                averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,
+                                                start.timeout)
+            except AveragingError as exc:
+                log.warning("round for epoch %d failed: %s", start.epoch, exc)
+                if self.epoch == start.epoch:
+                    self.accumulator.restore(taken)
+                await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc)))
+                return None
+            digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
+        finally:
+            self._in_round = False
+            self._update()
+        seconds = time.monotonic() - began
+        await self._send(RoundDone(start.round_id, start.epoch, ok=True, params_sha256=digest,
+                                   samples=averaged.samples, loss=averaged.loss, seconds=seconds))
+        return EpochResult(self.epoch, averaged.loss, averaged.samples, len(start.group), digest,
+                           seconds, taken.samples, taken.batches)
+
+    def _apply(self, vector: torch.Tensor, epoch: int) -> str:
+        set_grads(self.params, vector)
+        if self.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        lr = lr_at(self.schedule, self.base_lr, epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.epoch = epoch + 1
+        return params_sha256(self.model)
+
+    # --- state ------------------------------------------------------------------------
+
+    def unsync(self) -> None:
+        """Stop computing: our state is stale and must be downloaded again."""
+        self._synced = False
+        self.accumulator.clear()
+        self._update()
+
+    async def snapshot(self) -> tuple[dict, bytearray]:
+        """The current state as a bundle. Steps also run on the compute thread, so the
+        epoch read there always matches the parameters packed."""
+        return await self._run(
+            lambda: pack_state(self.model, self.optimizer, self.epoch, self.project_id)
+        )
+
+    async def reset(self, fresh: torch.nn.Module) -> str:
+        """Start over from ``fresh`` (a newly initialised model) at epoch 0."""
+        def work() -> str:
+            self.model.load_state_dict(fresh.state_dict())
+            self.optimizer.state.clear()
+            self.epoch = 0
+            return params_sha256(self.model)
+
+        return await self._run(work)
+
+    async def load(self, bundle: Bundle) -> str:
+        """Adopt a downloaded state; returns its parameter hash."""
+        def work() -> str:
+            self.epoch = load_state(bundle, self.model, self.optimizer, self.project_id)
+            return params_sha256(self.model)
+
+        return await self._run(work)
+
+    async def params_sha256(self) -> str:
+        return await self._run(lambda: params_sha256(self.model))
+
+    def mark_synced(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.accumulator.clear()
+        self._synced = True
+        self._update()
+
+    def _update(self) -> None:
+        if self._synced and not self._in_round and not self._paused:
+            self._computable.set()
+        else:
+            self._computable.clear()
+
+    async def _run(self, fn):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)

@@ -1,0 +1,45 @@
+"""Moving between a model's parameters and one flat vector, and fingerprinting them."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import torch
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def flat_grad(params: Sequence[torch.nn.Parameter], scale: float = 1.0) -> torch.Tensor:
+    """One new fp32 vector of all gradients (zeros where a parameter got none), times ``scale``."""
+    parts = [
+        (p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel()))
+        for p in params
+    ]
+    out = torch.cat(parts) if parts else torch.zeros(0)
+    return out.mul_(scale) if scale != 1.0 else out
+
+
+def set_grads(params: Sequence[torch.nn.Parameter], vector: torch.Tensor) -> None:
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = vector[offset : offset + n].view_as(p).to(p.dtype).clone()
+        offset += n
+    if offset != vector.numel():
+        raise ValueError("vector does not match the parameters")
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    """Hash of every parameter and buffer, in a fixed order: equal hashes mean equal bits."""
+    return tensors_sha256(model.state_dict())
+
+
+def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,31 @@
+"""Samples per second over a sliding window of wall-clock time."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+
+class Throughput:
+    def __init__(self, window: float = 30.0, clock=time.monotonic) -> None:
+        self.window = window
+        self._clock = clock
+        self._events: deque[tuple[float, int]] = deque()
+        self._start = clock()
+
+    def add(self, samples: int) -> None:
+        self._events.append((self._clock(), samples))
+        self._trim()
+
+    def rate(self) -> float:
+        self._trim()
+        if not self._events:
+            return 0.0
+        now = self._clock()
+        span = max(now - max(self._start, now - self.window), 1e-3)
+        return sum(n for _, n in self._events) / span
+
+    def _trim(self) -> None:
+        horizon = self._clock() - self.window
+        while self._events and self._events[0][0] < horizon:
+            self._events.popleft()
