@@ -69,6 +69,7 @@ class PeerState:
     reported_at: float = 0.0
     serving: int = 0
     donor: str | None = None
+    syncing_since: float | None = None
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Tracker:
         peer_timeout: float = 15.0,
         round_grace: float = 5.0,
         retry_delay: float = 1.0,
+        join_grace: float = 30.0,
     ) -> None:
         self.project = project
         self.epoch = epoch
@@ -109,6 +111,7 @@ class Tracker:
         self.peer_timeout = peer_timeout
         self.round_grace = round_grace
         self.retry_delay = retry_delay
+        self.join_grace = join_grace
         self._clock = clock
         self._retry_at = 0.0
         self._round_ids = itertools.count(int(time.time() * 1000) % 2**40)
@@ -154,6 +157,7 @@ class Tracker:
 
     def _sync_request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
         peer.ready = False
+        peer.syncing_since = self._clock()
         donors = [
             p for p in self.peers.values()
             if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id
@@ -186,6 +190,7 @@ class Tracker:
 
     def _ready(self, peer: PeerState, msg: Ready) -> list[Out]:
         self._release_donor(peer)
+        peer.syncing_since = None
         if msg.epoch != self.epoch:
             return self._resync(peer, f"the collaboration is at epoch {self.epoch}, not {msg.epoch}")
         if self.params_sha256 is not None and msg.params_sha256 != self.params_sha256:
@@ -269,6 +274,12 @@ class Tracker:
             return []
         live = self.live_peers()
         if not live or sum(p.samples for p in live) < self.project.target_batch_size:
+            return []
+        if any(p.syncing_since is not None and now - p.syncing_since < self.join_grace
+               for p in self.peers.values()):
+            # A joiner is downloading the current state. Opening the round now would make
+            # that state stale on arrival; everyone keeps accumulating meanwhile, so
+            # waiting costs a slightly larger batch, not wasted work.
             return []
         group = sorted(p.peer_id for p in live)
         last = self.checkpoint.epoch if self.checkpoint else 0

@@ -31,7 +31,7 @@ from engine.peer.events import (
     Synced,
     SyncProgress,
 )
-from engine.tasks import Task, create_task
+from engine.tasks import Task, create_task, initial_model
 from engine.training.optimizer import CollaborativeOptimizer, EpochResult
 from engine.training.schedule import build_optimizer
 from engine.transport.ice import ice_configuration, is_loopback_host, restrict_host_addresses
@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 STATE_STALL_TIMEOUT = 30.0
 SYNC_ATTEMPTS = 8
 MAX_STATE_SERVES = 2
+CHECKPOINT_UPLOAD_TIMEOUT = 120.0
 
 
 class SyncError(RuntimeError):
@@ -102,6 +103,7 @@ class Peer:
         self._requests = itertools.count(1)
         self._serving = asyncio.Semaphore(MAX_STATE_SERVES)
         self._state_activity = 0.0
+        self._uploads: set[asyncio.Task] = set()
         self._mailbox = Mailbox()
         self._mesh: PeerMesh | None = None
         self._opt: CollaborativeOptimizer | None = None
@@ -123,22 +125,24 @@ class Peer:
 
     async def run(self) -> str:
         """Train until ``max_epochs``, ``stop()`` or the backbone goes away; returns why it ended."""
+        loops: list[asyncio.Task] = []
         try:
             await self._start()
             control = asyncio.ensure_future(self._control_loop())
             training = asyncio.ensure_future(self._training_loop())
-            self._spawn(self._sync())
             stopping = asyncio.ensure_future(self._stop.wait())
-            done, _ = await asyncio.wait({control, training, stopping},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            for task in (control, training, stopping):
-                if task in done and not task.cancelled() and task.exception():
+            loops = [control, training, stopping]
+            self._spawn(self._sync())
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception():
                     raise task.exception()  # type: ignore[misc]
             if control in done:
                 self.stop(f"lost the backbone ({self._client.close_reason})")
-            for task in (control, training, stopping):
-                task.cancel()
         finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
             await self._shutdown()
         self._emit(Stopped(self._stop_reason))
         return self._stop_reason
@@ -167,17 +171,19 @@ class Peer:
             model, optimizer, project.schedule, project_id=project.id, me=self.peer_id,
             averager=self._average, send=self._client.send,
             clip_grad_norm=project.optimizer.clip_grad_norm,
-            report_interval=reply.report_interval,
+            report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
         )
 
     def _fresh_model(self) -> torch.nn.Module:
-        """The project's initial model: the same bits on every peer, from the project's seed."""
         assert self._task is not None and self._client.join_reply is not None
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self._client.join_reply.project.seed)
-            return self._task.build_model()
+        return initial_model(self._task, self._client.join_reply.project.seed)
 
     async def _shutdown(self) -> None:
+        pending = [t for t in self._uploads if not t.done()]
+        if pending:
+            # The collaboration asked us for this checkpoint; if we are the last peer to
+            # leave, it is the state the next one resumes from.
+            await asyncio.wait(pending, timeout=CHECKPOINT_UPLOAD_TIMEOUT)
         for task in list(self._tasks):
             task.cancel()
         if self._mesh is not None:
@@ -209,20 +215,23 @@ class Peer:
             if isinstance(msg, Signal):
                 self._spawn(self.mesh.handle_signal(msg.peer, msg.data))
             elif isinstance(msg, SyncPlan):
+                self._collab_epoch = msg.epoch
                 if self._sync_reply is not None and not self._sync_reply.done():
                     self._sync_reply.set_result(msg)
             elif isinstance(msg, RoundStart):
                 self._spawn(self._round(msg))
             elif isinstance(msg, EpochAdvanced):
-                self._collab_epoch = max(self._collab_epoch, msg.epoch)
+                self._collab_epoch = msg.epoch
+                self.optimizer.observe_epoch(msg.epoch)
                 self._check_behind()
             elif isinstance(msg, Resync):
                 log.info("resync requested: %s", msg.reason)
-                self._collab_epoch = max(self._collab_epoch, msg.epoch)
+                self._collab_epoch = msg.epoch
                 self._spawn(self._resync())
             elif isinstance(msg, Status):
                 self.status = msg
-                self._collab_epoch = max(self._collab_epoch, msg.epoch)
+                self.optimizer.observe(msg)
+                self._collab_epoch = msg.epoch
                 self._emit(StatusChanged(msg))
             elif isinstance(msg, Error):
                 log.error("backbone: %s", msg.message)
@@ -252,7 +261,7 @@ class Peer:
         self._collab_epoch = max(self._collab_epoch, result.epoch)
         self._emit(EpochCompleted(result))
         if start.checkpoint_by == self.peer_id:
-            self._spawn(self._upload_checkpoint())
+            self._uploads.add(self._spawn(self._upload_checkpoint()))
         if self.options.max_epochs is not None and result.epoch >= self.options.max_epochs:
             self.stop(f"reached epoch {result.epoch}")
 
@@ -280,11 +289,10 @@ class Peer:
                 loss.backward()
                 return batch.size, float(loss.detach()) * batch.size
 
-            began = time.monotonic()
             await opt.compute(micro_batch, index)
             if opts.slowdown > 1.0:
                 # A deliberately slow device: idle for (slowdown - 1) x the compute time.
-                pause = (opts.slowdown - 1.0) * (time.monotonic() - began)
+                pause = (opts.slowdown - 1.0) * opt.last_compute_seconds
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), pause)
 
@@ -356,6 +364,8 @@ class Peer:
         if frame.type == StateUnavailable.TYPE:
             raise SyncError(f"{donor} cannot serve state: {frame.header.get('reason')}")
         reply = from_wire(frame.header, {StateReply.TYPE: StateReply})
+        size = len(frame.payload)
+        self._emit(SyncProgress(f"peer {donor[:8]}", size, size))
         bundle = await asyncio.to_thread(decode_file, frame.payload)
         digest = await self.optimizer.load(bundle)
         if digest != reply.params_sha256:

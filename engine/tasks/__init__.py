@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from engine.tasks.base import Batch, Task
 from engine.tasks.demo_lm import DemoLM
 
@@ -16,4 +18,11 @@ def create_task(name: str, params: dict, data_dir: str | None = None) -> Task:
     return cls.create(params, data_dir)
 
 
-__all__ = ["TASKS", "Batch", "Task", "create_task"]
+def initial_model(task: Task, seed: int) -> torch.nn.Module:
+    """The project's starting model: the same bits on every peer, from the project's seed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return task.build_model()
+
+
+__all__ = ["TASKS", "Batch", "Task", "create_task", "initial_model"]

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -26,7 +26,7 @@ from engine.training.params import flat_grad, params_sha256, set_grads, trainabl
 from engine.training.schedule import ScheduleSpec, lr_at
 from engine.training.state import load_state, pack_state
 from engine.training.throughput import Throughput
-from engine.wire.messages import Progress, RoundDone, RoundStart
+from engine.wire.messages import Progress, RoundDone, RoundStart, Status
 from engine.wire.tensors import Bundle
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Averaged]]
 Send = Callable[[object], Awaitable[None]]
 MicroBatch = Callable[[], tuple[int, float]]
+MIN_REPORT_GAP = 0.05
 
 
 @dataclass
@@ -61,6 +62,7 @@ class CollaborativeOptimizer:
         me: str,
         averager: Averager,
         send: Send,
+        target_batch_size: int,
         clip_grad_norm: float | None = None,
         report_interval: float = 0.5,
         executor: ThreadPoolExecutor | None = None,
@@ -73,12 +75,14 @@ class CollaborativeOptimizer:
         self.me = me
         self.clip_grad_norm = clip_grad_norm
         self.report_interval = report_interval
+        self.target_batch_size = target_batch_size
         self.params = trainable(model)
         self.accumulator = GradientAccumulator(sum(p.numel() for p in self.params))
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
         self.epoch = 0
         self.discarded_samples = 0
+        self.last_compute_seconds = 0.0
         self._averager = averager
         self._send = send
         self._generation = 0
@@ -87,6 +91,10 @@ class CollaborativeOptimizer:
         self._paused = False
         self._computable = asyncio.Event()
         self._last_report = 0.0
+        self._reported_samples = 0
+        self._status: Status | None = None
+        self._status_time = 0.0
+        self._mine_in_status = 0
 
     # --- micro-batches -----------------------------------------------------------------
 
@@ -106,9 +114,12 @@ class CollaborativeOptimizer:
         ticket = (self.epoch, self._generation)
 
         def work() -> tuple[torch.Tensor, int, float]:
+            began = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
             samples, loss_sum = micro_batch()
-            return flat_grad(self.params, scale=float(samples)), samples, loss_sum
+            grad = flat_grad(self.params, scale=float(samples))
+            self.last_compute_seconds = time.perf_counter() - began
+            return grad, samples, loss_sum
 
         grad, samples, loss_sum = await self._run(work)
         if ticket != (self.epoch, self._generation) or not self._computable.is_set():
@@ -120,13 +131,38 @@ class CollaborativeOptimizer:
         return True
 
     async def report_progress(self, force: bool = False) -> None:
+        """Tell the backbone how far we are: every ``report_interval``, and at once when the
+        collaboration is likely to have reached its target, so rounds open without lag."""
         now = time.monotonic()
-        if not self._synced or (not force and now - self._last_report < self.report_interval):
+        since = now - self._last_report
+        due = since >= self.report_interval or (since >= MIN_REPORT_GAP and self._target_in_reach(now))
+        if not self._synced or not (force or due):
             return
         self._last_report = now
         acc = self.accumulator
+        self._reported_samples = acc.samples
         loss = acc.loss_sum / acc.samples if acc.samples else None
         await self._send(Progress(self.epoch, acc.samples, self.throughput.rate(), loss))
+
+    def observe(self, status: Status) -> None:
+        """Remember the collaboration's progress, to estimate when the target is reached."""
+        self._status, self._status_time = status, time.monotonic()
+        self._mine_in_status = self._reported_samples
+
+    def observe_epoch(self, epoch: int) -> None:
+        """A new epoch starts from zero samples; the peers' rates carry over."""
+        if self._status is not None and epoch > self._status.epoch:
+            self.observe(replace(self._status, epoch=epoch, samples=0))
+            self._mine_in_status = 0
+
+    def _target_in_reach(self, now: float) -> bool:
+        status = self._status
+        if status is None or status.epoch != self.epoch:
+            return False
+        others = max(status.samples - self._mine_in_status, 0)
+        others_rate = max(status.samples_per_second - self.throughput.rate(), 0.0)
+        estimate = others + others_rate * (now - self._status_time) + self.accumulator.samples
+        return estimate >= self.target_batch_size
 
     def pause(self, paused: bool) -> None:
         self._paused = paused
@@ -146,6 +182,7 @@ class CollaborativeOptimizer:
         self._in_round = True
         self._update()
         taken = self.accumulator.take()
+        self._reported_samples = 0
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me)
         try:
@@ -219,6 +256,7 @@ class CollaborativeOptimizer:
     def mark_synced(self, epoch: int) -> None:
         self.epoch = epoch
         self.accumulator.clear()
+        self._reported_samples = 0
         self._synced = True
         self._update()
 

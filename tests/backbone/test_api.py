@@ -1,0 +1,120 @@
+"""Bad input to the backbone: clear 4xx answers or a closed socket with a reason, while
+the server stays up and the peers already training are unaffected."""
+
+import json
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+
+pytestmark = pytest.mark.slow
+
+
+async def _join(http, url, project="tiny-lm"):
+    async with http.post(f"{url}/api/projects/{project}/peers", json={"name": "x"}) as resp:
+        assert resp.status == 201
+        return await resp.json()
+
+
+@pytest.fixture
+async def collaboration(tmp_path):
+    project = tiny_project()
+    async with running_backbone(tmp_path, project) as backbone:
+        peers = [start_peer(backbone.url, project.id, f"p{i}") for i in range(2)]
+        await peers[0].reached(1, timeout=60)
+        async with aiohttp.ClientSession() as http:
+            yield backbone, http, peers
+        await stop_all(*peers)
+
+
+@pytest.mark.parametrize(
+    "method, path, body, status, message",
+    [
+        ("post", "/api/projects/tiny-lm/peers", b"{not json", 400, "not JSON"),
+        ("post", "/api/projects/tiny-lm/peers", b'{"name": 42}', 400, "expected a string"),
+        ("post", "/api/projects/tiny-lm/peers", b"[1, 2]", 400, "JSON object"),
+        ("post", "/api/projects/tiny-lm/peers", b'{"name": "' + b"x" * 200 + b'"}', 400, "64"),
+        ("post", "/api/projects/nope/peers", b"{}", 404, "no project 'nope'"),
+        ("get", "/api/projects/nope/curve", None, 404, "no project"),
+        ("post", "/api/projects/tiny-lm/peers", b"{" + b" " * 100_000 + b"}", 413, "larger than"),
+        ("get", "/api/projects/tiny-lm/checkpoints/abc", None, 401, "peer token"),
+        ("put", "/api/projects/tiny-lm/checkpoints/3", b"data", 401, "peer token"),
+        ("get", "/api/projects/tiny-lm/peers/abc/ws", None, 401, "peer token"),
+    ],
+)
+async def test_bad_requests_get_a_clear_4xx(collaboration, method, path, body, status, message):
+    backbone, http, peers = collaboration
+    async with http.request(method, backbone.url + path, data=body) as resp:
+        assert resp.status == status
+        assert message in (await resp.json())["error"]
+    async with http.get(f"{backbone.url}/api/health") as resp:
+        assert resp.status == 200
+    await peers[0].reached(peers[0].history[-1].epoch + 1, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        ("this is not json", "bad message: not JSON"),
+        ('{"v": 1, "type": "progress", "epoch": "x"}', "expected an integer"),
+        ('{"v": 9, "type": "progress"}', "wire version 9"),
+        ('{"v": 1, "type": "round_start", "round_id": 1, "epoch": 0, "group": ["a"], '
+         '"shares": [1], "timeout": 1}', "peers may not send 'round_start'"),
+        (b"\x00\x01binary", "binary messages are not accepted"),
+    ],
+)
+async def test_a_socket_sending_garbage_is_closed_with_the_reason(collaboration, frame, reason):
+    backbone, http, peers = collaboration
+    joined = await _join(http, backbone.url)
+    ws = await http.ws_connect(f"{backbone.url}/api/projects/tiny-lm/peers/{joined['peer_id']}/ws",
+                               headers={"X-Cotrain-Peer-Token": joined["token"]})
+    if isinstance(frame, bytes):
+        await ws.send_bytes(frame)
+    else:
+        await ws.send_str(frame)
+    msg = await ws.receive(timeout=10)
+    while msg.type == aiohttp.WSMsgType.TEXT:  # status broadcasts may come first
+        msg = await ws.receive(timeout=10)
+    assert msg.type == aiohttp.WSMsgType.CLOSE
+    assert reason in msg.extra
+    epoch = peers[0].history[-1].epoch
+    await peers[0].reached(epoch + 1, timeout=60)
+
+
+async def test_a_wrong_peer_token_is_refused(collaboration):
+    backbone, http, _ = collaboration
+    joined = await _join(http, backbone.url)
+    with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+        await http.ws_connect(f"{backbone.url}/api/projects/tiny-lm/peers/{joined['peer_id']}/ws",
+                              headers={"X-Cotrain-Peer-Token": "forged"})
+    assert err.value.status == 401
+
+
+async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):
+    backbone, http, _ = collaboration
+    joined = await _join(http, backbone.url)
+    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
+               "X-Content-SHA256": "0" * 64, "X-Params-SHA256": "0" * 64}
+    async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/1", data=b"x" * 1000,
+                        headers=headers) as resp:
+        assert resp.status == 409
+        assert "was requested from you" in (await resp.json())["error"]
+    assert backbone.store.checkpoints("tiny-lm") == []
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=json_values)
+async def test_hostile_join_bodies_never_cause_a_server_error(collaboration, body):
+    backbone, http, _ = collaboration
+    async with http.post(f"{backbone.url}/api/projects/tiny-lm/peers", data=json.dumps(body)) as resp:
+        assert resp.status in (201, 400)

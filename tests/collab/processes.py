@@ -1,0 +1,72 @@
+"""Peers as separate OS processes, as in production, with their JSON epoch lines collected."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.paths import engine_command
+from engine.project import ProjectSpec
+from tests.conftest import until
+
+
+def write_catalog(path: Path, *projects: ProjectSpec) -> Path:
+    path.write_text(json.dumps({"projects": [dataclasses.asdict(p) for p in projects]}))
+    return path
+
+
+@dataclass
+class PeerProcess:
+    name: str
+    process: asyncio.subprocess.Process
+    epochs: list[dict] = field(default_factory=list)
+    reader: asyncio.Task | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self.epochs[-1]["epoch"] if self.epochs else 0
+
+    async def reached(self, epoch: int, timeout: float) -> None:
+        await until(lambda: self.epoch >= epoch or self.process.returncode is not None, timeout,
+                    f"{self.name} to reach epoch {epoch}")
+        assert self.epoch >= epoch, f"{self.name} exited with {self.process.returncode}"
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+
+
+async def spawn_peer(url: str, project: str, name: str, log_dir: Path, *args: str) -> PeerProcess:
+    env = dict(os.environ)
+    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
+    process = await asyncio.create_subprocess_exec(
+        *engine_command(), "peer", "--backbone", url, "--project", project, "--name", name,
+        "--json", "--threads", "1", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env,
+    )
+    log.close()
+    peer = PeerProcess(name, process)
+
+    async def read() -> None:
+        assert process.stdout is not None
+        async for line in process.stdout:
+            peer.epochs.append(json.loads(line))
+
+    peer.reader = asyncio.ensure_future(read())
+    return peer
+
+
+async def terminate(*peers: PeerProcess) -> None:
+    for p in peers:
+        if p.process.returncode is None:
+            p.process.terminate()
+    for p in peers:
+        try:
+            await asyncio.wait_for(p.process.wait(), 20)
+        except asyncio.TimeoutError:
+            p.kill()
+            await p.process.wait()

@@ -1,0 +1,84 @@
+"""Peers come and go: slow ones, late ones, and a collaboration that everyone left."""
+
+import pytest
+
+from engine.peer.events import EpochCompleted, SyncProgress
+from tests.collab.harness import TINY, running_backbone, start_peer, stop_all, tiny_project
+from tests.conftest import until
+
+pytestmark = pytest.mark.slow
+
+# Big enough that compute, not bookkeeping, sets a peer's pace.
+MEDIUM = dict(TINY, d_model=96, heads=4, ff=384, layers=3, seq_len=32, micro_batch=8)
+
+
+async def test_a_slow_peer_contributes_proportionally_less_and_is_not_waited_for(tmp_path):
+    project = tiny_project(task_params=MEDIUM, target_batch_size=480)
+    epochs = 6
+    async with running_backbone(tmp_path, project) as backbone:
+        fast = [start_peer(backbone.url, project.id, f"fast{i}", max_epochs=epochs, threads=1)
+                for i in range(2)]
+        slow = start_peer(backbone.url, project.id, "slow", max_epochs=epochs, threads=1, slowdown=3.0)
+        try:
+            for p in (*fast, slow):
+                await p.finish(timeout=240)
+        finally:
+            await stop_all(*fast, slow)
+    # Count only epochs all three took part in (the first may close before everyone joined).
+    shared = set.intersection(*({r.epoch for r in p.history if r.peers == 3} for p in (*fast, slow)))
+    assert len(shared) >= 3, shared
+    mine = {p.peer.options.name: sum(r.my_samples for r in p.history if r.epoch in shared)
+            for p in (*fast, slow)}
+    ratio = mine["slow"] / ((mine["fast0"] + mine["fast1"]) / 2)
+    assert 0.15 <= ratio <= 0.6, mine
+    for r in slow.history:
+        assert r.samples >= project.target_batch_size
+        assert r.round_seconds < project.round_timeout / 2
+
+
+async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoch(tmp_path):
+    project = tiny_project()
+    async with running_backbone(tmp_path, project) as backbone:
+        first = [start_peer(backbone.url, project.id, f"early{i}") for i in range(2)]
+        late = None
+        try:
+            await first[0].reached(3, timeout=60)
+            late = start_peer(backbone.url, project.id, "late")
+            await until(lambda: late.synced() or late.task.done(), 60, "the late peer to sync")
+            await late.reached(late.synced()[0].epoch + 3, timeout=60)
+        finally:
+            await stop_all(*first, *([late] if late else []))
+    (synced, *_) = late.synced()
+    assert synced.source.startswith("peer") and synced.epoch >= 3
+    first_sync = late.events.index(synced)
+    progress = [e for e in late.events[:first_sync] if isinstance(e, SyncProgress) and e.total]
+    assert progress[-1].received == progress[-1].total > 0
+    assert [e.received for e in progress] == sorted(e.received for e in progress)
+    hashes = {r.epoch: r.params_sha256 for r in first[0].history}
+    completed = [e.result for e in late.events if isinstance(e, EpochCompleted)]
+    assert len(completed) >= 3 and completed[0].epoch == synced.epoch + 1
+    assert all(r.params_sha256 == hashes[r.epoch] for r in completed)
+
+
+async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoint(tmp_path):
+    project = tiny_project(checkpoint_every=2)
+    async with running_backbone(tmp_path, project) as backbone:
+        peers = [start_peer(backbone.url, project.id, f"p{i}", max_epochs=4) for i in range(2)]
+        try:
+            for p in peers:
+                assert await p.finish(timeout=120) == "reached epoch 4"
+        finally:
+            await stop_all(*peers)
+        saved = backbone.store.checkpoints(project.id)
+        assert [info.epoch for info, _ in saved] == [4, 2]
+        assert saved[0][0].params_sha256 == peers[0].history[-1].params_sha256
+
+        newcomer = start_peer(backbone.url, project.id, "newcomer", max_epochs=5)
+        try:
+            await newcomer.finish(timeout=120)
+        finally:
+            await stop_all(newcomer)
+    (synced,) = newcomer.synced()
+    assert (synced.source, synced.epoch, synced.params_sha256) == ("checkpoint", 4, saved[0][0].params_sha256)
+    assert newcomer.sync_progress()[-1].received == saved[0][0].size
+    assert [r.epoch for r in newcomer.history] == [5]

@@ -1,0 +1,27 @@
+import asyncio
+import os
+import time
+
+import pytest
+
+# Peers read a corpus at start-up; a small one keeps tests fast. Set before engine imports.
+os.environ.setdefault("COTRAIN_CORPUS_BYTES", str(2 * 1024 * 1024))
+
+
+async def until(condition, timeout: float, what: str = "condition") -> None:
+    """Wait for ``condition()`` to hold, failing the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only():
+    """aioice never offers 127.0.0.1 by itself; tests keep every connection on loopback."""
+    from engine.transport.ice import restrict_host_addresses
+
+    restrict_host_addresses(["127.0.0.1"])
+    yield
+    restrict_host_addresses(None)

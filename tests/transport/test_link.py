@@ -1,0 +1,95 @@
+"""Real aiortc connections on loopback: framing over data channels, backpressure, counters."""
+
+import asyncio
+import os
+
+import pytest
+
+from engine.transport.link import HIGH_WATER, LinkClosed
+from engine.wire.framing import MAX_CHUNK
+from tests.transport.mesh_pair import make_meshes
+
+
+async def test_a_large_message_arrives_whole_and_is_counted():
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        payload = os.urandom(5 * 1024 * 1024 + 123)
+        await link.send({"type": "blob", "round_id": 1}, payload)
+        frame = await meshes["b"].mailbox.get(("blob", 1, "a"), timeout=30)
+        assert bytes(frame.payload) == payload
+        sent, received = meshes["a"].totals(), meshes["b"].totals()
+        assert sent.bytes_sent >= len(payload) and received.bytes_received == sent.bytes_sent
+        assert sent.messages_sent == received.messages_received == 1
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_sending_respects_the_buffer_high_water_mark():
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        peak = 0
+
+        async def watch():
+            nonlocal peak
+            while True:
+                peak = max(peak, link.channel.bufferedAmount)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.ensure_future(watch())
+        await link.send({"type": "blob", "round_id": 2}, bytes(24 * 1024 * 1024))
+        watcher.cancel()
+        await meshes["b"].mailbox.get(("blob", 2, "a"), timeout=60)
+        assert 0 < peak <= HIGH_WATER + MAX_CHUNK
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_simultaneous_connects_settle_on_one_working_link():
+    meshes = make_meshes(["a", "b"])
+    try:
+        ab, ba = await asyncio.gather(meshes["a"].link("b"), meshes["b"].link("a"))
+        await ab.send({"type": "x", "round_id": 1}, b"from a")
+        await ba.send({"type": "x", "round_id": 1}, b"from b")
+        got_b = await meshes["b"].mailbox.get(("x", 1, "a"), timeout=10)
+        got_a = await meshes["a"].mailbox.get(("x", 1, "b"), timeout=10)
+        assert (bytes(got_a.payload), bytes(got_b.payload)) == (b"from b", b"from a")
+        assert meshes["a"].connected() == ["b"] and meshes["b"].connected() == ["a"]
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_a_peer_breaking_the_framing_loses_its_link_and_waiters_learn_at_once():
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        waiter = asyncio.ensure_future(meshes["b"].mailbox.get(("part", 9, "a"), timeout=60))
+        link.channel.send(b"this is not a Cotrain frame")
+        with pytest.raises(LinkClosed):
+            await asyncio.wait_for(waiter, 10)
+        assert "a" not in meshes["b"].connected()
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_data_sent_just_before_a_graceful_close_is_delivered():
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        payload = os.urandom(3 * 1024 * 1024)
+        await link.send({"type": "last", "round_id": 5}, payload)
+        await meshes["a"].close()
+        frame = await meshes["b"].mailbox.get(("last", 5, "a"), timeout=10)
+        assert bytes(frame.payload) == payload
+    finally:
+        await meshes["b"].close()
+
+
+async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time():
+    meshes = make_meshes(["a"], connect_timeout=1.0)
+    began = asyncio.get_running_loop().time()
+    with pytest.raises(LinkClosed):
+        await meshes["a"].link("ghost")
+    assert asyncio.get_running_loop().time() - began < 5
+    await meshes["a"].close()

@@ -1,0 +1,83 @@
+import contextlib
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.wire import ProtocolError
+from engine.wire.framing import MAX_CHUNK, Reassembler, encode
+
+
+def _roundtrip(payload: bytes, header: dict) -> list:
+    reassembler = Reassembler(max_payload=1 << 30)
+    frames = []
+    for chunk in encode(7, header, payload):
+        assert len(chunk) <= MAX_CHUNK
+        frame, _ = reassembler.feed(chunk)
+        if frame is not None:
+            frames.append(frame)
+    return frames
+
+
+@pytest.mark.parametrize("size", [0, 1, MAX_CHUNK - 100, MAX_CHUNK, 3 * MAX_CHUNK + 17])
+def test_messages_of_any_size_come_back_whole(size):
+    payload = os.urandom(size)
+    (frame,) = _roundtrip(payload, {"type": "part", "round_id": 3})
+    assert frame.header == {"type": "part", "round_id": 3}
+    assert bytes(frame.payload) == payload
+
+
+def test_interleaved_messages_are_reassembled_separately():
+    a, b = os.urandom(2 * MAX_CHUNK), os.urandom(3 * MAX_CHUNK)
+    chunks_a, chunks_b = list(encode(1, {"n": "a"}, a)), list(encode(2, {"n": "b"}, b))
+    reassembler = Reassembler(max_payload=1 << 30)
+    done = {}
+    for i in range(max(len(chunks_a), len(chunks_b))):
+        for chunks in (chunks_a, chunks_b):
+            if i < len(chunks):
+                frame, _ = reassembler.feed(chunks[i])
+                if frame:
+                    done[frame.header["n"]] = bytes(frame.payload)
+    assert done == {"a": a, "b": b}
+
+
+def test_progress_is_reported_while_a_message_arrives():
+    reassembler = Reassembler(max_payload=1 << 30)
+    seen = []
+    for chunk in encode(1, {"type": "state"}, os.urandom(3 * MAX_CHUNK)):
+        _, incoming = reassembler.feed(chunk)
+        if incoming:
+            seen.append(incoming.received / incoming.expected)
+    assert seen == sorted(seen) and 0 < seen[0] < 1
+
+
+def test_oversized_payload_is_refused_before_any_allocation():
+    reassembler = Reassembler(max_payload=1000)
+    first = next(encode(1, {}, b"x" * 2000))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        reassembler.feed(first)
+
+
+def test_a_message_longer_than_declared_is_refused():
+    chunks = list(encode(1, {}, b"x" * (MAX_CHUNK * 2)))
+    reassembler = Reassembler(max_payload=1 << 30)
+    reassembler.feed(chunks[0])
+    forged = chunks[1][:8] + b"y" * MAX_CHUNK * 2
+    with pytest.raises(ProtocolError):
+        reassembler.feed(forged)
+
+
+@given(st.binary(max_size=2048))
+@settings(max_examples=300)
+def test_garbage_raises_protocol_error_and_nothing_else(blob):
+    reassembler = Reassembler(max_payload=1 << 20)
+    with contextlib.suppress(ProtocolError):
+        reassembler.feed(blob)
+
+
+def test_wrong_version_is_named_in_the_error():
+    chunk = bytearray(next(encode(1, {}, b"")))
+    chunk[2] = 99
+    with pytest.raises(ProtocolError, match="version 99"):
+        Reassembler(1 << 20).feed(bytes(chunk))

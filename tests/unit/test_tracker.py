@@ -1,0 +1,221 @@
+"""The tracker's rules, driven directly: no network, a controllable clock."""
+
+import pytest
+
+from engine.backbone.tracker import Broadcast, EpochRecord, Send, Tracker
+from engine.project import ProjectSpec
+from engine.wire.messages import (
+    CheckpointInfo,
+    EpochAdvanced,
+    Progress,
+    Ready,
+    Resync,
+    RoundDone,
+    RoundStart,
+    SyncPlan,
+    SyncRequest,
+)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def project(**kw):
+    return ProjectSpec(**{"id": "p", "title": "P", "task": "demo-lm", "target_batch_size": 100,
+                          "round_timeout": 10, "checkpoint_every": 2, **kw})
+
+
+def sent(outs, kind):
+    return [(o.to, o.msg) for o in outs if isinstance(o, Send) and isinstance(o.msg, kind)]
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def open_round(t, samples):
+    """Report ``samples`` per peer (a dict) and return the RoundStart that opened."""
+    starts = []
+    for peer, n in samples.items():
+        starts += sent(t.handle(peer, Progress(t.epoch, n, 10.0)), RoundStart)
+    assert starts, "no round opened"
+    return starts[0][1]
+
+
+def ready_tracker(clock, peers=("a", "b"), **kw):
+    t = Tracker(project(**kw), clock=clock)
+    for p in peers:
+        t.join(p, p)
+        t.handle(p, SyncRequest())
+        t.handle(p, Ready(0, "h0"))
+    return t
+
+
+def test_first_peer_initialises_from_the_seed_and_later_ones_copy_a_peer(clock):
+    t = Tracker(project(), clock=clock)
+    t.join("a", "a")
+    ((_, plan),) = sent(t.handle("a", SyncRequest()), SyncPlan)
+    assert plan.source == "init" and plan.epoch == 0
+    t.handle("a", Ready(0, "h0"))
+    t.join("b", "b")
+    ((_, plan),) = sent(t.handle("b", SyncRequest()), SyncPlan)
+    assert plan.source == "peer" and plan.peer == "a"
+
+
+def test_excluded_donors_are_avoided_when_another_exists(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.join("c", "c")
+    ((_, plan),) = sent(t.handle("c", SyncRequest(exclude=["a"])), SyncPlan)
+    assert plan.peer == "b"
+
+
+def test_a_round_opens_only_when_reported_samples_reach_the_target(clock):
+    t = ready_tracker(clock)
+    assert not sent(t.handle("a", Progress(0, 60, 10.0)), RoundStart)
+    starts = sent(t.handle("b", Progress(0, 40, 10.0)), RoundStart)
+    assert sorted(to for to, _ in starts) == ["a", "b"]
+    assert starts[0][1].group == ["a", "b"] and starts[0][1].epoch == 0
+
+
+def test_silent_peers_are_left_out_of_the_next_round(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    t.handle("c", Progress(0, 10, 1.0))
+    clock.now += 30  # c goes quiet
+    t.handle("a", Progress(0, 50, 10.0))
+    ((_, start), *_) = sent(t.handle("b", Progress(0, 50, 10.0)), RoundStart)
+    assert start.group == ["a", "b"]
+
+
+def test_first_success_advances_the_epoch_and_records_it(clock):
+    t = ready_tracker(clock)
+    start = open_round(t, {"a": 70, "b": 40})
+    clock.now += 2
+    outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1", samples=110, loss=2.5))
+    (record,) = [o for o in outs if isinstance(o, EpochRecord)]
+    assert (record.epoch, record.samples, record.loss, record.peers) == (1, 110, 2.5, 2)
+    assert any(isinstance(o, Broadcast) and isinstance(o.msg, EpochAdvanced) for o in outs)
+    assert t.epoch == 1 and t.round is not None  # still waiting for b
+    t.handle("b", RoundDone(start.round_id, 0, True, "h1", samples=110, loss=2.5))
+    assert t.round is None
+
+
+def test_a_peer_whose_step_differs_is_resynced(clock):
+    t = ready_tracker(clock)
+    start = open_round(t, {"b": 0, "a": 100})
+    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    outs = t.handle("b", RoundDone(start.round_id, 0, True, "DIFFERENT"))
+    assert sent(outs, Resync)[0][0] == "b"
+
+
+def test_a_failed_peer_is_resynced_once_another_succeeded(clock):
+    t = ready_tracker(clock)
+    start = open_round(t, {"b": 0, "a": 100})
+    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    assert sent(t.handle("b", RoundDone(start.round_id, 0, False, error="x")), Resync)
+
+
+def test_when_everyone_fails_the_epoch_stays_and_a_new_round_follows_after_a_pause(clock):
+    t = ready_tracker(clock)
+    start = open_round(t, {"b": 0, "a": 100})
+    t.handle("a", RoundDone(start.round_id, 0, False, error="x"))
+    t.handle("b", RoundDone(start.round_id, 0, False, error="x"))
+    assert t.epoch == 0 and t.round is None
+    assert not sent(t.handle("a", Progress(0, 100, 10.0)), RoundStart)
+    assert not sent(t.tick(), RoundStart)
+    clock.now += 2
+    assert sent(t.tick(), RoundStart)
+
+
+def test_a_peer_that_leaves_mid_round_does_not_block_closing_it(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"b": 0, "c": 0, "a": 100})
+    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    t.handle("b", RoundDone(start.round_id, 0, True, "h1"))
+    t.leave("c")
+    assert t.round is None and t.epoch == 1
+
+
+def test_round_deadline_resyncs_members_that_never_answered(clock):
+    t = ready_tracker(clock)
+    start = open_round(t, {"b": 0, "a": 100})
+    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    clock.now += start.timeout + 10
+    outs = t.tick()
+    assert [to for to, _ in sent(outs, Resync)] == ["b"] and t.round is None
+
+
+def test_peers_outside_the_round_are_resynced_when_it_advances(clock):
+    t = ready_tracker(clock)
+    start = open_round(t, {"b": 0, "a": 100})
+    t.join("late", "late")
+    t.handle("late", SyncRequest())
+    t.handle("late", Ready(0, "h0"))
+    outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    assert ("late" in [to for to, _ in sent(outs, Resync)])
+
+
+def test_ready_with_a_stale_epoch_or_wrong_hash_is_resynced(clock):
+    t = ready_tracker(clock)
+    t.join("c", "c")
+    assert sent(t.handle("c", Ready(0, "wrong")), Resync)
+    assert sent(t.handle("c", Ready(5, "h0")), Resync)
+    assert not sent(t.handle("c", Ready(0, "h0")), Resync)
+
+
+def test_with_nobody_left_a_joiner_resumes_from_the_latest_checkpoint(clock):
+    ckpt = CheckpointInfo(4, "f" * 64, "p" * 64, 123, "/x")
+    t = Tracker(project(), epoch=5, params_sha256="h5", checkpoint=ckpt, clock=clock)
+    t.join("a", "a")
+    ((_, plan),) = sent(t.handle("a", SyncRequest()), SyncPlan)
+    assert plan.source == "checkpoint" and plan.epoch == 4 and plan.params_sha256 == "p" * 64
+    assert not sent(t.handle("a", Ready(4, "p" * 64)), Resync)
+
+
+def test_checkpoints_are_requested_every_k_epochs(clock):
+    t = ready_tracker(clock, checkpoint_every=2)
+    starts = []
+    for epoch in range(4):
+        start = open_round(t, {"b": 0, "a": 100})
+        starts.append(start)
+        for p in ("a", "b"):
+            t.handle(p, RoundDone(start.round_id, epoch, True, f"h{epoch + 1}"))
+        if start.checkpoint_by:
+            assert t.expects_checkpoint(start.checkpoint_by, epoch + 1)
+            t.checkpoint_stored(start.checkpoint_by, CheckpointInfo(epoch + 1, "s", "p", 1, "/"))
+    assert [s.checkpoint_by is not None for s in starts] == [False, True, False, True]
+
+
+def test_status_estimates_time_to_the_next_step(clock):
+    t = ready_tracker(clock)
+    t.handle("a", Progress(0, 40, 10.0))
+    t.handle("b", Progress(0, 20, 20.0))
+    status = t.status()
+    assert (status.samples, status.target, status.peers) == (60, 100, 2)
+    assert status.eta_seconds == pytest.approx(40 / 30)
+
+
+def test_the_next_round_waits_a_bounded_time_for_a_peer_downloading_state(clock):
+    t = ready_tracker(clock)
+    t.join("c", "c")
+    t.handle("c", SyncRequest())
+    assert not sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    t.handle("c", Ready(0, "h0"))
+    ((_, start), *_) = sent(t.handle("c", Progress(0, 0, 0.0)), RoundStart)
+    assert start.group == ["a", "b", "c"]
+
+
+def test_a_joiner_that_never_finishes_downloading_stops_holding_rounds_back(clock):
+    t = ready_tracker(clock)
+    t.join("c", "c")
+    t.handle("c", SyncRequest())
+    assert not sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    clock.now += t.join_grace + 1
+    t.handle("b", Progress(0, 0, 0.0))
+    ((_, start), *_) = sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    assert start.group == ["a", "b"]
