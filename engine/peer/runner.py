@@ -285,9 +285,9 @@ class Peer:
         for index in itertools.count():
             def micro_batch(index: int = index) -> tuple[int, float]:
                 batch = task.batch(seed, index)
-                loss = task.loss(model, batch)
-                loss.backward()
-                return batch.size, float(loss.detach()) * batch.size
+                loss_sum = task.loss(model, batch) * batch.size
+                loss_sum.backward()
+                return batch.size, float(loss_sum.detach())
 
             await opt.compute(micro_batch, index)
             if opts.slowdown > 1.0:
@@ -318,7 +318,7 @@ class Peer:
                     await asyncio.sleep(min(2.0 ** attempt * 0.25, 5.0))
                     continue
                 opt = self.optimizer
-                opt.mark_synced(opt.epoch)
+                await opt.mark_synced()
                 self._emit(Synced(opt.epoch, plan.source, digest))
                 await self._client.send(Ready(opt.epoch, digest))
                 await opt.report_progress(force=True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from engine.training.params import flat_grad
 
 
 @dataclass
@@ -16,43 +19,45 @@ class Accumulated:
 
 
 class GradientAccumulator:
-    """Holds sum_i(grad_i * n_i) over the micro-batches of the current epoch.
+    """sum_i(grad_i * n_i) over the epoch's micro-batches, kept in the parameters' ``.grad``.
 
-    Storing sums rather than means makes the collaboration's average exact:
-    sum over peers of sums, divided by the total samples, is the large-batch gradient.
+    Storing sums rather than means makes the collaboration's average exact: the sum over
+    peers of sums, divided by the total samples, is the large-batch gradient. PyTorch adds
+    each backward pass into ``.grad`` itself, so a micro-batch costs no extra copy; the
+    vector is flattened once per round. Every method runs on the compute thread; the
+    counters may be read from anywhere.
     """
 
-    def __init__(self, numel: int) -> None:
-        self.numel = numel
-        self._current = Accumulated(torch.zeros(numel))
+    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
+        self.params = list(params)
+        self.samples = 0
+        self.loss_sum = 0.0
+        self.batches: list[int] = []
 
-    @property
-    def samples(self) -> int:
-        return self._current.samples
-
-    @property
-    def loss_sum(self) -> float:
-        return self._current.loss_sum
-
-    def add(self, grad_sum: torch.Tensor, samples: int, loss_sum: float, batch_id: int) -> None:
-        if grad_sum.numel() != self.numel:
-            raise ValueError("gradient does not match the model")
-        self._current.vector.add_(grad_sum)
-        self._current.samples += samples
-        self._current.loss_sum += loss_sum
-        self._current.batches.append(batch_id)
+    def add(self, samples: int, loss_sum: float, batch_id: int) -> None:
+        """Record a micro-batch whose summed loss was just back-propagated."""
+        self.samples += samples
+        self.loss_sum += loss_sum
+        self.batches.append(batch_id)
 
     def take(self) -> Accumulated:
         """Hand over everything accumulated and start afresh."""
-        taken, self._current = self._current, Accumulated(torch.zeros(self.numel))
+        taken = Accumulated(flat_grad(self.params), self.samples, self.loss_sum, self.batches)
+        self.clear()
         return taken
 
     def restore(self, taken: Accumulated) -> None:
         """Put back what a failed round took, keeping what arrived meanwhile."""
-        self._current.vector.add_(taken.vector)
-        self._current.samples += taken.samples
-        self._current.loss_sum += taken.loss_sum
-        self._current.batches[:0] = taken.batches
+        offset = 0
+        for p in self.params:
+            part = taken.vector[offset : offset + p.numel()].view_as(p)
+            p.grad = part.clone() if p.grad is None else p.grad.add_(part)
+            offset += p.numel()
+        self.samples += taken.samples
+        self.loss_sum += taken.loss_sum
+        self.batches[:0] = taken.batches
 
     def clear(self) -> None:
-        self._current = Accumulated(torch.zeros(self.numel))
+        for p in self.params:
+            p.grad = None
+        self.samples, self.loss_sum, self.batches = 0, 0.0, []

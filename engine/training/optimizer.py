@@ -22,7 +22,7 @@ import torch
 
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
 from engine.training.accumulator import GradientAccumulator
-from engine.training.params import flat_grad, params_sha256, set_grads, trainable
+from engine.training.params import params_sha256, set_grads, trainable
 from engine.training.schedule import ScheduleSpec, lr_at
 from engine.training.state import load_state, pack_state
 from engine.training.throughput import Throughput
@@ -77,15 +77,13 @@ class CollaborativeOptimizer:
         self.report_interval = report_interval
         self.target_batch_size = target_batch_size
         self.params = trainable(model)
-        self.accumulator = GradientAccumulator(sum(p.numel() for p in self.params))
+        self.accumulator = GradientAccumulator(self.params)
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
         self.epoch = 0
-        self.discarded_samples = 0
         self.last_compute_seconds = 0.0
         self._averager = averager
         self._send = send
-        self._generation = 0
         self._synced = False
         self._in_round = False
         self._paused = False
@@ -106,29 +104,20 @@ class CollaborativeOptimizer:
     def in_round(self) -> bool:
         return self._in_round
 
-    async def compute(self, micro_batch: MicroBatch, batch_id: int) -> bool:
-        """Run ``micro_batch`` (forward and backward on the model; returns samples and summed
-        loss) on the compute thread and accumulate its gradient. False if it was discarded
-        because a round took the accumulator meanwhile."""
+    async def compute(self, micro_batch: MicroBatch, batch_id: int) -> None:
+        """Run ``micro_batch`` on the compute thread: it back-propagates the loss *summed*
+        over its samples (mean loss x samples) and returns (samples, summed loss)."""
         await self._computable.wait()
-        ticket = (self.epoch, self._generation)
 
-        def work() -> tuple[torch.Tensor, int, float]:
+        def work() -> None:
             began = time.perf_counter()
-            self.optimizer.zero_grad(set_to_none=True)
             samples, loss_sum = micro_batch()
-            grad = flat_grad(self.params, scale=float(samples))
+            self.accumulator.add(samples, loss_sum, batch_id)
+            self.throughput.add(samples)
             self.last_compute_seconds = time.perf_counter() - began
-            return grad, samples, loss_sum
 
-        grad, samples, loss_sum = await self._run(work)
-        if ticket != (self.epoch, self._generation) or not self._computable.is_set():
-            self.discarded_samples += samples
-            return False
-        self.accumulator.add(grad, samples, loss_sum, batch_id)
-        self.throughput.add(samples)
+        await self._run(work)
         await self.report_progress()
-        return True
 
     async def report_progress(self, force: bool = False) -> None:
         """Tell the backbone how far we are: every ``report_interval``, and at once when the
@@ -178,10 +167,11 @@ class CollaborativeOptimizer:
             await self._send(RoundDone(start.round_id, start.epoch, ok=False,
                                        error=f"not ready for epoch {start.epoch}"))
             return None
-        self._generation += 1
         self._in_round = True
         self._update()
-        taken = self.accumulator.take()
+        # Queued behind the micro-batch under way, like a training loop that checks for
+        # the step after each micro-batch: that one joins this round.
+        taken = await self._run(self.accumulator.take)
         self._reported_samples = 0
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me)
@@ -192,7 +182,7 @@ class CollaborativeOptimizer:
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 if self.epoch == start.epoch:
-                    self.accumulator.restore(taken)
+                    await self._run(lambda: self.accumulator.restore(taken))
                 await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc)))
                 return None
             digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
@@ -222,7 +212,6 @@ class CollaborativeOptimizer:
     def unsync(self) -> None:
         """Stop computing: our state is stale and must be downloaded again."""
         self._synced = False
-        self.accumulator.clear()
         self._update()
 
     async def snapshot(self) -> tuple[dict, bytearray]:
@@ -253,9 +242,8 @@ class CollaborativeOptimizer:
     async def params_sha256(self) -> str:
         return await self._run(lambda: params_sha256(self.model))
 
-    def mark_synced(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.accumulator.clear()
+    async def mark_synced(self) -> None:
+        await self._run(self.accumulator.clear)
         self._reported_samples = 0
         self._synced = True
         self._update()

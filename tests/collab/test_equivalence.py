@@ -65,7 +65,7 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
             for r in p.history:
                 if r.epoch == epoch:
                     batches += [(100 + i, index) for index in r.my_batches]
-        samples = sum(r.samples for r in peers[0].history if r.epoch == epoch)
+        (samples,) = {r.samples for p in peers for r in p.history if r.epoch == epoch}
         assert len(batches) * project.task_params["micro_batch"] == samples >= project.target_batch_size
         contributions.append(batches)
     reference = reference_run(project, contributions)

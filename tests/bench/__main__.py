@@ -1,0 +1,10 @@
+"""Run every benchmark in turn; each prints its own table."""
+
+import sys
+
+from tests.bench import allreduce, compute
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    compute.main(quick=quick)
+    allreduce.main(quick=quick)

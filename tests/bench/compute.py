@@ -1,0 +1,100 @@
+"""Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
+same model (demo-lm as shipped), micro-batch and target batch, alternating runs.
+
+    python -m tests.bench.compute [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from engine.backbone.server import Backbone, BackboneConfig
+from engine.peer.events import EpochCompleted, Synced
+from engine.peer.runner import Peer, PeerOptions
+from engine.project import load_catalog
+from engine.resources import default_catalog
+from engine.tasks import create_task, initial_model
+from engine.training.schedule import build_optimizer, lr_at
+
+
+def _project():
+    (spec,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
+    return spec
+
+
+def plain_loop(epochs: int) -> float:
+    """Samples/s of the textbook loop: accumulate micro-batches, step every target batch."""
+    spec = _project()
+    task = create_task(spec.task, spec.task_params)
+    model = initial_model(task, spec.seed)
+    optimizer = build_optimizer(spec.optimizer, model.parameters())
+    micro = spec.task_params["micro_batch"]
+    per_step = -(-spec.target_batch_size // micro)
+    samples, began = 0, time.perf_counter()
+    for epoch in range(epochs):
+        for i in range(per_step):
+            batch = task.batch(1, epoch * per_step + i)
+            (task.loss(model, batch) * batch.size / (per_step * micro)).backward()
+            samples += batch.size
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.clip_grad_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(spec.schedule, spec.optimizer.lr, epoch)
+        optimizer.step()
+        optimizer.zero_grad()
+    return samples / (time.perf_counter() - began)
+
+
+def collaborative(epochs: int) -> float:
+    """Samples/s of a solo Cotrain peer, from the moment it is in sync to its last step."""
+    spec = replace(_project(), checkpoint_every=10**6)
+
+    async def run() -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            backbone = Backbone(BackboneConfig(data_dir=Path(tmp)), [spec])
+            url = await backbone.start()
+            synced_at: list[float] = []
+            stepped_at: list[float] = []
+
+            def on_event(event):
+                if isinstance(event, Synced):
+                    synced_at.append(time.perf_counter())
+                elif isinstance(event, EpochCompleted):
+                    stepped_at.append(time.perf_counter())
+
+            peer = Peer(PeerOptions(url, spec.id, "bench", max_epochs=epochs, threads=1,
+                                    ice_addresses=["127.0.0.1"]), on_event)
+            await peer.run()
+            await backbone.stop()
+            samples = sum(r.my_samples for r in peer.history)
+            return samples / (stepped_at[-1] - synced_at[0])
+
+    return asyncio.run(run())
+
+
+def main(quick: bool = False) -> None:
+    torch.set_num_threads(1)
+    epochs, trials = (2, 1) if quick else (4, 3)
+    spec = _project()
+    print(f"\n== Compute overhead: demo-lm ({spec.task_params['d_model']} wide), micro-batch "
+          f"{spec.task_params['micro_batch']}, target batch {spec.target_batch_size}, 1 thread, "
+          f"{epochs} steps per run, {trials} alternating runs each", flush=True)
+    plain, ours = [], []
+    for _ in range(trials):
+        plain.append(plain_loop(epochs))
+        ours.append(collaborative(epochs))
+    p, c = statistics.median(plain), statistics.median(ours)
+    print(f"plain PyTorch loop   {p:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in plain)}")
+    print(f"collaborative peer   {c:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in ours)}")
+    print(f"ratio collaborative / plain: {c / p:.3f} (target >= 0.95)", flush=True)
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)
