@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from engine import aio
 from engine.paths import user_data_dir
 
 
@@ -94,7 +95,7 @@ def _run(coro) -> int:
         except asyncio.CancelledError:
             return 130
 
-    return asyncio.run(wrapper())
+    return aio.run(wrapper())
 
 
 async def _backbone(args: argparse.Namespace) -> int:

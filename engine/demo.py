@@ -108,8 +108,9 @@ def _summarise(procs: list[PeerProcess], epochs: int, line: StatusLine) -> int:
         line.say("demo failed: not every peer completed the run")
         return 1
     hashes = {f["params_sha256"] for f in finals.values()}
-    losses = [r["loss"] for r in procs[0].epochs if r.get("loss") is not None]
+    losses = {r["epoch"]: r["loss"] for p in procs for r in p.epochs if r.get("loss") is not None}
+    first, last = losses[min(losses)], losses[max(losses)]
     identical = len(hashes) == 1
-    line.say(f"done: {epochs} epochs; loss {losses[0]:.4f} -> {losses[-1]:.4f}; all {len(procs)} peers "
+    line.say(f"done: {epochs} epochs; loss {first:.4f} -> {last:.4f}; all {len(procs)} peers "
              f"hold identical parameters: {'yes' if identical else 'NO'} ({next(iter(hashes))[:16]})")
     return 0 if identical else 1

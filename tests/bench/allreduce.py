@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.wire.framing import MAX_CHUNK
+
 NUMEL = 25_000_000
 
 
@@ -29,7 +31,9 @@ def _free_port() -> int:
 # --- Cotrain peers ------------------------------------------------------------------------
 
 def _cotrain_peer(url: str, project: str, conn, numel: int, rounds: int, raw_bytes: int) -> None:
-    asyncio.run(_cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes))
+    from engine import aio
+
+    aio.run(_cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes))
 
 
 async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> None:
@@ -104,7 +108,7 @@ async def _one_way(command, mesh, other, mailbox, total, conn) -> None:
         conn.send("done")
     elif command == "raw-send":
         await _until_open(channel)
-        chunk = os.urandom(256 * 1024)
+        chunk = os.urandom(MAX_CHUNK)
         drained = asyncio.Event()
         channel.bufferedAmountLowThreshold = 1 << 20
         channel.on("bufferedamountlow", drained.set)
