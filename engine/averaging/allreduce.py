@@ -46,6 +46,7 @@ class Averaged:
     vector: torch.Tensor
     samples: int
     loss: float | None
+    confirmed: dict[str, int]  # sender -> samples that every reducer received from it
 
 
 def _as_floats(frame: Frame, expected: int, what: str) -> torch.Tensor | None:
@@ -135,7 +136,8 @@ async def _round(
             reduced = weighted_average([c[0] for c in ordered], [c[1] for c in ordered])
             loss = sum(c[2] for c in ordered) / total
             averaged[my_lo:my_hi] = reduced
-            mine = Result(rid, plan.epoch, me, total, loss)
+            received = {group[j]: c[1] for j, c in enumerate(ordered)}
+            mine = Result(rid, plan.epoch, me, total, loss, received=received)
             header = to_wire(mine)
             payload = reduced.numpy().data
             await asyncio.gather(*(links[p].send(header, payload) for _, p in others))
@@ -152,4 +154,14 @@ async def _round(
     totals = {r.samples for r in results}
     if len(totals) != 1:
         raise ProtocolError(f"reducers disagree on the round's samples: {sorted(totals)}")
-    return Averaged(averaged, results[0].samples, results[0].loss)
+    return Averaged(averaged, results[0].samples, results[0].loss, _confirmed(group, results))
+
+
+def _confirmed(group: list[str], results: list[Result]) -> dict[str, int]:
+    """What every reducer confirms having received from each sender: the ledger's evidence."""
+    confirmed = {}
+    for sender in group:
+        counts = [r.received.get(sender) for r in results]
+        if all(c is not None for c in counts):
+            confirmed[sender] = min(counts)  # type: ignore[type-var]
+    return confirmed

@@ -12,16 +12,19 @@ from pathlib import Path
 from aiohttp import web
 
 from engine.backbone import api
+from engine.backbone.accounts import AttemptLimiter
+from engine.backbone.api_projects import project_json
 from engine.backbone.checkpoints import CheckpointFiles
+from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.sessions import PeerSession
-from engine.backbone.store import Store
-from engine.backbone.tracker import Broadcast, EpochRecord, Out, Send, Tracker
+from engine.backbone.store import Step, Store
+from engine.backbone.tracker import Broadcast, CollaborationState, EpochRecord, Out, Send, Tracker
 from engine.project import ProjectSpec, load_catalog
 from engine.resources import default_catalog
 from engine.wire.messages import CheckpointInfo, encode
 
 log = logging.getLogger(__name__)
-BACKBONE_KEY: web.AppKey[Backbone] = web.AppKey("backbone")
+SEEN_INTERVAL = 10.0
 
 
 @dataclass
@@ -41,25 +44,29 @@ class Backbone:
     def __init__(self, config: BackboneConfig, projects: list[ProjectSpec] | None = None) -> None:
         self.config = config
         self.store = Store(config.data_dir / "backbone.sqlite3")
+        self.store.close_stale_sessions()
         self.files = CheckpointFiles(config.data_dir / "checkpoints")
         specs = projects if projects is not None else load_catalog(config.catalog)
         self.projects = {p.id: p for p in specs}
         self.trackers: dict[str, Tracker] = {}
+        last_round = self.store.last_round_id()
         for spec in specs:
             epoch, digest = self.store.collaboration(spec.id)
             saved = self.store.checkpoints(spec.id)
             self.trackers[spec.id] = Tracker(
-                spec, epoch=epoch, params_sha256=digest,
-                checkpoint=saved[0][0] if saved else None, peer_timeout=config.peer_timeout,
+                spec, epoch=epoch, params_sha256=digest, checkpoint=saved[0] if saved else None,
+                peer_timeout=config.peer_timeout, last_round_id=last_round,
             )
         self.sessions: dict[str, PeerSession] = {}
+        self.login_failures_by_account = AttemptLimiter(limit=5, window=60)
+        self.login_failures_by_address = AttemptLimiter(limit=30, window=60)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[api.errors_as_json], client_max_size=api.MAX_JSON_BODY)
-        app[BACKBONE_KEY] = self
+        app = web.Application(middlewares=[errors_as_json])
+        app[BACKBONE] = self
         api.add_routes(app)
         return app
 
@@ -86,7 +93,7 @@ class Backbone:
 
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        next_status = loop.time()
+        next_status = next_seen = loop.time()
         while True:
             await asyncio.sleep(0.25)
             for pid, tracker in self.trackers.items():
@@ -95,6 +102,10 @@ class Backbone:
                 next_status = loop.time() + self.config.status_interval
                 for pid, tracker in self.trackers.items():
                     self.execute(pid, [Broadcast(tracker.status())])
+            if loop.time() >= next_seen:
+                # Online time survives a crash up to the last time peers were seen.
+                next_seen = loop.time() + SEEN_INTERVAL
+                self.store.peers_seen(list(self.sessions))
 
     def execute(self, project: str, outs: list[Out]) -> None:
         """Carry out what a tracker decided: send, broadcast, record."""
@@ -109,20 +120,39 @@ class Backbone:
                     if session.project == project:
                         session.send(text)
             elif isinstance(out, EpochRecord):
-                self.store.record_epoch(project, out)
+                step = Step(out.round_id, out.epoch, out.loss, out.samples, out.peers,
+                            out.round_seconds, out.params_sha256)
+                self.store.record_step(project, step, out.credits, self._owners(project, out.credits))
+            elif isinstance(out, CollaborationState):
+                self.store.set_collaboration(project, out.epoch, out.params_sha256)
 
-    def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo, path: Path) -> None:
-        self.store.add_checkpoint(project, info, path.name)
+    def _owners(self, project: str, peers) -> dict[str, int | None]:
+        owners = {}
+        for peer_id in peers:
+            session = self.sessions.get(peer_id)
+            if session is not None:
+                owners[peer_id] = session.user_id
+            else:  # left since the round began; its work still counts
+                known = self.store.peer(peer_id, project)
+                owners[peer_id] = known[2] if known else None
+        return owners
+
+    def online_users(self, project: str) -> set[int]:
+        return {s.user_id for s in self.sessions.values()
+                if s.project == project and s.user_id is not None}
+
+    def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> None:
+        self.store.add_checkpoint(project, info)
         self.trackers[project].checkpoint_stored(peer_id, info)
         keep = self.projects[project].keep_checkpoints
-        for old, _ in self.store.checkpoints(project)[keep:]:
+        for old in self.store.checkpoints(project)[keep:]:
             self.store.remove_checkpoint(project, old.epoch)
             self.files.remove(self.files.path(project, old.epoch))
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 
     def project_summary(self, spec: ProjectSpec) -> dict:
         status = self.trackers[spec.id].status()
-        return {**api.project_json(spec), "epoch": status.epoch, "peers": status.peers,
+        return {**project_json(spec), "epoch": status.epoch, "peers": status.peers,
                 "samples": status.samples, "samples_per_second": round(status.samples_per_second, 2),
                 "eta_seconds": status.eta_seconds}
 

@@ -19,10 +19,12 @@ MAX_QUEUED = 1000
 
 
 class PeerSession:
-    def __init__(self, peer_id: str, project: str, name: str, ws: web.WebSocketResponse) -> None:
+    def __init__(self, peer_id: str, project: str, name: str, user_id: int | None,
+                 ws: web.WebSocketResponse) -> None:
         self.peer_id = peer_id
         self.project = project
         self.name = name
+        self.user_id = user_id
         self.ws = ws
         self._queue: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
         self._writer = asyncio.ensure_future(self._drain())

@@ -1,35 +1,89 @@
-"""The backbone's durable state in one SQLite file (WAL mode: a crash loses no committed row)."""
+"""The backbone's durable state in one SQLite file.
+
+WAL mode with synchronous=NORMAL: a killed process loses no committed transaction. A
+completed step, its credits and the users' totals are written in one transaction, and
+credits are keyed by (project, round, peer), so a restart can neither lose nor repeat one.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from engine.backbone.tracker import EpochRecord
+from engine.backbone.ledger import Credit
 from engine.wire.messages import CheckpointInfo
 
 SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS users (
+    id INTEGER PRIMARY KEY, username TEXT NOT NULL UNIQUE COLLATE NOCASE,
+    salt BLOB NOT NULL, password_hash BLOB NOT NULL, created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    token_sha256 TEXT PRIMARY KEY, user_id INTEGER NOT NULL REFERENCES users(id),
+    created_at REAL NOT NULL, revoked_at REAL
+);
 CREATE TABLE IF NOT EXISTS collaborations (
-    project TEXT PRIMARY KEY, epoch INTEGER NOT NULL, params_sha256 TEXT
+    project TEXT PRIMARY KEY, epoch INTEGER NOT NULL, params_sha256 TEXT,
+    credited_samples INTEGER NOT NULL DEFAULT 0
 );
-CREATE TABLE IF NOT EXISTS epochs (
-    project TEXT NOT NULL, epoch INTEGER NOT NULL, loss REAL, samples INTEGER NOT NULL,
-    peers INTEGER NOT NULL, round_seconds REAL NOT NULL, params_sha256 TEXT NOT NULL,
-    finished_at REAL NOT NULL, PRIMARY KEY (project, epoch)
+CREATE TABLE IF NOT EXISTS steps (
+    project TEXT NOT NULL, round_id INTEGER NOT NULL, epoch INTEGER NOT NULL, loss REAL,
+    samples INTEGER NOT NULL, peers INTEGER NOT NULL, round_seconds REAL NOT NULL,
+    params_sha256 TEXT NOT NULL, finished_at REAL NOT NULL, PRIMARY KEY (project, round_id)
 );
+CREATE INDEX IF NOT EXISTS steps_by_epoch ON steps (project, epoch);
+CREATE TABLE IF NOT EXISTS contributions (
+    project TEXT NOT NULL, round_id INTEGER NOT NULL, peer_id TEXT NOT NULL,
+    user_id INTEGER REFERENCES users(id), samples INTEGER NOT NULL,
+    compute_seconds REAL NOT NULL, credited_at REAL NOT NULL,
+    PRIMARY KEY (project, round_id, peer_id)
+);
+CREATE INDEX IF NOT EXISTS contributions_by_user ON contributions (user_id, credited_at);
+CREATE TABLE IF NOT EXISTS user_totals (
+    project TEXT NOT NULL, user_id INTEGER NOT NULL REFERENCES users(id),
+    samples INTEGER NOT NULL DEFAULT 0, compute_seconds REAL NOT NULL DEFAULT 0,
+    online_seconds REAL NOT NULL DEFAULT 0, last_seen REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (project, user_id)
+);
+CREATE INDEX IF NOT EXISTS leaderboard ON user_totals (project, samples DESC, user_id);
 CREATE TABLE IF NOT EXISTS checkpoints (
-    project TEXT NOT NULL, epoch INTEGER NOT NULL, file TEXT NOT NULL, sha256 TEXT NOT NULL,
+    project TEXT NOT NULL, epoch INTEGER NOT NULL, sha256 TEXT NOT NULL,
     params_sha256 TEXT NOT NULL, size INTEGER NOT NULL, created_at REAL NOT NULL,
     PRIMARY KEY (project, epoch)
 );
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, project TEXT NOT NULL, name TEXT NOT NULL,
-    token_sha256 TEXT NOT NULL, joined_at REAL NOT NULL, left_at REAL
+    token_sha256 TEXT NOT NULL, user_id INTEGER REFERENCES users(id), joined_at REAL NOT NULL,
+    connected_at REAL, last_seen REAL, left_at REAL
 );
 """
+
+
+@dataclass
+class User:
+    id: int
+    username: str
+
+
+@dataclass
+class Step:
+    """A completed global step, as the tracker recorded it."""
+
+    round_id: int
+    epoch: int
+    loss: float | None
+    samples: int
+    peers: int
+    round_seconds: float
+    params_sha256: str
+
+
+class UsernameTaken(ValueError):
+    pass
 
 
 class Store:
@@ -49,69 +103,254 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
+    def _transaction(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    # --- accounts -------------------------------------------------------------------------
+
+    def create_user(self, username: str, salt: bytes, password_hash: bytes) -> User:
+        try:
+            cur = self.db.execute(
+                "INSERT INTO users (username, salt, password_hash, created_at) VALUES (?,?,?,?)",
+                (username, salt, password_hash, time.time()),
+            )
+        except sqlite3.IntegrityError:
+            raise UsernameTaken(username) from None
+        return User(cur.lastrowid, username)
+
+    def user_secret(self, username: str) -> tuple[User, bytes, bytes] | None:
+        row = self.db.execute(
+            "SELECT id, username, salt, password_hash FROM users WHERE username=?", (username,)
+        ).fetchone()
+        return (User(row[0], row[1]), row[2], row[3]) if row else None
+
+    def add_token(self, user: User, token_sha256: str) -> None:
+        self.db.execute("INSERT INTO tokens VALUES (?,?,?,NULL)", (token_sha256, user.id, time.time()))
+
+    def user_for_token(self, token_sha256: str) -> User | None:
+        row = self.db.execute(
+            "SELECT users.id, users.username FROM tokens JOIN users ON users.id = tokens.user_id "
+            "WHERE token_sha256=? AND revoked_at IS NULL", (token_sha256,),
+        ).fetchone()
+        return User(row[0], row[1]) if row else None
+
+    def revoke_token(self, token_sha256: str) -> None:
+        self.db.execute("UPDATE tokens SET revoked_at=? WHERE token_sha256=?", (time.time(), token_sha256))
+
+    # --- collaboration state -------------------------------------------------------------
+
     def collaboration(self, project: str) -> tuple[int, str | None]:
         row = self.db.execute(
             "SELECT epoch, params_sha256 FROM collaborations WHERE project=?", (project,)
         ).fetchone()
         return (row[0], row[1]) if row else (0, None)
 
-    def record_epoch(self, project: str, rec: EpochRecord) -> None:
-        with self.db:
-            self.db.execute("BEGIN")
-            self.db.execute(
-                "INSERT OR REPLACE INTO epochs VALUES (?,?,?,?,?,?,?,?)",
-                (project, rec.epoch, rec.loss, rec.samples, rec.peers, rec.round_seconds,
-                 rec.params_sha256, time.time()),
+    def set_collaboration(self, project: str, epoch: int, params_sha256: str | None) -> None:
+        self.db.execute(
+            "INSERT INTO collaborations (project, epoch, params_sha256) VALUES (?,?,?) "
+            "ON CONFLICT(project) DO UPDATE SET epoch=excluded.epoch, params_sha256=excluded.params_sha256",
+            (project, epoch, params_sha256),
+        )
+
+    def last_round_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(round_id), 0) FROM steps").fetchone()[0]
+
+    def record_step(self, project: str, step: Step, credits: dict[str, Credit],
+                    owners: dict[str, int | None]) -> None:
+        """The step, the collaboration's new epoch, and every member's credit — atomically."""
+        now = time.time()
+        db = self._transaction()
+        try:
+            db.execute(
+                "INSERT OR IGNORE INTO steps VALUES (?,?,?,?,?,?,?,?,?)",
+                (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
+                 step.round_seconds, step.params_sha256, now),
             )
-            self.db.execute(
-                "INSERT OR REPLACE INTO collaborations VALUES (?,?,?)",
-                (project, rec.epoch, rec.params_sha256),
-            )
+            self.set_collaboration(project, step.epoch, step.params_sha256)
+            credited = 0
+            for peer_id, credit in credits.items():
+                user_id = owners.get(peer_id)
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO contributions VALUES (?,?,?,?,?,?,?)",
+                    (project, step.round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now),
+                )
+                if cur.rowcount == 0:
+                    continue  # already credited: a replay must not count twice
+                credited += credit.samples
+                if user_id is not None:
+                    db.execute(
+                        "INSERT INTO user_totals (project, user_id, samples, compute_seconds, last_seen) "
+                        "VALUES (?,?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
+                        "samples = samples + excluded.samples, "
+                        "compute_seconds = compute_seconds + excluded.compute_seconds, "
+                        "last_seen = excluded.last_seen",
+                        (project, user_id, credit.samples, credit.compute_seconds, now),
+                    )
+            db.execute("UPDATE collaborations SET credited_samples = credited_samples + ? WHERE project=?",
+                       (credited, project))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def curve(self, project: str) -> list[dict]:
+        """Loss per epoch (the latest step of each epoch, after any rewind)."""
         rows = self.db.execute(
-            "SELECT epoch, loss, samples, peers, round_seconds, finished_at FROM epochs "
-            "WHERE project=? ORDER BY epoch", (project,),
+            "SELECT epoch, loss, samples, peers, round_seconds, finished_at FROM steps s "
+            "WHERE project=? AND round_id = (SELECT MAX(round_id) FROM steps WHERE project=s.project "
+            "AND epoch=s.epoch) ORDER BY epoch", (project,),
         ).fetchall()
         keys = ("epoch", "loss", "samples", "peers", "round_seconds", "finished_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
+    def steps(self, project: str) -> list[Step]:
+        rows = self.db.execute(
+            "SELECT round_id, epoch, loss, samples, peers, round_seconds, params_sha256 FROM steps "
+            "WHERE project=? ORDER BY round_id", (project,),
+        ).fetchall()
+        return [Step(*row) for row in rows]
+
     def epoch_params(self, project: str, epoch: int) -> str | None:
         row = self.db.execute(
-            "SELECT params_sha256 FROM epochs WHERE project=? AND epoch=?", (project, epoch)
+            "SELECT params_sha256 FROM steps WHERE project=? AND epoch=? ORDER BY round_id DESC LIMIT 1",
+            (project, epoch),
         ).fetchone()
         return row[0] if row else None
 
-    def add_checkpoint(self, project: str, info: CheckpointInfo, file: str) -> None:
+    # --- ledger queries ------------------------------------------------------------------
+
+    def leaderboard(self, project: str, limit: int, offset: int) -> tuple[int, list[tuple]]:
+        """(credited samples of the project, rows of (username, user id, samples, compute
+        seconds, last seen) best first)."""
+        total = self.db.execute(
+            "SELECT credited_samples FROM collaborations WHERE project=?", (project,)
+        ).fetchone()
+        rows = self.db.execute(
+            "SELECT users.username, users.id, t.samples, t.compute_seconds, t.last_seen "
+            "FROM user_totals t JOIN users ON users.id = t.user_id WHERE t.project=? "
+            "ORDER BY t.samples DESC, t.user_id LIMIT ? OFFSET ?", (project, limit, offset),
+        ).fetchall()
+        return (total[0] if total else 0), rows
+
+    def rank(self, project: str, user_id: int) -> int | None:
+        row = self.db.execute(
+            "SELECT samples FROM user_totals WHERE project=? AND user_id=?", (project, user_id)
+        ).fetchone()
+        if row is None:
+            return None
+        ahead = self.db.execute(
+            "SELECT COUNT(*) FROM user_totals WHERE project=? "
+            "AND (samples > ? OR (samples = ? AND user_id < ?))",
+            (project, row[0], row[0], user_id),
+        ).fetchone()[0]
+        return ahead + 1
+
+    def user_totals(self, user_id: int) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT project, samples, compute_seconds, online_seconds, last_seen FROM user_totals "
+            "WHERE user_id=? ORDER BY project", (user_id,),
+        ).fetchall()
+        keys = ("project", "samples", "compute_seconds", "online_seconds", "last_seen")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def timeline(self, user_id: int, since: float) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT project, CAST(credited_at / 3600 AS INTEGER) * 3600 AS hour, SUM(samples), "
+            "SUM(compute_seconds) FROM contributions WHERE user_id=? AND credited_at >= ? "
+            "GROUP BY project, hour ORDER BY hour, project", (user_id, since),
+        ).fetchall()
+        return [{"project": p, "hour": h, "samples": s, "compute_seconds": c} for p, h, s, c in rows]
+
+    def credited_by_user(self, project: str) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT users.username, t.samples FROM user_totals t JOIN users ON users.id = t.user_id "
+            "WHERE t.project=?", (project,),
+        ).fetchall()
+        return dict(rows)
+
+    def credited_by_peer(self, project: str) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT peer_id, SUM(samples) FROM contributions WHERE project=? GROUP BY peer_id", (project,)
+        ).fetchall()
+        return dict(rows)
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def add_checkpoint(self, project: str, info: CheckpointInfo) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?,?)",
-            (project, info.epoch, file, info.sha256, info.params_sha256, info.size, time.time()),
+            "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?)",
+            (project, info.epoch, info.sha256, info.params_sha256, info.size, time.time()),
         )
 
-    def checkpoints(self, project: str) -> list[tuple[CheckpointInfo, str]]:
+    def checkpoints(self, project: str) -> list[CheckpointInfo]:
         rows = self.db.execute(
-            "SELECT epoch, sha256, params_sha256, size, file FROM checkpoints WHERE project=? "
+            "SELECT epoch, sha256, params_sha256, size FROM checkpoints WHERE project=? "
             "ORDER BY epoch DESC", (project,),
         ).fetchall()
         return [
-            (CheckpointInfo(e, sha, psha, size, f"/api/projects/{project}/checkpoints/{e}"), file)
-            for e, sha, psha, size, file in rows
+            CheckpointInfo(e, sha, psha, size, f"/api/projects/{project}/checkpoints/{e}")
+            for e, sha, psha, size in rows
         ]
 
     def remove_checkpoint(self, project: str, epoch: int) -> None:
         self.db.execute("DELETE FROM checkpoints WHERE project=? AND epoch=?", (project, epoch))
 
-    def add_peer(self, peer_id: str, project: str, name: str, token_sha256: str) -> None:
+    # --- peers and their sessions --------------------------------------------------------
+
+    def add_peer(self, peer_id: str, project: str, name: str, token_sha256: str,
+                 user_id: int | None) -> None:
         self.db.execute(
-            "INSERT INTO peers VALUES (?,?,?,?,?,NULL)",
-            (peer_id, project, name, token_sha256, time.time()),
+            "INSERT INTO peers (peer_id, project, name, token_sha256, user_id, joined_at) "
+            "VALUES (?,?,?,?,?,?)", (peer_id, project, name, token_sha256, user_id, time.time()),
         )
 
-    def peer_token(self, peer_id: str, project: str) -> str | None:
+    def peer(self, peer_id: str, project: str) -> tuple[str, str, int | None] | None:
+        """(name, token digest, user id) of a peer of ``project``."""
         row = self.db.execute(
-            "SELECT token_sha256 FROM peers WHERE peer_id=? AND project=?", (peer_id, project)
+            "SELECT name, token_sha256, user_id FROM peers WHERE peer_id=? AND project=?",
+            (peer_id, project),
         ).fetchone()
-        return row[0] if row else None
+        return (row[0], row[1], row[2]) if row else None
 
-    def peer_left(self, peer_id: str) -> None:
-        self.db.execute("UPDATE peers SET left_at=? WHERE peer_id=?", (time.time(), peer_id))
+    def peer_connected(self, peer_id: str) -> None:
+        now = time.time()
+        self.db.execute("UPDATE peers SET connected_at=?, last_seen=?, left_at=NULL WHERE peer_id=?",
+                        (now, now, peer_id))
+
+    def peers_seen(self, peer_ids: list[str]) -> None:
+        now = time.time()
+        self.db.executemany("UPDATE peers SET last_seen=? WHERE peer_id=?", [(now, p) for p in peer_ids])
+
+    def peer_left(self, peer_id: str, at: float | None = None) -> None:
+        """Close the peer's session and add its length to its user's online time."""
+        db = self._transaction()
+        try:
+            row = db.execute(
+                "SELECT project, user_id, connected_at FROM peers WHERE peer_id=? "
+                "AND connected_at IS NOT NULL AND left_at IS NULL", (peer_id,),
+            ).fetchone()
+            if row is not None:
+                project, user_id, connected_at = row
+                ended = at if at is not None else time.time()
+                db.execute("UPDATE peers SET left_at=?, last_seen=? WHERE peer_id=?", (ended, ended, peer_id))
+                if user_id is not None:
+                    db.execute(
+                        "INSERT INTO user_totals (project, user_id, online_seconds, last_seen) "
+                        "VALUES (?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
+                        "online_seconds = online_seconds + excluded.online_seconds, "
+                        "last_seen = MAX(last_seen, excluded.last_seen)",
+                        (project, user_id, max(ended - connected_at, 0.0), ended),
+                    )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def close_stale_sessions(self) -> None:
+        """After a crash: sessions that never ended count until their peer was last seen."""
+        rows = self.db.execute(
+            "SELECT peer_id, last_seen FROM peers WHERE connected_at IS NOT NULL AND left_at IS NULL"
+        ).fetchall()
+        for peer_id, last_seen in rows:
+            self.peer_left(peer_id, at=last_seen)

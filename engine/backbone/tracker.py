@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.backbone.ledger import Claim, Credit, credits
 from engine.project import ProjectSpec
 from engine.wire.messages import (
     CheckpointInfo,
@@ -44,16 +45,26 @@ class Broadcast:
 class EpochRecord:
     """A completed global step; ``epoch`` counts steps, this one included."""
 
+    round_id: int
     epoch: int
     loss: float | None
     samples: int
     peers: int
     round_seconds: float
     params_sha256: str
-    contributors: dict[str, int] = field(default_factory=dict)
+    credits: dict[str, Credit] = field(default_factory=dict)
 
 
-Out = Send | Broadcast | EpochRecord
+@dataclass
+class CollaborationState:
+    """The epoch and parameters the collaboration continues from changed without a step
+    (a rewind to a checkpoint, a fresh start, or a step adopted after a crash)."""
+
+    epoch: int
+    params_sha256: str | None
+
+
+Out = Send | Broadcast | EpochRecord | CollaborationState
 
 
 @dataclass
@@ -67,6 +78,9 @@ class PeerState:
     rate: float = 0.0
     loss: float | None = None
     reported_at: float = 0.0
+    accumulating_since: float = 0.0
+    largest_report_step: int = 0
+    compute_seconds: float = 0.0
     serving: int = 0
     donor: str | None = None
     syncing_since: float | None = None
@@ -80,7 +94,7 @@ class OpenRound:
     opened_at: float
     deadline: float
     checkpoint_by: str | None
-    reported_samples: dict[str, int]
+    claims: dict[str, Claim]
     outcomes: dict[str, RoundDone] = field(default_factory=dict)
     advanced_to: str | None = None  # params hash of the first success
 
@@ -101,6 +115,7 @@ class Tracker:
         round_grace: float = 5.0,
         retry_delay: float = 1.0,
         join_grace: float = 30.0,
+        last_round_id: int = 0,
     ) -> None:
         self.project = project
         self.epoch = epoch
@@ -114,8 +129,9 @@ class Tracker:
         self.join_grace = join_grace
         self._clock = clock
         self._retry_at = 0.0
-        self._round_ids = itertools.count(int(time.time() * 1000) % 2**40)
+        self._round_ids = itertools.count(last_round_id + 1)
         self._expected_checkpoints: set[tuple[str, int]] = set()
+        self._recorded_epoch = epoch
 
     # --- membership -----------------------------------------------------------------------
 
@@ -151,7 +167,9 @@ class Tracker:
             if msg.epoch < self.epoch and not self._in_round(peer.peer_id):
                 return self._resync(peer, f"the collaboration is at epoch {self.epoch}")
             return []
+        peer.largest_report_step = max(peer.largest_report_step, msg.samples - peer.samples)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
+        peer.compute_seconds = msg.compute_seconds
         peer.reported_at = self._clock()
         return self._maybe_open_round()
 
@@ -174,12 +192,14 @@ class Tracker:
                 log.warning("%s: no live peer holds epoch %d; resuming from the checkpoint of epoch %d",
                             self.project.id, self.epoch, self.checkpoint.epoch)
             self.epoch, self.params_sha256 = self.checkpoint.epoch, self.checkpoint.params_sha256
-            return [Send(peer.peer_id, SyncPlan(self.epoch, "checkpoint", checkpoint=self.checkpoint,
+            return [CollaborationState(self.epoch, self.params_sha256),
+                    Send(peer.peer_id, SyncPlan(self.epoch, "checkpoint", checkpoint=self.checkpoint,
                                                 params_sha256=self.params_sha256))]
         if self.epoch != 0:
             log.warning("%s: no live peer and no checkpoint; starting over from epoch 0",
                         self.project.id)
             self.epoch, self.params_sha256 = 0, None
+            return [CollaborationState(0, None), Send(peer.peer_id, SyncPlan(0, "init"))]
         return [Send(peer.peer_id, SyncPlan(0, "init", params_sha256=self.params_sha256))]
 
     def _release_donor(self, peer: PeerState) -> None:
@@ -191,14 +211,31 @@ class Tracker:
     def _ready(self, peer: PeerState, msg: Ready) -> list[Out]:
         self._release_donor(peer)
         peer.syncing_since = None
+        out: list[Out] = []
+        if msg.epoch == self.epoch + 1 and self.round is None and not self._recorded(msg.epoch):
+            # We crashed after this step completed but before it was recorded; the peers
+            # that took it are ahead of us. Adopt their state rather than lose the step.
+            log.warning("%s: adopting epoch %d from %s", self.project.id, msg.epoch, peer.peer_id)
+            self.epoch, self.params_sha256 = msg.epoch, msg.params_sha256
+            out.append(CollaborationState(self.epoch, self.params_sha256))
+            for other in self.peers.values():
+                if other.ready and other.peer_id != peer.peer_id:
+                    out += self._resync(other, f"the collaboration is at epoch {self.epoch}")
         if msg.epoch != self.epoch:
             return self._resync(peer, f"the collaboration is at epoch {self.epoch}, not {msg.epoch}")
         if self.params_sha256 is not None and msg.params_sha256 != self.params_sha256:
             return self._resync(peer, "your parameters differ from the collaboration's")
         self.params_sha256 = msg.params_sha256
-        peer.ready, peer.epoch, peer.samples = True, msg.epoch, 0
-        peer.reported_at = self._clock()
-        return []
+        peer.ready, peer.epoch = True, msg.epoch
+        self._restart_accumulation(peer)
+        return out
+
+    def _recorded(self, epoch: int) -> bool:
+        return epoch <= self._recorded_epoch
+
+    def _restart_accumulation(self, peer: PeerState) -> None:
+        peer.samples, peer.largest_report_step, peer.compute_seconds = 0, 0, 0.0
+        peer.reported_at = peer.accumulating_since = self._clock()
 
     def _round_done(self, peer: PeerState, msg: RoundDone) -> list[Out]:
         rnd = self.round
@@ -215,8 +252,8 @@ class Tracker:
                 log.error("%s: peer %s diverged in round %d", self.project.id, peer.peer_id, rnd.round_id)
                 out += self._resync(peer, "your step differs from the collaboration's")
             if msg.params_sha256 == rnd.advanced_to:
-                peer.ready, peer.epoch, peer.samples = True, self.epoch, 0
-                peer.reported_at = self._clock()
+                peer.ready, peer.epoch = True, self.epoch
+                self._restart_accumulation(peer)
         elif rnd.advanced_to is not None:
             out += self._resync(peer, "the round finished without you")
         return out + self._settle_round()
@@ -225,10 +262,11 @@ class Tracker:
         rnd.advanced_to = msg.params_sha256
         self.epoch = rnd.epoch + 1
         self.params_sha256 = msg.params_sha256
+        self._recorded_epoch = self.epoch
         out: list[Out] = [
-            EpochRecord(self.epoch, msg.loss, msg.samples, len(rnd.group),
+            EpochRecord(rnd.round_id, self.epoch, msg.loss, msg.samples, len(rnd.group),
                         round(self._clock() - rnd.opened_at, 3), msg.params_sha256 or "",
-                        dict(rnd.reported_samples)),
+                        credits(msg.confirmed, rnd.claims)),
             Broadcast(EpochAdvanced(self.epoch, msg.loss, msg.samples, msg.params_sha256 or "")),
         ]
         if rnd.checkpoint_by is not None:
@@ -287,14 +325,21 @@ class Tracker:
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=self.epoch, group=group, opened_at=now,
             deadline=now + self.project.round_timeout, checkpoint_by=group[0] if due else None,
-            reported_samples={p.peer_id: p.samples for p in live},
+            claims={p.peer_id: self._claim(p, now) for p in live},
         )
         self.round = rnd
         start = RoundStart(rnd.round_id, rnd.epoch, group, [1.0] * len(group),
                            self.project.round_timeout, rnd.checkpoint_by)
         log.info("%s: round %d for epoch %d with %d peers, %d samples", self.project.id,
-                 rnd.round_id, rnd.epoch, len(group), sum(rnd.reported_samples.values()))
+                 rnd.round_id, rnd.epoch, len(group), sum(c.reported for c in rnd.claims.values()))
         return [Send(pid, start) for pid in group]
+
+    @staticmethod
+    def _claim(peer: PeerState, now: float) -> Claim:
+        since = peer.reported_at - peer.accumulating_since
+        rate = peer.samples / since if since > 0 else 0.0
+        return Claim(peer.samples, rate, peer.largest_report_step, now - peer.reported_at,
+                     peer.compute_seconds, now - peer.accumulating_since)
 
     def _resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False

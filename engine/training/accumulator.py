@@ -16,6 +16,7 @@ class Accumulated:
     samples: int = 0
     loss_sum: float = 0.0
     batches: list[int] = field(default_factory=list)
+    compute_seconds: float = 0.0
 
 
 class GradientAccumulator:
@@ -33,16 +34,19 @@ class GradientAccumulator:
         self.samples = 0
         self.loss_sum = 0.0
         self.batches: list[int] = []
+        self.compute_seconds = 0.0
 
-    def add(self, samples: int, loss_sum: float, batch_id: int) -> None:
+    def add(self, samples: int, loss_sum: float, batch_id: int, seconds: float = 0.0) -> None:
         """Record a micro-batch whose summed loss was just back-propagated."""
         self.samples += samples
         self.loss_sum += loss_sum
         self.batches.append(batch_id)
+        self.compute_seconds += seconds
 
     def take(self) -> Accumulated:
         """Hand over everything accumulated and start afresh."""
-        taken = Accumulated(flat_grad(self.params), self.samples, self.loss_sum, self.batches)
+        taken = Accumulated(flat_grad(self.params), self.samples, self.loss_sum, self.batches,
+                            self.compute_seconds)
         self.clear()
         return taken
 
@@ -56,8 +60,9 @@ class GradientAccumulator:
         self.samples += taken.samples
         self.loss_sum += taken.loss_sum
         self.batches[:0] = taken.batches
+        self.compute_seconds += taken.compute_seconds
 
     def clear(self) -> None:
         for p in self.params:
             p.grad = None
-        self.samples, self.loss_sum, self.batches = 0, 0.0, []
+        self.samples, self.loss_sum, self.batches, self.compute_seconds = 0, 0.0, [], 0.0

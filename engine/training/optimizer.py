@@ -112,9 +112,9 @@ class CollaborativeOptimizer:
         def work() -> None:
             began = time.perf_counter()
             samples, loss_sum = micro_batch()
-            self.accumulator.add(samples, loss_sum, batch_id)
-            self.throughput.add(samples)
             self.last_compute_seconds = time.perf_counter() - began
+            self.accumulator.add(samples, loss_sum, batch_id, self.last_compute_seconds)
+            self.throughput.add(samples)
 
         await self._run(work)
         await self.report_progress()
@@ -131,7 +131,8 @@ class CollaborativeOptimizer:
         acc = self.accumulator
         self._reported_samples = acc.samples
         loss = acc.loss_sum / acc.samples if acc.samples else None
-        await self._send(Progress(self.epoch, acc.samples, self.throughput.rate(), loss))
+        await self._send(Progress(self.epoch, acc.samples, self.throughput.rate(), loss,
+                                  acc.compute_seconds))
 
     def observe(self, status: Status) -> None:
         """Remember the collaboration's progress, to estimate when the target is reached."""
@@ -191,7 +192,8 @@ class CollaborativeOptimizer:
             self._update()
         seconds = time.monotonic() - began
         await self._send(RoundDone(start.round_id, start.epoch, ok=True, params_sha256=digest,
-                                   samples=averaged.samples, loss=averaged.loss, seconds=seconds))
+                                   samples=averaged.samples, loss=averaged.loss, seconds=seconds,
+                                   confirmed=averaged.confirmed))
         return EpochResult(self.epoch, averaged.loss, averaged.samples, len(start.group), digest,
                            seconds, taken.samples, taken.batches)
 

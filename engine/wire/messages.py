@@ -23,6 +23,15 @@ def _non_negative(**values: float) -> None:
             raise ValueError(f"{name} must not be negative")
 
 
+def _sample_counts(name: str, counts: dict) -> None:
+    """A peer id -> samples map, as reducers confirm what they received."""
+    if len(counts) > 10_000:
+        raise ValueError(f"{name} lists too many peers")
+    for peer, samples in counts.items():
+        if len(peer) > 64 or isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError(f"{name} must map peer ids to sample counts")
+
+
 # --- control plane: peer -> backbone ---------------------------------------------------
 
 
@@ -35,9 +44,11 @@ class Progress:
     samples: int
     samples_per_second: float
     loss: float | None = None
+    compute_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        _non_negative(epoch=self.epoch, samples=self.samples, rate=self.samples_per_second)
+        _non_negative(epoch=self.epoch, samples=self.samples, rate=self.samples_per_second,
+                      compute_seconds=self.compute_seconds)
 
 
 @dataclass
@@ -73,9 +84,25 @@ class RoundDone:
     loss: float | None = None
     seconds: float = 0.0
     error: str | None = None
+    confirmed: dict = field(default_factory=dict)  # sender -> samples every reducer received
 
     def __post_init__(self) -> None:
         _non_negative(round_id=self.round_id, epoch=self.epoch, samples=self.samples)
+        _sample_counts("confirmed", self.confirmed)
+
+
+@dataclass
+class Ping:
+    """Asks the backbone for an immediate Pong: how long a message takes to be handled."""
+
+    TYPE: ClassVar[str] = "ping"
+    nonce: int
+
+
+@dataclass
+class Pong:
+    TYPE: ClassVar[str] = "pong"
+    nonce: int
 
 
 @dataclass
@@ -180,8 +207,8 @@ class Error:
 CONTROL_TYPES: dict[str, type] = {
     cls.TYPE: cls
     for cls in (
-        Progress, SyncRequest, Ready, RoundDone, Signal,
-        SyncPlan, RoundStart, EpochAdvanced, Resync, Status, Error,
+        Progress, SyncRequest, Ready, RoundDone, Signal, Ping,
+        SyncPlan, RoundStart, EpochAdvanced, Resync, Status, Error, Pong,
     )
 }
 
@@ -215,9 +242,11 @@ class Result:
     samples: int
     loss: float | None
     dtype: str = "float32"
+    received: dict = field(default_factory=dict)  # sender -> samples in the parts reduced
 
     def __post_init__(self) -> None:
         _non_negative(round_id=self.round_id, epoch=self.epoch, index=self.index, samples=self.samples)
+        _sample_counts("received", self.received)
 
 
 @dataclass

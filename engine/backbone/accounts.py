@@ -1,0 +1,83 @@
+"""Accounts: password hashing, bearer tokens, and a limit on login attempts.
+
+Passwords are hashed with scrypt (memory-hard); tokens are 32 random bytes that the
+backbone stores only as SHA-256 digests, so a leaked database holds no usable token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+
+USERNAME = re.compile(r"^[A-Za-z0-9_.-]{3,32}$")
+MIN_PASSWORD, MAX_PASSWORD = 8, 1024
+SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
+
+
+@dataclass
+class Credentials:
+    username: str
+    password: str
+
+    def __post_init__(self) -> None:
+        if not USERNAME.match(self.username):
+            raise ValueError("username must be 3-32 letters, digits, '.', '_' or '-'")
+        if not MIN_PASSWORD <= len(self.password) <= MAX_PASSWORD:
+            raise ValueError(f"password must be {MIN_PASSWORD} to {MAX_PASSWORD} characters")
+
+
+def hash_password(password: str, salt: bytes | None = None) -> tuple[bytes, bytes]:
+    """(salt, digest). Slow on purpose (~50 ms): run it off the event loop."""
+    salt = salt or secrets.token_bytes(16)
+    return salt, hashlib.scrypt(password.encode(), salt=salt, **SCRYPT)
+
+
+def password_matches(password: str, salt: bytes, digest: bytes) -> bool:
+    return hmac.compare_digest(hash_password(password, salt)[1], digest)
+
+
+def new_token() -> tuple[str, str]:
+    """(token for the client, digest to store)."""
+    token = secrets.token_urlsafe(32)
+    return token, token_digest(token)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class AttemptLimiter:
+    """Failed logins allowed per key (an account or an address) in a sliding window."""
+
+    def __init__(self, limit: int, window: float, clock=time.monotonic) -> None:
+        self.limit = limit
+        self.window = window
+        self._clock = clock
+        self._failures: dict[str, deque[float]] = {}
+
+    def retry_after(self, key: str) -> float:
+        """Seconds until ``key`` may try again (0 when it may now)."""
+        failures = self._recent(key)
+        if len(failures) < self.limit:
+            return 0.0
+        return max(failures[0] + self.window - self._clock(), 0.0)
+
+    def failed(self, key: str) -> None:
+        self._failures.setdefault(key, deque()).append(self._clock())
+
+    def succeeded(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+    def _recent(self, key: str) -> deque[float]:
+        failures = self._failures.get(key, deque())
+        horizon = self._clock() - self.window
+        while failures and failures[0] < horizon:
+            failures.popleft()
+        if not failures:
+            self._failures.pop(key, None)
+        return failures

@@ -1,0 +1,70 @@
+"""Checkpoints: listed for anyone, downloaded by peers, uploaded only when requested."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from aiohttp import web
+
+from engine.backbone.checkpoints import CheckpointRejected
+from engine.backbone.http import authenticate_peer, backbone_of, project_of
+from engine.peer.client import PEER_ID_HEADER
+from engine.wire.messages import CheckpointInfo
+
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _epoch(request: web.Request) -> int:
+    text = request.match_info["epoch"]
+    if not text.isdigit() or len(text) > 12:
+        raise web.HTTPBadRequest(text="epoch must be a non-negative integer")
+    return int(text)
+
+
+async def list_checkpoints(request: web.Request) -> web.Response:
+    spec = project_of(request)
+    saved = backbone_of(request).store.checkpoints(spec.id)
+    return web.json_response({"checkpoints": [dataclasses.asdict(info) for info in saved]})
+
+
+async def get_checkpoint(request: web.Request) -> web.StreamResponse:
+    spec = project_of(request)
+    backbone = backbone_of(request)
+    authenticate_peer(request, spec, request.headers.get(PEER_ID_HEADER, ""))
+    epoch = _epoch(request)
+    for info in backbone.store.checkpoints(spec.id):
+        if info.epoch == epoch:
+            return web.FileResponse(backbone.files.path(spec.id, epoch),
+                                    headers={"X-Content-SHA256": info.sha256})
+    raise web.HTTPNotFound(text=f"no checkpoint of epoch {epoch}")
+
+
+async def put_checkpoint(request: web.Request) -> web.Response:
+    spec = project_of(request)
+    backbone = backbone_of(request)
+    peer_id = request.headers.get(PEER_ID_HEADER, "")
+    authenticate_peer(request, spec, peer_id)
+    epoch = _epoch(request)
+    if not backbone.trackers[spec.id].expects_checkpoint(peer_id, epoch):
+        raise web.HTTPConflict(text=f"no checkpoint of epoch {epoch} was requested from you")
+    sha = request.headers.get("X-Content-SHA256", "")
+    params_sha = request.headers.get("X-Params-SHA256", "")
+    if not SHA256.match(sha) or not SHA256.match(params_sha):
+        raise web.HTTPBadRequest(text="X-Content-SHA256 and X-Params-SHA256 must be sha256 hex digests")
+    if backbone.store.epoch_params(spec.id, epoch) != params_sha:
+        raise web.HTTPConflict(text="parameter hash is not the collaboration's at that epoch")
+    limit = backbone.config.max_checkpoint_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length,
+                                            text=f"checkpoint larger than {limit} bytes")
+    try:
+        _, digest, size = await backbone.files.receive(
+            spec.id, epoch, request.content.iter_chunked(1 << 16), expected_sha256=sha,
+            expected_params_sha256=params_sha, max_bytes=limit,
+        )
+    except CheckpointRejected as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+    info = CheckpointInfo(epoch, digest, params_sha, size, f"/api/projects/{spec.id}/checkpoints/{epoch}")
+    backbone.checkpoint_stored(spec.id, peer_id, info)
+    return web.json_response(dataclasses.asdict(info), status=201)

@@ -1,0 +1,111 @@
+"""What every route shares: JSON errors, bounded and validated bodies, who is asking."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from engine.backbone.accounts import token_digest
+from engine.backbone.store import User
+from engine.peer.client import PEER_TOKEN_HEADER
+from engine.project import ProjectSpec
+from engine.wire import ProtocolError
+from engine.wire.schema import from_dict
+
+if TYPE_CHECKING:
+    from engine.backbone.server import Backbone
+
+log = logging.getLogger(__name__)
+MAX_JSON_BODY = 64 * 1024
+BACKBONE: web.AppKey = web.AppKey("backbone")
+
+
+def json_error(status: int, message: str, headers: dict | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        text = exc.text or ""
+        message = exc.reason if not text or text.startswith(f"{exc.status}:") else text
+        headers = {k: v for k, v in exc.headers.items() if k in ("Retry-After", "WWW-Authenticate")}
+        return json_error(exc.status, message, headers)
+    except ProtocolError as exc:
+        return json_error(400, str(exc))
+
+
+def backbone_of(request: web.Request) -> Backbone:
+    return request.app[BACKBONE]
+
+
+def project_of(request: web.Request) -> ProjectSpec:
+    name = request.match_info["project"]
+    spec = backbone_of(request).projects.get(name)
+    if spec is None:
+        raise web.HTTPNotFound(text=f"no project {name!r} on this backbone")
+    return spec
+
+
+async def read_json(request: web.Request, cls: type):
+    """The body as ``cls``, or 413/400 with the reason."""
+    too_big = web.HTTPRequestEntityTooLarge(
+        max_size=MAX_JSON_BODY, actual_size=request.content_length or MAX_JSON_BODY + 1,
+        text=f"request body larger than {MAX_JSON_BODY} bytes")
+    if request.content_length is not None and request.content_length > MAX_JSON_BODY:
+        raise too_big
+    raw = await request.content.read(MAX_JSON_BODY + 1)
+    if len(raw) > MAX_JSON_BODY:
+        raise too_big
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"request body is not JSON: {exc}") from None
+    return from_dict(cls, data, "request")
+
+
+def bearer_token(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise web.HTTPUnauthorized(text="the Authorization header must be 'Bearer <token>'")
+    return token.strip()
+
+
+def optional_user(request: web.Request) -> User | None:
+    """The user behind the bearer token; 401 if a token is given but not valid."""
+    token = bearer_token(request)
+    if token is None:
+        return None
+    user = backbone_of(request).store.user_for_token(token_digest(token))
+    if user is None:
+        raise web.HTTPUnauthorized(text="this token is not valid (expired, revoked or unknown): log in again",
+                                   headers={"WWW-Authenticate": "Bearer"})
+    return user
+
+
+def required_user(request: web.Request) -> User:
+    user = optional_user(request)
+    if user is None:
+        raise web.HTTPUnauthorized(text="log in first: this needs 'Authorization: Bearer <token>'",
+                                   headers={"WWW-Authenticate": "Bearer"})
+    return user
+
+
+def authenticate_peer(request: web.Request, spec: ProjectSpec, peer_id: str) -> tuple[str, int | None]:
+    """A peer proves itself with the token it got at join; returns (name, user id)."""
+    token = request.headers.get(PEER_TOKEN_HEADER, "")
+    known = backbone_of(request).store.peer(peer_id, spec.id)
+    if not token or known is None or not hmac.compare_digest(known[1], token_digest(token)):
+        raise web.HTTPUnauthorized(text="unknown peer or wrong peer token")
+    return known[0], known[2]
