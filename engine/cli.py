@@ -54,7 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--ice-address", action="append", default=None,
                       help="only offer this local address for connections (repeatable)")
     peer.add_argument("--json", action="store_true", help="one JSON line per completed epoch")
+    peer.add_argument("--anonymous", action="store_true",
+                      help="do not use the login stored for this backbone")
     _add_logging(peer)
+
+    for name, text in (("login", "log in to a backbone and keep the token"),
+                       ("register", "create an account on a backbone and log in")):
+        account = sub.add_parser(name, help=text)
+        account.add_argument("--backbone", required=True, help="backbone URL")
+        account.add_argument("--username", default=None)
+        _add_logging(account)
+    logout = sub.add_parser("logout", help="revoke and forget the login for a backbone")
+    logout.add_argument("--backbone", required=True, help="backbone URL")
+    _add_logging(logout)
 
     demo = sub.add_parser("demo", help="a backbone and local peers training demo-lm together")
     demo.add_argument("--peers", type=int, default=3)
@@ -73,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(_backbone(args))
         if args.command == "peer":
             return _run(_peer(args))
+        if args.command in ("login", "register", "logout"):
+            from engine.account_cli import run_account_command
+
+            return _run(run_account_command(args))
         if args.command == "demo":
             from engine.demo import run_demo
 
@@ -114,14 +130,21 @@ async def _backbone(args: argparse.Namespace) -> int:
 
 
 async def _peer(args: argparse.Namespace) -> int:
+    from engine.account_cli import stored_token
     from engine.peer.client import BackboneError
     from engine.peer.report import ConsoleReporter
     from engine.peer.runner import Peer, PeerOptions
 
+    try:
+        token = None if args.anonymous else stored_token(args.backbone)
+    except (ValueError, RuntimeError) as exc:
+        print(f"cotrain peer: {exc}", file=sys.stderr)
+        return 1
     options = PeerOptions(
         backbone_url=args.backbone, project_id=args.project, name=args.name,
         max_epochs=args.max_epochs, threads=args.threads, data_dir=args.data,
         data_seed=args.data_seed, slowdown=args.slowdown, ice_addresses=args.ice_address,
+        user_token=token,
     )
     peer = Peer(options, ConsoleReporter(json_lines=args.json))
     try:

@@ -146,6 +146,7 @@ async def _round(
     except BaseException:
         for task in (results_task, sends):
             task.cancel()
+            task.add_done_callback(_quiet)
         raise
     if mine is not None:
         results.append(mine)
@@ -155,6 +156,12 @@ async def _round(
     if len(totals) != 1:
         raise ProtocolError(f"reducers disagree on the round's samples: {sorted(totals)}")
     return Averaged(averaged, results[0].samples, results[0].loss, _confirmed(group, results))
+
+
+def _quiet(future: asyncio.Future) -> None:
+    """Abandoned halves of a failed round: their errors are the round's, already reported."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _confirmed(group: list[str], results: list[Result]) -> dict[str, int]:

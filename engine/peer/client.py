@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +25,12 @@ Progress = Callable[[int, int], None]
 
 
 class BackboneError(RuntimeError):
-    """The backbone refused or could not be reached; the message says why."""
+    """The backbone refused or could not be reached; the message says why. ``fatal``: trying
+    again will not help (the backbone no longer knows this peer, or refuses its login)."""
+
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 @dataclass
@@ -33,6 +41,7 @@ class JoinReply:
     ice_servers: list[dict] = field(default_factory=list)
     report_interval: float = 0.5
     max_checkpoint_bytes: int = 1 << 30
+    username: str | None = None
 
 
 class BackboneClient:
@@ -69,18 +78,52 @@ class BackboneClient:
             self.join_reply = from_dict(JoinReply, body, "join reply")
         except ProtocolError as exc:
             raise BackboneError(f"the backbone's answer makes no sense: {exc}") from None
-        ws_url = f"{url}/{self.join_reply.peer_id}/ws"
-        try:
-            self._ws = await self._http.ws_connect(ws_url, headers=self._headers(), heartbeat=15,
-                                                   max_msg_size=1 << 20)
-        except aiohttp.ClientError as exc:
-            raise BackboneError(f"cannot open the control connection: {exc}") from None
+        await self.connect()
         return self.join_reply
 
-    async def send(self, msg: object) -> None:
+    async def connect(self) -> None:
+        """Open the control socket of the peer we joined as."""
+        assert self._http is not None and self.join_reply is not None
+        url = f"{self.base_url}/api/projects/{self.project_id}/peers/{self.join_reply.peer_id}/ws"
+        try:
+            self._ws = await self._http.ws_connect(url, headers=self._headers(), heartbeat=15,
+                                                   max_msg_size=1 << 20)
+        except aiohttp.WSServerHandshakeError as exc:
+            raise BackboneError(f"the backbone refused the control connection ({exc.status}: "
+                                f"{exc.message})", fatal=exc.status in (401, 403, 404)) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackboneError(f"cannot open the control connection: {exc}") from None
+
+    async def reconnect(self, stopping: asyncio.Event, give_up_after: float) -> None:
+        """Reopen the control socket with growing pauses, e.g. while the backbone restarts."""
+        deadline = time.monotonic() + give_up_after
+        delay = 0.5
+        while True:
+            try:
+                await self.connect()
+                return
+            except BackboneError as exc:
+                if exc.fatal or time.monotonic() + delay > deadline:
+                    raise
+                log.info("backbone unreachable (%s); retrying in %.0fs", exc, delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), delay)
+            if stopping.is_set():
+                raise BackboneError("stopped while reconnecting")
+            delay = min(delay * 2, 10.0)
+
+    async def send(self, msg: object) -> bool:
+        """Send a control message; False (and nothing raised) while disconnected: what a peer
+        reports is state that it reports again once reconnected."""
         if self._ws is None or self._ws.closed:
-            raise BackboneError("not connected to the backbone")
-        await self._ws.send_str(encode(msg))
+            log.debug("not connected; dropping %s", type(msg).__name__)
+            return False
+        try:
+            await self._ws.send_str(encode(msg))
+        except (ConnectionError, RuntimeError) as exc:
+            log.debug("could not send %s: %s", type(msg).__name__, exc)
+            return False
+        return True
 
     async def messages(self) -> AsyncIterator[object]:
         """Control messages from the backbone until the connection ends; bad ones are logged."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from engine.project import ProjectSpec
 from engine.training.optimizer import EpochResult
+from engine.transport.link import LinkCounters
 from engine.wire.messages import Status
 
 
@@ -13,6 +14,15 @@ from engine.wire.messages import Status
 class Joined:
     peer_id: str
     project: ProjectSpec
+    username: str | None = None
+
+
+@dataclass
+class Connection:
+    """The control connection to the backbone was lost or is back."""
+
+    connected: bool
+    message: str
 
 
 @dataclass
@@ -45,6 +55,7 @@ class RoundFailed:
 @dataclass
 class StatusChanged:
     status: Status
+    traffic: LinkCounters
 
 
 @dataclass
@@ -52,4 +63,4 @@ class Stopped:
     reason: str
 
 
-Event = Joined | SyncProgress | Synced | EpochCompleted | RoundFailed | StatusChanged | Stopped
+Event = Joined | Connection | SyncProgress | Synced | EpochCompleted | RoundFailed | StatusChanged | Stopped

@@ -7,6 +7,7 @@ import sys
 
 from engine.console import StatusLine, bar, megabytes
 from engine.peer.events import (
+    Connection,
     EpochCompleted,
     Event,
     Joined,
@@ -26,7 +27,10 @@ class ConsoleReporter:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, Joined):
-            self.line.say(f"joined '{event.project.title}' as peer {event.peer_id}")
+            who = f" for {event.username}" if event.username else " anonymously"
+            self.line.say(f"joined '{event.project.title}' as peer {event.peer_id}{who}")
+        elif isinstance(event, Connection):
+            self.line.say(event.message)
         elif isinstance(event, SyncProgress):
             if event.total:
                 pct = int(100 * event.received / event.total)
@@ -55,9 +59,10 @@ class ConsoleReporter:
         elif isinstance(event, StatusChanged):
             s = event.status
             eta = f", next step in ~{s.eta_seconds:.0f}s" if s.eta_seconds is not None else ""
+            sent, received = megabytes(event.traffic.bytes_sent), megabytes(event.traffic.bytes_received)
             self.line.update(f"epoch {s.epoch} {bar(s.samples / max(s.target, 1))} "
                              f"{s.samples}/{s.target} samples, {s.peers} peers, "
-                             f"{s.samples_per_second:.1f} samples/s{eta}")
+                             f"{s.samples_per_second:.1f} samples/s{eta}; sent {sent}, received {received}")
         elif isinstance(event, Stopped):
             self.line.say(f"stopped: {event.reason}")
         sys.stderr.flush()

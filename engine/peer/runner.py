@@ -1,8 +1,9 @@
 """One peer of a collaboration, from joining to leaving.
 
-Three concurrent activities share one event loop: the control loop (messages from the
-backbone), the training loop (micro-batches on the compute thread), and rounds (opened by
-the backbone, averaged over the mesh). State downloads happen whenever the peer is behind.
+Three activities share one event loop: the control loop (messages from the backbone, and
+reconnecting when it goes away), the training loop (micro-batches on the compute thread),
+and rounds (opened by the backbone, averaged over the mesh). State downloads happen
+whenever the peer is behind (see state_sync.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import contextlib
 import itertools
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -22,24 +22,23 @@ import torch
 from engine.averaging.allreduce import Averaged, RoundPlan, butterfly_allreduce
 from engine.peer.client import BackboneClient, BackboneError
 from engine.peer.events import (
+    Connection,
     EpochCompleted,
     Event,
     Joined,
     RoundFailed,
     StatusChanged,
     Stopped,
-    Synced,
-    SyncProgress,
 )
+from engine.peer.state_sync import StateSync
 from engine.tasks import Task, create_task, initial_model
 from engine.training.optimizer import CollaborativeOptimizer, EpochResult
 from engine.training.schedule import build_optimizer
 from engine.transport.ice import ice_configuration, is_loopback_host, restrict_host_addresses
-from engine.transport.link import LinkClosed
+from engine.transport.link import LinkCounters
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
-from engine.wire import ProtocolError
-from engine.wire.framing import Frame, Incoming
+from engine.wire.framing import Frame
 from engine.wire.messages import (
     DATA_TYPES,
     EpochAdvanced,
@@ -53,22 +52,11 @@ from engine.wire.messages import (
     StateUnavailable,
     Status,
     SyncPlan,
-    SyncRequest,
-    from_wire,
-    to_wire,
 )
-from engine.wire.tensors import decode_file, encode_file
+from engine.wire.tensors import encode_file
 
 log = logging.getLogger(__name__)
-
-STATE_STALL_TIMEOUT = 30.0
-SYNC_ATTEMPTS = 8
-MAX_STATE_SERVES = 2
 CHECKPOINT_UPLOAD_TIMEOUT = 120.0
-
-
-class SyncError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -83,6 +71,7 @@ class PeerOptions:
     slowdown: float = 1.0
     ice_addresses: list[str] | None = None
     user_token: str | None = None
+    reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
 
 
 class Peer:
@@ -97,16 +86,13 @@ class Peer:
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._tasks: set[asyncio.Task] = set()
-        self._sync_lock = asyncio.Lock()
-        self._sync_reply: asyncio.Future[SyncPlan] | None = None
-        self._collab_epoch = 0
-        self._requests = itertools.count(1)
-        self._serving = asyncio.Semaphore(MAX_STATE_SERVES)
-        self._state_activity = 0.0
         self._uploads: set[asyncio.Task] = set()
+        self._collab_epoch = 0
+        self._last_round = 0
         self._mailbox = Mailbox()
         self._mesh: PeerMesh | None = None
         self._opt: CollaborativeOptimizer | None = None
+        self._sync: StateSync | None = None
         self._task: Task | None = None
 
     @property
@@ -119,12 +105,20 @@ class Peer:
         assert self._mesh is not None
         return self._mesh
 
+    @property
+    def state_sync(self) -> StateSync:
+        assert self._sync is not None
+        return self._sync
+
+    def traffic(self) -> LinkCounters:
+        return self._mesh.totals() if self._mesh is not None else LinkCounters()
+
     def stop(self, reason: str = "stopped") -> None:
         self._stop_reason = self._stop_reason or reason
         self._stop.set()
 
     async def run(self) -> str:
-        """Train until ``max_epochs``, ``stop()`` or the backbone goes away; returns why it ended."""
+        """Train until ``max_epochs``, ``stop()`` or the backbone is gone for good; returns why."""
         loops: list[asyncio.Task] = []
         try:
             await self._start()
@@ -132,13 +126,11 @@ class Peer:
             training = asyncio.ensure_future(self._training_loop())
             stopping = asyncio.ensure_future(self._stop.wait())
             loops = [control, training, stopping]
-            self._spawn(self._sync())
+            self._spawn(self._first_sync())
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if not task.cancelled() and task.exception():
                     raise task.exception()  # type: ignore[misc]
-            if control in done:
-                self.stop(f"lost the backbone ({self._client.close_reason})")
         finally:
             for task in loops:
                 task.cancel()
@@ -159,7 +151,7 @@ class Peer:
         self.peer_id = reply.peer_id
         project = reply.project
         log.info("joined %s as %s", project.id, self.peer_id)
-        self._emit(Joined(self.peer_id, project))
+        self._emit(Joined(self.peer_id, project, reply.username))
         self._task = await asyncio.to_thread(create_task, project.task, project.task_params,
                                              opts.data_dir)
         model = self._fresh_model()
@@ -173,6 +165,8 @@ class Peer:
             clip_grad_norm=project.optimizer.clip_grad_norm,
             report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
         )
+        self._sync = StateSync(self._client, self._mesh, self._mailbox, self._opt,
+                               self._fresh_model, self._emit)
 
     def _fresh_model(self) -> torch.nn.Module:
         assert self._task is not None and self._client.join_reply is not None
@@ -211,31 +205,52 @@ class Peer:
         await self._client.send(Signal(peer, data))
 
     async def _control_loop(self) -> None:
-        async for msg in self._client.messages():
-            if isinstance(msg, Signal):
-                self._spawn(self.mesh.handle_signal(msg.peer, msg.data))
-            elif isinstance(msg, SyncPlan):
-                self._collab_epoch = msg.epoch
-                if self._sync_reply is not None and not self._sync_reply.done():
-                    self._sync_reply.set_result(msg)
-            elif isinstance(msg, RoundStart):
-                self._spawn(self._round(msg))
-            elif isinstance(msg, EpochAdvanced):
-                self._collab_epoch = msg.epoch
-                self.optimizer.observe_epoch(msg.epoch)
-                self._check_behind()
-            elif isinstance(msg, Resync):
-                log.info("resync requested: %s", msg.reason)
-                self._collab_epoch = msg.epoch
+        while True:
+            async for msg in self._client.messages():
+                self._dispatch(msg)
+            if self._stop.is_set():
+                return
+            reason = self._client.close_reason
+            log.warning("lost the backbone (%s); reconnecting", reason)
+            self._emit(Connection(False, f"lost the backbone ({reason}); reconnecting"))
+            try:
+                await self._client.reconnect(self._stop, self.options.reconnect_for)
+            except BackboneError as exc:
+                self.stop(f"lost the backbone: {exc}")
+                return
+            self._emit(Connection(True, "reconnected to the backbone"))
+            opt = self.optimizer
+            if opt.synced and not self.state_sync.busy:
+                # The backbone may have restarted: tell it where we are, keep what we accumulated.
+                await self._client.send(Ready(opt.epoch, await opt.params_sha256()))
+                await opt.report_progress(force=True)
+            elif not self.state_sync.busy:
                 self._spawn(self._resync())
-            elif isinstance(msg, Status):
-                self.status = msg
-                self.optimizer.observe(msg)
-                self._collab_epoch = msg.epoch
-                self._emit(StatusChanged(msg))
-            elif isinstance(msg, Error):
-                log.error("backbone: %s", msg.message)
-                self.stop(f"backbone refused: {msg.message}")
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, Signal):
+            self._spawn(self.mesh.handle_signal(msg.peer, msg.data))
+        elif isinstance(msg, SyncPlan):
+            self._collab_epoch = msg.epoch
+            self.state_sync.plan_arrived(msg)
+        elif isinstance(msg, RoundStart):
+            self._spawn(self._round(msg))
+        elif isinstance(msg, EpochAdvanced):
+            self._collab_epoch = msg.epoch
+            self.optimizer.observe_epoch(msg.epoch)
+            self._check_behind()
+        elif isinstance(msg, Resync):
+            log.info("resync requested: %s", msg.reason)
+            self._collab_epoch = msg.epoch
+            self._spawn(self._resync())
+        elif isinstance(msg, Status):
+            self.status = msg
+            self.optimizer.observe(msg)
+            self._collab_epoch = msg.epoch
+            self._emit(StatusChanged(msg, self.traffic()))
+        elif isinstance(msg, Error):
+            log.error("backbone: %s", msg.message)
+            self.stop(f"backbone refused: {msg.message}")
 
     def _check_behind(self) -> None:
         opt = self.optimizer
@@ -243,7 +258,15 @@ class Peer:
             log.info("behind the collaboration (epoch %d < %d)", opt.epoch, self._collab_epoch)
             self._spawn(self._resync())
 
-    # --- rounds -----------------------------------------------------------------------
+    async def _first_sync(self) -> None:
+        if not await self.state_sync.sync():
+            self.stop("could not obtain the collaboration's state")
+
+    async def _resync(self) -> None:
+        if not await self.state_sync.resync():
+            self.stop("could not obtain the collaboration's state")
+
+    # --- rounds -------------------------------------------------------------------------
 
     async def _average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                        timeout: float) -> Averaged:
@@ -251,7 +274,8 @@ class Peer:
 
     async def _round(self, start: RoundStart) -> None:
         result = await self.optimizer.run_round(start)
-        self._mailbox.discard(lambda key: key[0] not in ("part", "result") or key[1] > start.round_id)
+        self._last_round = max(self._last_round, start.round_id)
+        self._mailbox.discard(lambda key: key[0] not in ("part", "result") or key[1] > self._last_round)
         if result is None:
             if self.peer_id in start.group:
                 self._emit(RoundFailed(start.epoch, "averaging failed"))
@@ -268,10 +292,10 @@ class Peer:
     async def _upload_checkpoint(self) -> None:
         index, payload = await self.optimizer.snapshot()
         data = encode_file(index, payload)
+        epoch = index["meta"]["epoch"]
         try:
-            await self._client.upload_checkpoint(index["meta"]["epoch"], data,
-                                                 index["meta"]["params_sha256"])
-            log.info("uploaded checkpoint of epoch %d (%.1f MB)", index["meta"]["epoch"], len(data) / 1e6)
+            await self._client.upload_checkpoint(epoch, data, index["meta"]["params_sha256"])
+            log.info("uploaded the checkpoint of epoch %d (%.1f MB)", epoch, len(data) / 1e6)
         except BackboneError as exc:
             log.warning("checkpoint upload failed: %s", exc)
 
@@ -296,126 +320,23 @@ class Peer:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), pause)
 
-    # --- state --------------------------------------------------------------------------
-
-    async def _resync(self) -> None:
-        if self._sync_lock.locked():
-            return
-        self.optimizer.unsync()
-        await self._sync()
-
-    async def _sync(self) -> None:
-        async with self._sync_lock:
-            exclude: list[str] = []
-            for attempt in range(SYNC_ATTEMPTS):
-                plan = await self._ask_sync_plan(exclude)
-                try:
-                    digest = await self._fetch_state(plan)
-                except (SyncError, LinkClosed, ProtocolError, BackboneError, asyncio.TimeoutError) as exc:
-                    log.warning("state from %s failed: %s", plan.peer or plan.source, exc)
-                    if plan.peer:
-                        exclude.append(plan.peer)
-                    await asyncio.sleep(min(2.0 ** attempt * 0.25, 5.0))
-                    continue
-                opt = self.optimizer
-                await opt.mark_synced()
-                self._emit(Synced(opt.epoch, plan.source, digest))
-                await self._client.send(Ready(opt.epoch, digest))
-                await opt.report_progress(force=True)
-                return
-            self.stop("could not obtain the collaboration's state")
-
-    async def _ask_sync_plan(self, exclude: list[str]) -> SyncPlan:
-        self._sync_reply = asyncio.get_running_loop().create_future()
-        await self._client.send(SyncRequest(exclude))
-        return await asyncio.wait_for(self._sync_reply, 30)
-
-    async def _fetch_state(self, plan: SyncPlan) -> str:
-        opt = self.optimizer
-        if plan.source == "init":
-            digest = await opt.reset(self._fresh_model())
-        elif plan.source == "checkpoint":
-            assert plan.checkpoint is not None
-            total = plan.checkpoint.size
-            self._emit(SyncProgress("checkpoint", 0, total))
-            data = await self._client.download_checkpoint(
-                plan.checkpoint, lambda got, size: self._emit(SyncProgress("checkpoint", got, size)))
-            digest = await opt.load(await asyncio.to_thread(decode_file, data))
-        else:
-            assert plan.peer is not None
-            digest = await self._state_from_peer(plan.peer)
-        if plan.params_sha256 and digest != plan.params_sha256:
-            raise SyncError("downloaded state does not match the collaboration's hash")
-        return digest
-
-    async def _state_from_peer(self, donor: str) -> str:
-        request_id = next(self._requests)
-        link = await self.mesh.link(donor)
-        await link.send(to_wire(StateRequest(request_id)))
-        self._emit(SyncProgress(f"peer {donor[:8]}", 0, 0))
-        self._state_activity = time.monotonic()
-        while True:
-            try:
-                frame = await self._mailbox.get(("state", request_id, donor), timeout=5.0)
-                break
-            except asyncio.TimeoutError:
-                if time.monotonic() - self._state_activity > STATE_STALL_TIMEOUT:
-                    raise SyncError(f"state download from {donor} stalled") from None
-        if frame.type == StateUnavailable.TYPE:
-            raise SyncError(f"{donor} cannot serve state: {frame.header.get('reason')}")
-        reply = from_wire(frame.header, {StateReply.TYPE: StateReply})
-        size = len(frame.payload)
-        self._emit(SyncProgress(f"peer {donor[:8]}", size, size))
-        bundle = await asyncio.to_thread(decode_file, frame.payload)
-        digest = await self.optimizer.load(bundle)
-        if digest != reply.params_sha256:
-            raise SyncError("state from peer does not match its announced hash")
-        return digest
-
-    async def _serve_state(self, peer: str, request_id: int) -> None:
-        opt = self.optimizer
-        if not opt.synced or self._serving.locked():
-            reason = "busy" if opt.synced else "not in sync"
-            await (await self.mesh.link(peer)).send(to_wire(StateUnavailable(request_id, reason)))
-            return
-        async with self._serving:
-            index, payload = await opt.snapshot()
-            data = await asyncio.to_thread(encode_file, index, payload)
-            meta = index["meta"]
-            header = to_wire(StateReply(request_id, meta["epoch"], meta["params_sha256"]))
-            await (await self.mesh.link(peer)).send(header, data)
-            log.info("served state of epoch %d to %s (%.1f MB)", meta["epoch"], peer, len(data) / 1e6)
-
     # --- data plane ---------------------------------------------------------------------
 
     def _on_frame(self, sender: str, frame: Frame) -> None:
         kind = frame.type
         if kind not in DATA_TYPES:
             log.warning("ignoring frame of unknown type %r from %s", kind, sender)
-            return
-        if kind == StateRequest.TYPE:
-            try:
-                request = from_wire(frame.header, {kind: StateRequest})
-            except ProtocolError as exc:
-                log.warning("bad state request from %s: %s", sender, exc)
-                return
-            self._spawn(self._serve_for(sender, request.request_id))
-            return
-        key_field = "round_id" if kind in ("part", "result") else "request_id"
-        ident = frame.header.get(key_field)
-        if not isinstance(ident, int) or isinstance(ident, bool):
-            log.warning("ignoring %s frame without %s from %s", kind, key_field, sender)
-            return
-        box = "state" if kind in (StateReply.TYPE, StateUnavailable.TYPE) else kind
-        self._mailbox.put((box, ident, sender), frame)
+        elif kind in (StateRequest.TYPE, StateReply.TYPE, StateUnavailable.TYPE):
+            task = self.state_sync.on_frame(sender, frame)
+            if task is not None:
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        else:
+            round_id = frame.header.get("round_id")
+            if not isinstance(round_id, int) or isinstance(round_id, bool):
+                log.warning("ignoring %s frame without a round id from %s", kind, sender)
+            elif round_id > self._last_round:  # a straggler from a finished round is dropped
+                self._mailbox.put((kind, round_id, sender), frame)
 
-    async def _serve_for(self, sender: str, request_id: int) -> None:
-        try:
-            await self._serve_state(sender, request_id)
-        except (LinkClosed, asyncio.TimeoutError) as exc:
-            log.info("could not serve state to %s: %s", sender, exc)
-
-    def _on_incoming(self, sender: str, incoming: Incoming) -> None:
-        if incoming.header.get("type") == StateReply.TYPE:
-            self._state_activity = time.monotonic()
-            self._emit(SyncProgress(f"peer {sender[:8]}", incoming.received, incoming.expected))
+    def _on_incoming(self, sender, incoming) -> None:
+        self.state_sync.on_incoming(sender, incoming)

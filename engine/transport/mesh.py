@@ -141,13 +141,17 @@ class PeerMesh:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _new_connection(self) -> tuple[RTCPeerConnection, RTCDataChannel]:
+    def _new_connection(self, peer_id: str) -> tuple[RTCPeerConnection, RTCDataChannel, PeerLink]:
+        """A connection whose link listens from the start: the other side may send the
+        moment its end of the channel opens, before ours reports open."""
         pc = RTCPeerConnection(self.config)
         channel = pc.createDataChannel("cotrain", ordered=True, negotiated=True, id=0)
-        return pc, channel
+        link = PeerLink(peer_id, pc, channel, self._on_frame, self._link_closed, self._on_incoming,
+                        self._max_payload)
+        return pc, channel, link
 
     async def _offer(self, peer_id: str) -> None:
-        pc, channel = self._new_connection()
+        pc, channel, link = self._new_connection(peer_id)
         offer = _Offer(uuid.uuid4().hex, pc, asyncio.get_running_loop().create_future())
         self._offers[peer_id] = offer
         try:
@@ -158,7 +162,7 @@ class PeerMesh:
             sdp = await asyncio.wait_for(offer.answer, self.connect_timeout)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
             await self._until_open(pc, channel)
-            self._adopt(peer_id, pc, channel)
+            self._adopt(link)
         except asyncio.CancelledError:
             await pc.close()
             raise
@@ -183,7 +187,7 @@ class PeerMesh:
         old = self._links.get(sender)
         if old is not None:
             await old.close()  # the other side thinks this link is dead: start over
-        pc, channel = self._new_connection()
+        pc, channel, link = self._new_connection(sender)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=signal.sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
@@ -194,7 +198,7 @@ class PeerMesh:
         except BaseException:
             await pc.close()
             raise
-        self._adopt(sender, pc, channel)
+        self._adopt(link)
 
     async def _until_open(self, pc: RTCPeerConnection, channel: RTCDataChannel) -> None:
         if channel.readyState == "open":
@@ -213,25 +217,22 @@ class PeerMesh:
         pc.on("connectionstatechange", on_state)
         await asyncio.wait_for(opened, self.connect_timeout)
 
-    def _adopt(self, peer_id: str, pc: RTCPeerConnection, channel: RTCDataChannel) -> None:
+    def _adopt(self, link: PeerLink) -> None:
         if self._closing:
-            self._spawn(pc.close())
+            self._spawn(link.close())
             return
-        link = PeerLink(
-            peer_id, pc, channel, self._on_frame, self._link_closed, self._on_incoming,
-            self._max_payload,
-        )
-        self._links[peer_id] = link
-        log.debug("link to %s open", peer_id)
-        arrival = self._arrival(peer_id)
+        self._links[link.peer_id] = link
+        log.debug("link to %s open", link.peer_id)
+        arrival = self._arrival(link.peer_id)
         if not arrival.done():
             arrival.set_result(link)
 
     def _link_closed(self, link: PeerLink) -> None:
-        if self._links.get(link.peer_id) is link:
-            del self._links[link.peer_id]
-            for name, value in vars(link.counters).items():
-                setattr(self._retired, name, getattr(self._retired, name) + value)
+        if self._links.get(link.peer_id) is not link:
+            return  # a connection attempt that lost a glare or never opened
+        del self._links[link.peer_id]
+        for name, value in vars(link.counters).items():
+            setattr(self._retired, name, getattr(self._retired, name) + value)
         self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed"))
 
 
