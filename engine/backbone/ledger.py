@@ -1,18 +1,24 @@
 """Who gets credit for a completed step, and how much: pure rules, tested alone.
 
 A member is credited with the samples every reducer confirmed receiving from it, but never
-more than its own pace makes plausible: what it had reported, plus one report's worth, plus
-what its measured rate allows between its last report and the round's opening — with
-``TOLERANCE`` to spare for honest jitter. A peer that claims ten times what it computed
-is credited about what it computed.
+more than its own pace makes plausible: what it had reported, plus one micro-batch (the one
+under way when the round opened), plus what its rate allows between its last report and
+the moment it heard of the round (``LATENCY`` after the opening), with ``TOLERANCE`` to
+spare for honest jitter. The rate is the faster of its pace between reports, as timed by
+the backbone, and the throughput its reports claim per second of compute. A peer that
+claims ten times what it computed is credited a small multiple of what it computed.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
+log = logging.getLogger(__name__)
+
 TOLERANCE = 1.5
+LATENCY = 0.25  # seconds a round's start may take to reach a busy peer
 
 
 @dataclass
@@ -20,14 +26,15 @@ class Claim:
     """What the tracker had measured of a member when its round opened."""
 
     reported: int  # samples in its last progress report
-    rate: float  # reported samples / seconds it had been accumulating, timed by the backbone
-    largest_report_step: int  # biggest jump between two of its reports: about a micro-batch
+    rate: float  # its pace, samples/s, timed by the backbone
+    micro_batch: int  # samples per micro-batch: the one under way joins the round
     unreported_seconds: float  # from its last report to the round's opening
     compute_seconds: float
     accumulating_seconds: float
 
     def plausible_samples(self) -> int:
-        expected = self.reported + self.largest_report_step + self.rate * self.unreported_seconds
+        expected = (self.reported + self.micro_batch
+                    + self.rate * (self.unreported_seconds + LATENCY))
         return math.ceil(TOLERANCE * expected)
 
 
@@ -42,6 +49,9 @@ def credits(confirmed: dict[str, int], claims: dict[str, Claim]) -> dict[str, Cr
     out = {}
     for peer, claim in claims.items():
         samples = min(confirmed.get(peer, 0), claim.plausible_samples())
+        if samples < confirmed.get(peer, 0):
+            log.warning("crediting %s with %d of the %d samples it claimed: %s",
+                        peer, samples, confirmed[peer], claim)
         if samples > 0:
             seconds = min(claim.compute_seconds, claim.accumulating_seconds)
             out[peer] = Credit(samples, round(max(seconds, 0.0), 3))

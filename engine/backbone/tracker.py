@@ -28,6 +28,7 @@ from engine.wire.messages import (
 )
 
 log = logging.getLogger(__name__)
+PACE_DECAY = 0.9
 
 
 @dataclass
@@ -79,8 +80,10 @@ class PeerState:
     loss: float | None = None
     reported_at: float = 0.0
     accumulating_since: float = 0.0
-    largest_report_step: int = 0
     compute_seconds: float = 0.0
+    pace: float = 0.0  # samples/s between its reports, timed here; carried across epochs
+    throughput: float = 0.0  # samples per second of compute, as it reports them
+    micro_batch: int = 0  # smallest jump between two of its reports: one micro-batch
     serving: int = 0
     donor: str | None = None
     syncing_since: float | None = None
@@ -167,10 +170,17 @@ class Tracker:
             if msg.epoch < self.epoch and not self._in_round(peer.peer_id):
                 return self._resync(peer, f"the collaboration is at epoch {self.epoch}")
             return []
-        peer.largest_report_step = max(peer.largest_report_step, msg.samples - peer.samples)
+        now = self._clock()
+        step = msg.samples - peer.samples
+        if step > 0:
+            peer.micro_batch = min(peer.micro_batch or step, step)
+            if now > peer.reported_at:
+                peer.pace = max(peer.pace * PACE_DECAY, step / (now - peer.reported_at))
+        if msg.compute_seconds > 0:
+            peer.throughput = max(peer.throughput * PACE_DECAY, msg.samples / msg.compute_seconds)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
         peer.compute_seconds = msg.compute_seconds
-        peer.reported_at = self._clock()
+        peer.reported_at = now
         return self._maybe_open_round()
 
     def _sync_request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
@@ -234,7 +244,7 @@ class Tracker:
         return epoch <= self._recorded_epoch
 
     def _restart_accumulation(self, peer: PeerState) -> None:
-        peer.samples, peer.largest_report_step, peer.compute_seconds = 0, 0, 0.0
+        peer.samples, peer.compute_seconds = 0, 0.0
         peer.reported_at = peer.accumulating_since = self._clock()
 
     def _round_done(self, peer: PeerState, msg: RoundDone) -> list[Out]:
@@ -325,7 +335,7 @@ class Tracker:
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=self.epoch, group=group, opened_at=now,
             deadline=now + self.project.round_timeout, checkpoint_by=group[0] if due else None,
-            claims={p.peer_id: self._claim(p, now) for p in live},
+            claims={p.peer_id: self._claim(p, now, live) for p in live},
         )
         self.round = rnd
         start = RoundStart(rnd.round_id, rnd.epoch, group, [1.0] * len(group),
@@ -335,10 +345,11 @@ class Tracker:
         return [Send(pid, start) for pid in group]
 
     @staticmethod
-    def _claim(peer: PeerState, now: float) -> Claim:
-        since = peer.reported_at - peer.accumulating_since
-        rate = peer.samples / since if since > 0 else 0.0
-        return Claim(peer.samples, rate, peer.largest_report_step, now - peer.reported_at,
+    def _claim(peer: PeerState, now: float, members: list[PeerState]) -> Claim:
+        # A newcomer that has not reported yet still finishes the micro-batch under way;
+        # the same task runs everywhere, so the others' micro-batch size is a fair guess.
+        step = peer.micro_batch or max(p.micro_batch for p in members)
+        return Claim(peer.samples, max(peer.pace, peer.throughput), step, now - peer.reported_at,
                      peer.compute_seconds, now - peer.accumulating_since)
 
     def _resync(self, peer: PeerState, reason: str) -> list[Out]:

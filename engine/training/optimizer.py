@@ -42,6 +42,7 @@ class EpochResult:
     """One completed global step, as this peer saw it."""
 
     epoch: int  # steps completed so far, this one included
+    round_id: int
     loss: float | None
     samples: int
     peers: int
@@ -124,7 +125,9 @@ class CollaborativeOptimizer:
         collaboration is likely to have reached its target, so rounds open without lag."""
         now = time.monotonic()
         since = now - self._last_report
-        due = since >= self.report_interval or (since >= MIN_REPORT_GAP and self._target_in_reach(now))
+        first_of_epoch = self._reported_samples == 0 and self.accumulator.samples > 0
+        due = since >= self.report_interval or first_of_epoch or (
+            since >= MIN_REPORT_GAP and self._target_in_reach(now))
         if not self._synced or not (force or due):
             return
         self._last_report = now
@@ -194,8 +197,8 @@ class CollaborativeOptimizer:
         await self._send(RoundDone(start.round_id, start.epoch, ok=True, params_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
                                    confirmed=averaged.confirmed))
-        return EpochResult(self.epoch, averaged.loss, averaged.samples, len(start.group), digest,
-                           seconds, taken.samples, taken.batches)
+        return EpochResult(self.epoch, start.round_id, averaged.loss, averaged.samples,
+                           len(start.group), digest, seconds, taken.samples, taken.batches)
 
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
         set_grads(self.params, vector)

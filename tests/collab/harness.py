@@ -15,6 +15,8 @@ from engine.training.schedule import OptimizerSpec, ScheduleSpec
 from tests.conftest import until
 
 TINY = dict(d_model=32, heads=2, ff=64, layers=2, embedding=16, seq_len=16, micro_batch=4)
+# Big enough that compute, not bookkeeping, sets a peer's pace.
+MEDIUM = dict(TINY, d_model=96, heads=4, ff=384, layers=3, seq_len=32, micro_batch=8)
 
 
 def tiny_project(**overrides) -> ProjectSpec:

@@ -40,8 +40,9 @@ class PeerProcess:
         self.process.send_signal(signal.SIGKILL)
 
 
-async def spawn_peer(url: str, project: str, name: str, log_dir: Path, *args: str) -> PeerProcess:
-    env = dict(os.environ)
+async def spawn_peer(url: str, project: str, name: str, log_dir: Path, *args: str,
+                     env: dict | None = None) -> PeerProcess:
+    env = {**os.environ, **(env or {})}
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
     process = await asyncio.create_subprocess_exec(
         *engine_command(), "peer", "--backbone", url, "--project", project, "--name", name,
@@ -70,3 +71,11 @@ async def terminate(*peers: PeerProcess) -> None:
         except asyncio.TimeoutError:
             p.kill()
             await p.process.wait()
+
+
+def home_with_login(home: Path, url: str, username: str, token: str) -> dict:
+    """Environment for a peer process whose user logged in on a machine without a keyring."""
+    from engine.credentials import CredentialStore, Login
+
+    CredentialStore(home / "credentials.json").save(url, Login(username, token))
+    return {"COTRAIN_HOME": str(home), "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}

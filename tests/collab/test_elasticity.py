@@ -3,13 +3,11 @@
 import pytest
 
 from engine.peer.events import EpochCompleted, SyncProgress
-from tests.collab.harness import TINY, running_backbone, start_peer, stop_all, tiny_project
+from tests.collab.harness import MEDIUM, running_backbone, start_peer, stop_all, tiny_project
 from tests.conftest import until
 
 pytestmark = pytest.mark.slow
 
-# Big enough that compute, not bookkeeping, sets a peer's pace.
-MEDIUM = dict(TINY, d_model=96, heads=4, ff=384, layers=3, seq_len=32, micro_batch=8)
 
 
 async def test_a_slow_peer_contributes_proportionally_less_and_is_not_waited_for(tmp_path):

@@ -1,0 +1,109 @@
+"""Accounts and tokens, against a real backbone on loopback."""
+
+import logging
+
+import aiohttp
+import pytest
+
+from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def backbone(tmp_path):
+    projects = (tiny_project(), tiny_project(id="private-lm", allow_anonymous=False))
+    async with running_backbone(tmp_path, *projects) as bb, aiohttp.ClientSession() as http:
+        bb.http = http
+        yield bb
+
+
+async def call(bb, method, path, body=None, token=None, status=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with bb.http.request(method, bb.url + path, json=body, headers=headers) as resp:
+        data = await resp.json()
+        if status is not None:
+            assert resp.status == status, data
+        return resp.status, data
+
+
+async def create(bb, username, password, status=201):
+    body = {"username": username, "password": password}
+    return await call(bb, "POST", "/api/accounts", body, status=status)
+
+
+async def log_in(bb, username, password, status=200):
+    body = {"username": username, "password": password}
+    return await call(bb, "POST", "/api/sessions", body, status=status)
+
+
+async def test_register_log_in_use_and_log_out(backbone):
+    _, made = await create(backbone, "alice", "correct horse", status=201)
+    assert made["username"] == "alice" and len(made["token"]) >= 43
+    _, again = await log_in(backbone, "ALICE", "correct horse", status=200)
+    assert again["token"] != made["token"]
+    _, me = await call(backbone, "GET", "/api/me", token=again["token"], status=200)
+    assert me["username"] == "alice" and me["projects"] == []
+    await call(backbone, "DELETE", "/api/sessions", token=again["token"], status=200)
+    _, refused = await call(backbone, "GET", "/api/me", token=again["token"], status=401)
+    assert "not valid" in refused["error"]
+    await call(backbone, "GET", "/api/me", token=made["token"], status=200)  # other sessions live on
+
+
+async def test_taken_names_wrong_passwords_and_missing_tokens_are_refused_clearly(backbone):
+    await create(backbone, "bob", "password1", status=201)
+    _, taken = await create(backbone, "Bob", "password2", status=409)
+    assert "taken" in taken["error"]
+    _, wrong = await log_in(backbone, "bob", "nope-nope", status=401)
+    assert wrong["error"] == "wrong username or password"
+    _, nobody = await log_in(backbone, "nobody", "whatever1", status=401)
+    assert nobody["error"] == wrong["error"]  # no hint whether the account exists
+    _, missing = await call(backbone, "GET", "/api/me", status=401)
+    assert "log in first" in missing["error"]
+    _, short = await create(backbone, "x", "short", status=400)
+    assert "username" in short["error"]
+
+
+async def test_repeated_failed_logins_are_slowed_down(backbone):
+    await create(backbone, "carol", "password1", status=201)
+    statuses = [(await call(backbone, "POST", "/api/sessions",
+                            {"username": "carol", "password": f"guess-{i:04d}"}))[0] for i in range(7)]
+    assert statuses[:5] == [401] * 5 and statuses[5:] == [429, 429]
+    async with backbone.http.post(backbone.url + "/api/sessions",
+                                  json={"username": "carol", "password": "password1"}) as resp:
+        assert resp.status == 429 and int(resp.headers["Retry-After"]) > 0
+
+
+async def test_projects_without_anonymous_peers_need_a_valid_token(backbone):
+    _, refused = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, status=401)
+    assert "does not accept anonymous peers" in refused["error"]
+    _, bad = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, token="forged", status=401)
+    assert "not valid" in bad["error"]
+    _, made = await create(backbone, "dave", "password1", status=201)
+    _, joined = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, token=made["token"],
+                           status=201)
+    ws_url = f"{backbone.url}/api/projects/private-lm/peers/{joined['peer_id']}/ws"
+    with pytest.raises(aiohttp.WSServerHandshakeError) as err:  # the peer token alone is not enough
+        await backbone.http.ws_connect(ws_url, headers={"X-Cotrain-Peer-Token": joined["token"]})
+    assert err.value.status == 401
+    ws = await backbone.http.ws_connect(ws_url, headers={"X-Cotrain-Peer-Token": joined["token"],
+                                                         "Authorization": f"Bearer {made['token']}"})
+    await ws.close()
+
+
+async def test_tokens_never_appear_in_logs(backbone, caplog):
+    caplog.set_level(logging.DEBUG)
+    _, made = await create(backbone, "erin", "password1", status=201)
+    _, login = await log_in(backbone, "erin", "password1", status=200)
+    await call(backbone, "GET", "/api/me", token="forged-token-value", status=401)
+    peer = start_peer(backbone.url, "private-lm", "erins-peer", user_token=login["token"], max_epochs=2)
+    try:
+        assert await peer.finish(timeout=60) == "reached epoch 2"
+    finally:
+        await stop_all(peer)
+    peer_token = peer.peer._client.join_reply.token
+    await call(backbone, "DELETE", "/api/sessions", token=login["token"], status=200)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "erins-peer" in logged  # the logs did capture the session
+    for secret in (made["token"], login["token"], peer_token, "forged-token-value", "password1"):
+        assert secret not in logged

@@ -1,0 +1,78 @@
+"""The contribution ledger under real collaborations: exact sums, per-user totals, cheaters."""
+
+import pytest
+
+from tests.collab.accounts import get_json, register
+from tests.collab.harness import MEDIUM, running_backbone, start_peer, stop_all, tiny_project
+from tests.collab.processes import home_with_login, spawn_peer, terminate
+from tests.conftest import until
+
+pytestmark = pytest.mark.slow
+
+
+def peer_names(store) -> dict[str, str]:
+    return dict(store.db.execute("SELECT peer_id, name FROM peers").fetchall())
+
+
+async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path):
+    project = tiny_project(allow_anonymous=False, target_batch_size=96, round_timeout=10)
+    async with running_backbone(tmp_path, project) as backbone:
+        tokens = {user: await register(backbone.url, user) for user in ("alice", "bob")}
+        envs = {user: home_with_login(tmp_path / user, backbone.url, user, token)
+                for user, token in tokens.items()}
+        owners = {"alice-1": "alice", "alice-2": "alice", "bob-1": "bob"}
+        peers = {name: await spawn_peer(backbone.url, project.id, name, tmp_path, env=envs[user])
+                 for name, user in owners.items()}
+        tracker = backbone.trackers[project.id]
+        try:
+            await until(lambda: all(p.epoch >= 3 for p in peers.values()), 120, "three peers at epoch 3")
+            peers["alice-2"].kill()
+            killed_at = tracker.epoch
+            for name in ("alice-1", "bob-1"):
+                await peers[name].reached(killed_at + 3, timeout=90)
+        finally:
+            await terminate(*peers.values())
+        store = backbone.store
+        steps = store.steps(project.id)
+        by_user = store.credited_by_user(project.id)
+        by_peer = store.credited_by_peer(project.id)
+        board = await get_json(f"{backbone.url}/api/projects/{project.id}/leaderboard?limit=10")
+        names = peer_names(store)
+
+    assert len(steps) >= killed_at + 3
+    assert sum(by_user.values()) == sum(s.samples for s in steps) == board["total_samples"]
+    per_user = {"alice": 0, "bob": 0}
+    for peer_id, samples in by_peer.items():
+        per_user[owners[names[peer_id]]] += samples
+    assert per_user == by_user
+    assert by_peer[next(p for p, n in names.items() if n == "alice-2")] > 0
+    assert [e["username"] for e in board["entries"]] == sorted(by_user, key=by_user.get, reverse=True)
+    assert sum(e["share"] for e in board["entries"]) == pytest.approx(1.0, abs=1e-5)
+
+
+async def test_a_peer_claiming_ten_times_its_samples_is_credited_what_it_computed(tmp_path):
+    project = tiny_project(task_params=MEDIUM, target_batch_size=480)
+    async with running_backbone(tmp_path, project) as backbone:
+        tokens = {user: await register(backbone.url, user) for user in ("honest", "cheat")}
+        honest = start_peer(backbone.url, project.id, "honest", user_token=tokens["honest"])
+        cheat = start_peer(backbone.url, project.id, "cheat", user_token=tokens["cheat"])
+        try:
+            await until(lambda: cheat.peer._opt is not None, 30, "the cheat to start")
+            real_averager = cheat.peer.optimizer._averager
+
+            async def lie(plan, vector, samples, loss_sum, timeout):
+                return await real_averager(plan, vector * 10, samples * 10, loss_sum * 10, timeout)
+
+            cheat.peer.optimizer._averager = lie
+            await cheat.reached(8, timeout=60)
+        finally:
+            await stop_all(honest, cheat)
+        credit = {(r, p): n for r, p, n in backbone.store.db.execute(
+            "SELECT round_id, peer_id, samples FROM contributions")}
+    for r in honest.history:
+        assert credit[r.round_id, honest.peer.peer_id] == r.my_samples
+    lied = [r for r in cheat.history if r.my_samples]
+    assert len(lied) >= 5
+    computed = sum(r.my_samples for r in lied)
+    credited = sum(credit[r.round_id, cheat.peer.peer_id] for r in lied)
+    assert computed < credited <= 3 * computed

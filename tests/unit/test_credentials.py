@@ -1,0 +1,76 @@
+"""Where login tokens go: a real keyring backend when there is one, else a visible 0600 file."""
+
+import stat
+
+import keyring
+import pytest
+from keyring.backend import KeyringBackend
+from keyring.backends import null
+
+from engine.credentials import CredentialStore, Login, backbone_key
+
+
+class MemoryKeyring(KeyringBackend):
+    priority = 1
+
+    def __init__(self):
+        super().__init__()
+        self.entries = {}
+
+    def get_password(self, service, username):
+        return self.entries.get((service, username))
+
+    def set_password(self, service, username, password):
+        self.entries[(service, username)] = password
+
+    def delete_password(self, service, username):
+        if self.entries.pop((service, username), None) is None:
+            raise keyring.errors.PasswordDeleteError(username)
+
+
+@pytest.fixture
+def restore_keyring():
+    previous = keyring.get_keyring()
+    yield
+    keyring.set_keyring(previous)
+
+
+def test_logins_go_to_the_keyring_when_there_is_one(tmp_path, restore_keyring):
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    store = CredentialStore(tmp_path / "credentials.json")
+    store.save("http://Example.org:8470/", Login("alice", "t0ken"))
+    assert store.uses_keyring and "keyring" in store.where()
+    assert store.load("http://example.org:8470") == Login("alice", "t0ken")
+    assert not (tmp_path / "credentials.json").exists()
+    assert store.delete("http://example.org:8470") and store.load("http://example.org:8470") is None
+    assert backend.entries == {}
+
+
+def test_without_a_keyring_the_fallback_file_is_private_and_named(tmp_path, restore_keyring):
+    keyring.set_keyring(null.Keyring())
+    path = tmp_path / "cotrain" / "credentials.json"
+    store = CredentialStore(path)
+    store.save("http://127.0.0.1:8470", Login("bob", "s3cret"))
+    assert not store.uses_keyring
+    assert str(path) in store.where() and "no system keyring" in store.where()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert store.load("http://127.0.0.1:8470").token == "s3cret"
+    store.delete("http://127.0.0.1:8470")
+    assert store.load("http://127.0.0.1:8470") is None
+
+
+def test_a_corrupt_fallback_file_is_ignored_not_fatal(tmp_path, restore_keyring):
+    keyring.set_keyring(null.Keyring())
+    path = tmp_path / "credentials.json"
+    path.write_text("{not json")
+    store = CredentialStore(path)
+    assert store.load("http://127.0.0.1:1") is None
+    store.save("http://127.0.0.1:1", Login("c", "t"))
+    assert store.load("http://127.0.0.1:1") == Login("c", "t")
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "not a url", "http://"])
+def test_bad_backbone_urls_are_refused(url):
+    with pytest.raises(ValueError):
+        backbone_key(url)

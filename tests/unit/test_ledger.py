@@ -1,0 +1,29 @@
+from engine.backbone.ledger import LATENCY, TOLERANCE, Claim, credits
+
+
+def claim(reported=100, rate=10.0, step=8, unreported=1.0, compute=9.0, accumulating=10.0):
+    """A member that reported ``reported`` samples at ``rate``, ``step`` per micro-batch."""
+    return Claim(reported, rate, step, unreported, compute, accumulating)
+
+
+def test_honest_members_get_exactly_what_reducers_confirmed():
+    out = credits({"a": 112, "b": 40}, {"a": claim(), "b": claim(reported=36, rate=3.6)})
+    assert (out["a"].samples, out["b"].samples) == (112, 40)
+
+
+def test_a_claim_ten_times_the_measured_pace_is_cut_to_the_plausible_amount():
+    honest = claim(reported=100, rate=10.0, step=8, unreported=1.0)
+    out = credits({"cheat": 1180}, {"cheat": honest})
+    plausible = TOLERANCE * (100 + 8 + 10.0 * (1.0 + LATENCY))
+    assert out["cheat"].samples <= plausible + 1
+    assert out["cheat"].samples < 1180 / 5
+
+
+def test_unconfirmed_members_and_empty_contributions_get_nothing():
+    out = credits({"a": 0}, {"a": claim(), "b": claim()})
+    assert out == {}
+
+
+def test_compute_time_is_bounded_by_the_time_spent_accumulating():
+    out = credits({"a": 100}, {"a": claim(compute=50.0, accumulating=12.0)})
+    assert out["a"].compute_seconds == 12.0
