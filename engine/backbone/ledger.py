@@ -2,11 +2,12 @@
 
 A member is credited with the samples every reducer confirmed receiving from it, but never
 more than its own pace makes plausible: what it had reported, plus one micro-batch (the one
-under way when the round opened), plus what its rate allows between its last report and
-the moment it heard of the round (``LATENCY`` after the opening), with ``TOLERANCE`` to
-spare for honest jitter. The rate is the faster of its pace between reports, as timed by
-the backbone, and the throughput its reports claim per second of compute. A peer that
-claims ten times what it computed is credited a small multiple of what it computed.
+under way), plus what its rate allows between its last report and the round's first
+success (by then every member had stopped accumulating, or that success could not have
+had its parts), with ``TOLERANCE`` to spare for honest jitter. The rate is the faster of
+its pace between reports, as timed by the backbone, and the throughput its reports claim
+per second of compute. A peer that claims ten times what it computed is credited a small
+multiple of what it computed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1.5
-LATENCY = 0.25  # seconds a round's start may take to reach a busy peer
 
 
 @dataclass
@@ -28,13 +28,12 @@ class Claim:
     reported: int  # samples in its last progress report
     rate: float  # its pace, samples/s, timed by the backbone
     micro_batch: int  # samples per micro-batch: the one under way joins the round
-    unreported_seconds: float  # from its last report to the round's opening
+    unreported_seconds: float  # from its last report to the round's first success
     compute_seconds: float
     accumulating_seconds: float
 
     def plausible_samples(self) -> int:
-        expected = (self.reported + self.micro_batch
-                    + self.rate * (self.unreported_seconds + LATENCY))
+        expected = self.reported + self.micro_batch + self.rate * self.unreported_seconds
         return math.ceil(TOLERANCE * expected)
 
 

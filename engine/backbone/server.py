@@ -157,8 +157,25 @@ class Backbone:
                 "eta_seconds": status.eta_seconds}
 
 
+def raise_open_file_limit() -> None:
+    """Every peer holds a socket open; the default soft limit (often 1024) caps a backbone at
+    about a thousand peers, so take what the hard limit allows."""
+    try:
+        import resource
+    except ImportError:  # Windows has no such limit
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
+
+
 async def serve(config: BackboneConfig, ready_message: bool = True) -> None:
     """Run a backbone until cancelled."""
+    raise_open_file_limit()
     backbone = Backbone(config)
     url = await backbone.start()
     if ready_message:

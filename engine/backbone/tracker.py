@@ -90,6 +90,24 @@ class PeerState:
 
 
 @dataclass
+class Pace:
+    """A round member's last report and speed, kept to judge its claim when the round ends."""
+
+    samples: int
+    rate: float
+    micro_batch: int
+    reported_at: float
+    compute_seconds: float
+    accumulating_since: float
+
+    def claim(self, ended_at: float) -> Claim:
+        # The first success needed every member's parts, so each member had stopped
+        # accumulating by then: its unreported work fits before ``ended_at``.
+        return Claim(self.samples, self.rate, self.micro_batch, ended_at - self.reported_at,
+                     self.compute_seconds, ended_at - self.accumulating_since)
+
+
+@dataclass
 class OpenRound:
     round_id: int
     epoch: int
@@ -97,7 +115,7 @@ class OpenRound:
     opened_at: float
     deadline: float
     checkpoint_by: str | None
-    claims: dict[str, Claim]
+    members: dict[str, Pace]  # what each member had reported, refreshed during the round
     outcomes: dict[str, RoundDone] = field(default_factory=dict)
     advanced_to: str | None = None  # params hash of the first success
 
@@ -181,6 +199,10 @@ class Tracker:
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
         peer.compute_seconds = msg.compute_seconds
         peer.reported_at = now
+        rnd = self.round
+        if rnd is not None and peer.peer_id in rnd.members and rnd.advanced_to is None:
+            # The micro-batch that was under way when the round opened, reported: evidence.
+            rnd.members[peer.peer_id] = self._pace(peer, [peer])
         return self._maybe_open_round()
 
     def _sync_request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
@@ -269,6 +291,7 @@ class Tracker:
         return out + self._settle_round()
 
     def _advance(self, rnd: OpenRound, msg: RoundDone) -> list[Out]:
+        now = self._clock()
         rnd.advanced_to = msg.params_sha256
         self.epoch = rnd.epoch + 1
         self.params_sha256 = msg.params_sha256
@@ -276,7 +299,7 @@ class Tracker:
         out: list[Out] = [
             EpochRecord(rnd.round_id, self.epoch, msg.loss, msg.samples, len(rnd.group),
                         round(self._clock() - rnd.opened_at, 3), msg.params_sha256 or "",
-                        credits(msg.confirmed, rnd.claims)),
+                        credits(msg.confirmed, {p: m.claim(now) for p, m in rnd.members.items()})),
             Broadcast(EpochAdvanced(self.epoch, msg.loss, msg.samples, msg.params_sha256 or "")),
         ]
         if rnd.checkpoint_by is not None:
@@ -335,22 +358,22 @@ class Tracker:
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=self.epoch, group=group, opened_at=now,
             deadline=now + self.project.round_timeout, checkpoint_by=group[0] if due else None,
-            claims={p.peer_id: self._claim(p, now, live) for p in live},
+            members={p.peer_id: self._pace(p, live) for p in live},
         )
         self.round = rnd
         start = RoundStart(rnd.round_id, rnd.epoch, group, [1.0] * len(group),
                            self.project.round_timeout, rnd.checkpoint_by)
         log.info("%s: round %d for epoch %d with %d peers, %d samples", self.project.id,
-                 rnd.round_id, rnd.epoch, len(group), sum(c.reported for c in rnd.claims.values()))
+                 rnd.round_id, rnd.epoch, len(group), sum(m.samples for m in rnd.members.values()))
         return [Send(pid, start) for pid in group]
 
     @staticmethod
-    def _claim(peer: PeerState, now: float, members: list[PeerState]) -> Claim:
+    def _pace(peer: PeerState, members: list[PeerState]) -> Pace:
         # A newcomer that has not reported yet still finishes the micro-batch under way;
         # the same task runs everywhere, so the others' micro-batch size is a fair guess.
         step = peer.micro_batch or max(p.micro_batch for p in members)
-        return Claim(peer.samples, max(peer.pace, peer.throughput), step, now - peer.reported_at,
-                     peer.compute_seconds, now - peer.accumulating_since)
+        return Pace(peer.samples, max(peer.pace, peer.throughput), step, peer.reported_at,
+                    peer.compute_seconds, peer.accumulating_since)
 
     def _resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False

@@ -2,9 +2,10 @@
 
 import sys
 
-from tests.bench import allreduce, compute
+from tests.bench import allreduce, backbone_load, compute
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
     compute.main(quick=quick)
     allreduce.main(quick=quick)
+    backbone_load.main(quick=quick)

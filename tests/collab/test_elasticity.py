@@ -28,7 +28,7 @@ async def test_a_slow_peer_contributes_proportionally_less_and_is_not_waited_for
     mine = {p.peer.options.name: sum(r.my_samples for r in p.history if r.epoch in shared)
             for p in (*fast, slow)}
     ratio = mine["slow"] / ((mine["fast0"] + mine["fast1"]) / 2)
-    assert 0.15 <= ratio <= 0.6, mine
+    assert 0.1 <= ratio <= 0.6, mine
     for r in slow.history:
         assert r.samples >= project.target_batch_size
         assert r.round_seconds < project.round_timeout / 2

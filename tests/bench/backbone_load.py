@@ -1,0 +1,217 @@
+"""The backbone under load: many peers (real WebSocket clients, in a few processes)
+reporting progress once a second, and the leaderboard over 100k users.
+
+    python -m tests.bench.backbone_load [--quick]
+
+Latency is the round trip of a ping sent right after each progress report: the time the
+backbone takes to get to a peer's messages, as that peer sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from engine.paths import engine_command
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _catalog(path: Path) -> Path:
+    project = {"id": "load", "title": "Load", "task": "demo-lm", "target_batch_size": 10**9,
+               "allow_anonymous": True}
+    path.write_text(json.dumps({"projects": [project]}))
+    return path
+
+
+def _start_backbone(data: Path, port: int) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [*engine_command(), "backbone", "--port", str(port), "--data-dir", str(data),
+         "--catalog", str(_catalog(data.parent / "catalog.json")), "--peer-timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = process.stdout.readline()
+    assert line.startswith("backbone listening on"), line
+    return process
+
+
+# --- simulated peers ---------------------------------------------------------------------
+
+def _clients(url: str, count: int, warmup: float, duration: float, queue, go) -> None:
+    from engine import aio
+
+    queue.put(aio.run(_clients_main(url, count, warmup, duration, queue, go)))
+
+
+async def _clients_main(url: str, count: int, warmup: float, duration: float, queue, go) -> list[float]:
+    from engine.wire.messages import Ping, Progress, Ready, SyncRequest, encode
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        sockets = []
+        for _ in range(count):
+            async with http.post(f"{url}/api/projects/load/peers", json={"name": "sim"}) as resp:
+                joined = await resp.json()
+            ws = await http.ws_connect(f"{url}/api/projects/load/peers/{joined['peer_id']}/ws",
+                                       headers={"X-Cotrain-Peer-Token": joined["token"]})
+            await ws.send_str(encode(SyncRequest()))
+            await ws.send_str(encode(Ready(0, "0" * 64)))
+            sockets.append(ws)
+        queue.put("connected")
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        latencies: list[float] = []
+        start = time.monotonic() + 1.0
+        measure_from, stop_at = start + warmup, start + warmup + duration
+
+        async def peer(ws, offset: float) -> None:
+            pending: dict[int, float] = {}
+            nonce = 0
+
+            async def read() -> None:
+                async for msg in ws:
+                    data = json.loads(msg.data)
+                    if data.get("type") == "pong" and data["nonce"] in pending:
+                        sent = pending.pop(data["nonce"])
+                        if sent >= measure_from:
+                            latencies.append(time.monotonic() - sent)
+
+            reader = asyncio.ensure_future(read())
+            tick = start + offset
+            samples = 0
+            while tick < stop_at:
+                await asyncio.sleep(max(tick - time.monotonic(), 0))
+                samples += 8
+                nonce += 1
+                pending[nonce] = time.monotonic()
+                await ws.send_str(encode(Progress(0, samples, 8.0, 5.0, 1.0)))
+                await ws.send_str(encode(Ping(nonce)))
+                tick += 1.0
+            await ws.close()
+            reader.cancel()
+
+        await asyncio.gather(*(peer(ws, random.random()) for ws in sockets))
+        return latencies
+
+
+def bench_peers(peers: int, processes: int, warmup: float, duration: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        port = _free_port()
+        backbone = _start_backbone(Path(tmp) / "data", port)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            ctx = mp.get_context("spawn")
+            queue, go = ctx.Queue(), ctx.Event()
+            procs = [ctx.Process(target=_clients,
+                                 args=(url, peers // processes, warmup, duration, queue, go))
+                     for _ in range(processes)]
+            for p in procs:
+                p.start()
+            for _ in procs:
+                assert queue.get(timeout=600) == "connected"
+            go.set()
+            cpu = psutil.Process(backbone.pid)
+            time.sleep(1.0 + warmup)
+            cpu.cpu_percent()
+            began = time.monotonic()
+            latencies = [x for _ in procs for x in queue.get(timeout=600)]
+            busy = cpu.cpu_percent()
+            measured = time.monotonic() - began
+            for p in procs:
+                p.join(60)
+        finally:
+            backbone.send_signal(signal.SIGTERM)
+            backbone.wait(30)
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1000
+    p99 = latencies[int(len(latencies) * 0.99)] * 1000
+    print(f"{peers} peers in {processes} processes, each reporting progress once a second "
+          f"({len(latencies)} round trips over ~{duration:.0f}s):")
+    print(f"  handling latency p50 {p50:.1f} ms, p99 {p99:.1f} ms (target p99 < 50 ms)")
+    print(f"  backbone CPU {busy:.0f}% of one core (measured over {measured:.0f}s, peers on the same "
+          f"{os.cpu_count()} cores)", flush=True)
+
+
+# --- leaderboard -------------------------------------------------------------------------
+
+def _fill_ledger(db_path: Path, users: int) -> None:
+    from engine.backbone.store import Store
+
+    Store(db_path).close()
+    rng = random.Random(1)
+    now = time.time()
+    with sqlite3.connect(db_path) as db:
+        db.executemany("INSERT INTO users (id, username, salt, password_hash, created_at) VALUES (?,?,?,?,?)",
+                       ((i, f"user{i:06d}", b"s", b"h", now) for i in range(1, users + 1)))
+        db.executemany("INSERT INTO user_totals (project, user_id, samples, compute_seconds, online_seconds, "
+                       "last_seen) VALUES ('load', ?, ?, ?, ?, ?)",
+                       ((i, rng.randint(1, 10**7), rng.random() * 1e5, rng.random() * 1e6,
+                         now - rng.random() * 1e6) for i in range(1, users + 1)))
+        db.executemany("INSERT INTO contributions VALUES ('load', ?, ?, ?, ?, ?, ?)",
+                       ((i % 5000, f"peer{i}", i % users + 1, 100, 10.0, now) for i in range(users)))
+        db.execute("INSERT INTO collaborations (project, epoch, credited_samples) VALUES ('load', 5000, ?)",
+                   (db.execute("SELECT SUM(samples) FROM user_totals").fetchone()[0],))
+
+
+def bench_leaderboard(users: int, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        data.mkdir()
+        _fill_ledger(data / "backbone.sqlite3", users)
+        port = _free_port()
+        backbone = _start_backbone(data, port)
+        url = f"http://127.0.0.1:{port}/api/projects/load/leaderboard"
+        try:
+            timings: dict[str, list[float]] = {}
+
+            async def run() -> None:
+                async with aiohttp.ClientSession() as http:
+                    for offset in (0, users // 2, users - 50):
+                        key = f"offset {offset}"
+                        for _ in range(repeats):
+                            began = time.perf_counter()
+                            async with http.get(url, params={"limit": 50, "offset": offset}) as resp:
+                                body = await resp.json()
+                            timings.setdefault(key, []).append(time.perf_counter() - began)
+                            assert len(body["entries"]) == 50
+
+            asyncio.run(run())
+        finally:
+            backbone.send_signal(signal.SIGTERM)
+            backbone.wait(30)
+    print(f"leaderboard over {users} users, 50 per page, {repeats} requests per page:")
+    for key, values in timings.items():
+        values.sort()
+        print(f"  {key:>14}: median {statistics.median(values) * 1000:.1f} ms, "
+              f"worst {values[-1] * 1000:.1f} ms (target < 50 ms)", flush=True)
+
+
+def main(quick: bool = False) -> None:
+    print("\n== Backbone under load", flush=True)
+    if quick:
+        bench_peers(200, 2, warmup=3, duration=5)
+        bench_leaderboard(10_000, 5)
+    else:
+        bench_peers(1000, 4, warmup=10, duration=30)
+        bench_leaderboard(100_000, 20)
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)
