@@ -1,13 +1,17 @@
 """Who gets credit for a completed step, and how much: pure rules, tested alone.
 
 A member is credited with the samples every reducer confirmed receiving from it, but never
-more than its own pace makes plausible: what it had reported, plus one micro-batch (the one
-under way), plus what its rate allows between its last report and the round's first
-success (by then every member had stopped accumulating, or that success could not have
-had its parts), with ``TOLERANCE`` to spare for honest jitter. The rate is the faster of
-its pace between reports, as timed by the backbone, and the throughput its reports claim
-per second of compute. A peer that claims ten times what it computed is credited a small
-multiple of what it computed.
+more than its measured throughput makes plausible. Two bounds, the larger wins so that an
+honest peer is never cut:
+
+- its trajectory: what it had reported, plus one micro-batch (the one under way), plus
+  what its rate allows between its last report and the round's first success (by then
+  every member had stopped accumulating, or that success could not have had its parts);
+- its best throughput (samples per second of compute, the best it ever reported) times
+  the wall-clock time it had been accumulating: compute time never exceeds wall time.
+
+Both with ``TOLERANCE`` to spare for honest jitter. A peer that claims ten times what it
+computed is credited a small multiple of what it computed.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ class Claim:
     unreported_seconds: float  # from its last report to the round's first success
     compute_seconds: float
     accumulating_seconds: float
+    best_throughput: float = 0.0  # samples per second of compute, the best it reported
 
     def plausible_samples(self) -> int:
-        expected = self.reported + self.micro_batch + self.rate * self.unreported_seconds
-        return math.ceil(TOLERANCE * expected)
+        trajectory = self.reported + self.micro_batch + self.rate * self.unreported_seconds
+        by_time = self.best_throughput * self.accumulating_seconds + self.micro_batch
+        return math.ceil(TOLERANCE * max(trajectory, by_time))
 
 
 @dataclass

@@ -29,6 +29,7 @@ from engine.wire.messages import (
 
 log = logging.getLogger(__name__)
 PACE_DECAY = 0.9
+BEST_DECAY = 0.995  # lets one freak measurement fade over a few hundred reports
 
 
 @dataclass
@@ -83,6 +84,7 @@ class PeerState:
     compute_seconds: float = 0.0
     pace: float = 0.0  # samples/s between its reports, timed here; carried across epochs
     throughput: float = 0.0  # samples per second of compute, as it reports them
+    best_throughput: float = 0.0
     micro_batch: int = 0  # smallest jump between two of its reports: one micro-batch
     serving: int = 0
     donor: str | None = None
@@ -99,12 +101,13 @@ class Pace:
     reported_at: float
     compute_seconds: float
     accumulating_since: float
+    best_throughput: float
 
     def claim(self, ended_at: float) -> Claim:
         # The first success needed every member's parts, so each member had stopped
         # accumulating by then: its unreported work fits before ``ended_at``.
         return Claim(self.samples, self.rate, self.micro_batch, ended_at - self.reported_at,
-                     self.compute_seconds, ended_at - self.accumulating_since)
+                     self.compute_seconds, ended_at - self.accumulating_since, self.best_throughput)
 
 
 @dataclass
@@ -196,11 +199,13 @@ class Tracker:
                 peer.pace = max(peer.pace * PACE_DECAY, step / (now - peer.reported_at))
         if msg.compute_seconds > 0:
             peer.throughput = max(peer.throughput * PACE_DECAY, msg.samples / msg.compute_seconds)
+            peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
         peer.compute_seconds = msg.compute_seconds
         peer.reported_at = now
         rnd = self.round
-        if rnd is not None and peer.peer_id in rnd.members and rnd.advanced_to is None:
+        if (rnd is not None and rnd.advanced_to is None and peer.peer_id in rnd.members
+                and msg.samples >= rnd.members[peer.peer_id].samples):
             # The micro-batch that was under way when the round opened, reported: evidence.
             rnd.members[peer.peer_id] = self._pace(peer, [peer])
         return self._maybe_open_round()
@@ -373,7 +378,7 @@ class Tracker:
         # the same task runs everywhere, so the others' micro-batch size is a fair guess.
         step = peer.micro_batch or max(p.micro_batch for p in members)
         return Pace(peer.samples, max(peer.pace, peer.throughput), step, peer.reported_at,
-                    peer.compute_seconds, peer.accumulating_since)
+                    peer.compute_seconds, peer.accumulating_since, peer.best_throughput)
 
     def _resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False

@@ -128,7 +128,7 @@ class CollaborativeOptimizer:
         first_of_epoch = self._reported_samples == 0 and self.accumulator.samples > 0
         due = since >= self.report_interval or first_of_epoch or (
             since >= MIN_REPORT_GAP and self._target_in_reach(now))
-        if not self._synced or not (force or due):
+        if not self._synced or self._in_round or not (force or due):
             return
         self._last_report = now
         acc = self.accumulator

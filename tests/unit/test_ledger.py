@@ -27,3 +27,10 @@ def test_unconfirmed_members_and_empty_contributions_get_nothing():
 def test_compute_time_is_bounded_by_the_time_spent_accumulating():
     out = credits({"a": 100}, {"a": claim(compute=50.0, accumulating=12.0)})
     assert out["a"].compute_seconds == 12.0
+
+
+def test_a_peer_never_credited_beyond_its_best_throughput_over_the_time_it_accumulated():
+    """Even when its reports lag behind: compute time cannot exceed wall-clock time."""
+    lagging = Claim(4, 100.0, 4, 0.25, 0.02, accumulating_seconds=0.3, best_throughput=400.0)
+    assert credits({"p": 92}, {"p": lagging})["p"].samples == 92
+    assert credits({"p": 500}, {"p": lagging})["p"].samples <= TOLERANCE * (400 * 0.3 + 4) + 1

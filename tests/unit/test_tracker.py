@@ -219,3 +219,15 @@ def test_a_joiner_that_never_finishes_downloading_stops_holding_rounds_back(cloc
     t.handle("b", Progress(0, 0, 0.0))
     ((_, start), *_) = sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
     assert start.group == ["a", "b"]
+
+
+def test_a_report_of_fewer_samples_during_the_round_does_not_shrink_a_members_credit(clock):
+    t = ready_tracker(clock)
+    t.handle("a", Progress(0, 8, 10.0))
+    clock.now += 1
+    start = open_round(t, {"b": 0, "a": 100})
+    t.handle("a", Progress(0, 0, 10.0))  # sent after the round took its accumulator
+    (record,) = [o for o in t.handle("a", RoundDone(start.round_id, 0, True, "h1", samples=104,
+                                                  confirmed={"a": 104}))
+                 if isinstance(o, EpochRecord)]
+    assert record.credits["a"].samples == 104
