@@ -1,4 +1,4 @@
-from engine.backbone.ledger import TOLERANCE, Claim, credits
+from engine.backbone.ledger import SPEED_UP, TOLERANCE, Claim, credits
 
 
 def claim(reported=100, rate=10.0, step=8, unreported=1.0, compute=9.0, accumulating=10.0):
@@ -33,4 +33,4 @@ def test_a_peer_never_credited_beyond_its_best_throughput_over_the_time_it_accum
     """Even when its reports lag behind: compute time cannot exceed wall-clock time."""
     lagging = Claim(4, 100.0, 4, 0.25, 0.02, accumulating_seconds=0.3, best_throughput=400.0)
     assert credits({"p": 92}, {"p": lagging})["p"].samples == 92
-    assert credits({"p": 500}, {"p": lagging})["p"].samples <= TOLERANCE * (400 * 0.3 + 4) + 1
+    assert credits({"p": 500}, {"p": lagging})["p"].samples <= SPEED_UP * (400 * 0.3 + 4) + 1
