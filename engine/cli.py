@@ -28,6 +28,37 @@ def _setup_logging(verbose: int) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    limits = parser.add_argument_group("resource limits")
+    limits.add_argument("--cpu-percent", type=int, default=100, metavar="P",
+                        help="compute P%% of the time and rest the remainder (default 100)")
+    limits.add_argument("--max-memory", type=int, default=None, metavar="MB",
+                        help="pause while the worker uses more memory than this")
+    limits.add_argument("--max-upload", type=int, default=None, metavar="KBPS",
+                        help="upload at most this many kilobytes per second")
+    limits.add_argument("--max-download", type=int, default=None, metavar="KBPS",
+                        help="download at most this many kilobytes per second")
+    limits.add_argument("--only-when-idle", type=float, nargs="?", const=5.0, default=None,
+                        metavar="MINUTES", help="compute only after this many idle minutes (default 5)")
+    limits.add_argument("--no-battery", action="store_true", help="pause while on battery")
+    limits.add_argument("--schedule", default="always",
+                        help="allowed hours, e.g. 'mon-fri 18:00-08:00, weekends'")
+    limits.add_argument("--normal-priority", action="store_true",
+                        help="do not lower the worker's OS priority")
+
+
+def limits_from_args(args: argparse.Namespace):
+    from engine.governor.limits import Limits
+
+    return Limits(
+        threads=args.threads, cpu_percent=args.cpu_percent, max_memory_mb=args.max_memory,
+        max_upload_kbps=args.max_upload, max_download_kbps=args.max_download,
+        run_on_battery=not args.no_battery, only_when_idle=args.only_when_idle is not None,
+        idle_minutes=args.only_when_idle if args.only_when_idle is not None else 5.0,
+        schedule=args.schedule, low_priority=not args.normal_priority,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cotrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     peer.add_argument("--json", action="store_true", help="one JSON line per completed epoch")
     peer.add_argument("--anonymous", action="store_true",
                       help="do not use the login stored for this backbone")
+    _add_limit_options(peer)
     _add_logging(peer)
 
     for name, text in (("login", "log in to a backbone and keep the token"),

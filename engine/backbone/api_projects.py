@@ -24,6 +24,7 @@ from engine.wire import ProtocolError
 from engine.wire.messages import (
     CONTROL_TYPES,
     MAX_CONTROL_MESSAGE,
+    Availability,
     Ping,
     Pong,
     Progress,
@@ -36,7 +37,7 @@ from engine.wire.messages import (
 )
 
 log = logging.getLogger(__name__)
-PEER_MESSAGES = (Progress, SyncRequest, Ready, RoundDone, Signal, Ping)
+PEER_MESSAGES = (Progress, SyncRequest, Ready, RoundDone, Signal, Ping, Availability)
 MAX_PAGE = 500
 
 

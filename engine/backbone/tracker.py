@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from engine.backbone.ledger import Claim, Credit, credits
 from engine.project import ProjectSpec
 from engine.wire.messages import (
+    Availability,
     CheckpointInfo,
     EpochAdvanced,
     Progress,
@@ -89,6 +90,7 @@ class PeerState:
     serving: int = 0
     donor: str | None = None
     syncing_since: float | None = None
+    paused: bool = False  # its owner needs the machine: not in rounds, not a donor
 
 
 @dataclass
@@ -182,6 +184,9 @@ class Tracker:
             return self._ready(peer, msg)
         if isinstance(msg, RoundDone):
             return self._round_done(peer, msg)
+        if isinstance(msg, Availability):
+            peer.paused = msg.paused
+            return [] if msg.paused else self._maybe_open_round()
         return []
 
     def _progress(self, peer: PeerState, msg: Progress) -> list[Out]:
@@ -215,7 +220,7 @@ class Tracker:
         peer.syncing_since = self._clock()
         donors = [
             p for p in self.peers.values()
-            if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id
+            if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id and not p.paused
         ]
         if donors:
             usable = [p for p in donors if p.peer_id not in msg.exclude] or donors
@@ -341,7 +346,7 @@ class Tracker:
         now = self._clock()
         return [
             p for p in self.peers.values()
-            if p.ready and p.epoch == self.epoch and now - p.reported_at <= self.peer_timeout
+            if p.ready and not p.paused and p.epoch == self.epoch and now - p.reported_at <= self.peer_timeout
         ]
 
     def _maybe_open_round(self) -> list[Out]:

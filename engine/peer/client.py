@@ -14,6 +14,7 @@ import aiohttp
 
 from engine import __version__
 from engine.project import ProjectSpec
+from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
 from engine.wire.messages import CONTROL_TYPES, CheckpointInfo, decode, encode
 from engine.wire.schema import from_dict
@@ -54,6 +55,8 @@ class BackboneClient:
         self.join_reply: JoinReply | None = None
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self.upload = RateLimiter()
+        self.download = RateLimiter()
 
     def _headers(self) -> dict[str, str]:
         headers = {"User-Agent": f"cotrain/{__version__}"}
@@ -148,7 +151,13 @@ class BackboneClient:
         url = f"{self.base_url}/api/projects/{self.project_id}/checkpoints/{epoch}"
         headers = {**self._headers(), "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
                    "X-Params-SHA256": params_sha256, "Content-Type": "application/octet-stream"}
-        async with self._http.put(url, data=data, headers=headers) as resp:
+        async def chunks():
+            for start in range(0, len(data), 1 << 16):
+                piece = data[start : start + (1 << 16)]
+                await self.upload.acquire(len(piece))
+                yield piece
+
+        async with self._http.put(url, data=chunks(), headers=headers) as resp:
             await _json_or_error(resp)
 
     async def download_checkpoint(self, info: CheckpointInfo, progress: Progress | None = None) -> bytes:
@@ -162,7 +171,8 @@ class BackboneClient:
         async with self._http.get(url, headers=self._headers()) as resp:
             if resp.status != 200:
                 await _json_or_error(resp)
-            async for chunk in resp.content.iter_chunked(1 << 20):
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                await self.download.acquire(len(chunk))  # reading slower slows the sender
                 buffer += chunk
                 digest.update(chunk)
                 if len(buffer) > info.size:

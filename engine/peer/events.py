@@ -26,6 +26,14 @@ class Connection:
 
 
 @dataclass
+class Governed:
+    """The governor let the peer compute, or paused it; ``reason`` is for people."""
+
+    running: bool
+    reason: str
+
+
+@dataclass
 class SyncProgress:
     """Downloading the collaboration's state: ``received`` of ``total`` bytes."""
 
@@ -63,4 +71,5 @@ class Stopped:
     reason: str
 
 
-Event = Joined | Connection | SyncProgress | Synced | EpochCompleted | RoundFailed | StatusChanged | Stopped
+Event = (Joined | Connection | Governed | SyncProgress | Synced | EpochCompleted | RoundFailed
+         | StatusChanged | Stopped)

@@ -10,6 +10,7 @@ from engine.peer.events import (
     Connection,
     EpochCompleted,
     Event,
+    Governed,
     Joined,
     RoundFailed,
     StatusChanged,
@@ -31,6 +32,8 @@ class ConsoleReporter:
             self.line.say(f"joined '{event.project.title}' as peer {event.peer_id}{who}")
         elif isinstance(event, Connection):
             self.line.say(event.message)
+        elif isinstance(event, Governed):
+            self.line.say(event.reason if event.running else f"paused: {event.reason}")
         elif isinstance(event, SyncProgress):
             if event.total:
                 pct = int(100 * event.received / event.total)

@@ -14,17 +14,20 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import torch
 
 from engine.averaging.allreduce import Averaged, RoundPlan, butterfly_allreduce
+from engine.governor.limits import Limits
+from engine.governor.throttle import ComputeGate
 from engine.peer.client import BackboneClient, BackboneError
 from engine.peer.events import (
     Connection,
     EpochCompleted,
     Event,
+    Governed,
     Joined,
     RoundFailed,
     StatusChanged,
@@ -38,9 +41,11 @@ from engine.transport.ice import ice_configuration, is_loopback_host, restrict_h
 from engine.transport.link import LinkCounters
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
+from engine.transport.shaping import RateLimiter
 from engine.wire.framing import Frame
 from engine.wire.messages import (
     DATA_TYPES,
+    Availability,
     EpochAdvanced,
     Error,
     Ready,
@@ -72,6 +77,7 @@ class PeerOptions:
     ice_addresses: list[str] | None = None
     user_token: str | None = None
     reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
+    limits: Limits = field(default_factory=Limits)
 
 
 class Peer:
@@ -94,6 +100,10 @@ class Peer:
         self._opt: CollaborativeOptimizer | None = None
         self._sync: StateSync | None = None
         self._task: Task | None = None
+        self._running = True
+        self.gate = ComputeGate(options.limits.cpu_percent)
+        self.upload = RateLimiter()
+        self.download = RateLimiter()
 
     @property
     def optimizer(self) -> CollaborativeOptimizer:
@@ -109,6 +119,35 @@ class Peer:
     def state_sync(self) -> StateSync:
         assert self._sync is not None
         return self._sync
+
+    # --- what the governor controls -------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def set_running(self, run: bool, reason: str) -> None:
+        """Compute or give the machine back. A paused peer leaves rounds; when it runs again
+        and the collaboration has moved on, it catches up by downloading the state."""
+        changed = run != self._running
+        self._running = run
+        self._emit(Governed(run, reason))
+        if self._opt is None or not changed:
+            return
+        self._opt.pause(not run)
+        self._spawn(self._client.send(Availability(paused=not run)))
+        if run:
+            self._check_behind()
+
+    def apply_limits(self, limits: Limits) -> None:
+        self.options.limits = limits
+        self.gate.set_cpu_percent(limits.cpu_percent)
+        self.upload.set_rate(limits.max_upload_kbps * 1000.0 if limits.max_upload_kbps else None)
+        self.download.set_rate(limits.max_download_kbps * 1000.0 if limits.max_download_kbps else None)
+        if self._mesh is not None:
+            self._mesh.set_download_cap(self.download.rate)
+        if self._opt is not None and (limits.threads or self.options.threads):
+            self._spawn(self._opt.set_threads(limits.threads or self.options.threads))
 
     def traffic(self) -> LinkCounters:
         return self._mesh.totals() if self._mesh is not None else LinkCounters()
@@ -141,8 +180,9 @@ class Peer:
 
     async def _start(self) -> None:
         opts = self.options
-        if opts.threads:
-            torch.set_num_threads(opts.threads)
+        threads = opts.threads or opts.limits.threads
+        if threads:
+            torch.set_num_threads(threads)
         addresses = opts.ice_addresses
         if addresses is None and is_loopback_host(urlparse(opts.backbone_url).hostname or ""):
             addresses = ["127.0.0.1"]
@@ -155,16 +195,22 @@ class Peer:
         self._task = await asyncio.to_thread(create_task, project.task, project.task_params,
                                              opts.data_dir)
         model = self._fresh_model()
+        self.gate.install(model)
         optimizer = build_optimizer(project.optimizer, model.parameters())
         self._mesh = PeerMesh(self.peer_id, self._signal, ice_configuration(reply.ice_servers),
                               self._mailbox, self._on_frame, self._on_incoming,
-                              max_payload=reply.max_checkpoint_bytes)
+                              max_payload=reply.max_checkpoint_bytes, upload=self.upload)
         self._opt = CollaborativeOptimizer(
             model, optimizer, project.schedule, project_id=project.id, me=self.peer_id,
             averager=self._average, send=self._client.send,
             clip_grad_norm=project.optimizer.clip_grad_norm,
             report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
+            gate=self.gate,
         )
+        self._client.upload, self._client.download = self.upload, self.download
+        self.apply_limits(opts.limits)
+        if not self._running:
+            self._opt.pause(True)
         self._sync = StateSync(self._client, self._mesh, self._mailbox, self._opt,
                                self._fresh_model, self._emit)
 
@@ -220,6 +266,8 @@ class Peer:
                 return
             self._emit(Connection(True, "reconnected to the backbone"))
             opt = self.optimizer
+            if not self._running:
+                await self._client.send(Availability(paused=True))
             if opt.synced and not self.state_sync.busy:
                 # The backbone may have restarted: tell it where we are, keep what we accumulated.
                 await self._client.send(Ready(opt.epoch, await opt.params_sha256()))

@@ -168,8 +168,8 @@ class StateSync:
     async def _serve(self, peer: str, request_id: int) -> None:
         opt = self.optimizer
         try:
-            if not opt.synced or self._serving.locked():
-                reason = "busy" if opt.synced else "not in sync"
+            if not opt.synced or opt.paused or self._serving.locked():
+                reason = "not in sync" if not opt.synced else "paused" if opt.paused else "busy"
                 await (await self.mesh.link(peer)).send(to_wire(StateUnavailable(request_id, reason)))
                 return
             async with self._serving:

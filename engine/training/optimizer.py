@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
+from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.training.accumulator import GradientAccumulator
 from engine.training.params import params_sha256, set_grads, trainable
 from engine.training.schedule import ScheduleSpec, lr_at
@@ -67,6 +68,7 @@ class CollaborativeOptimizer:
         clip_grad_norm: float | None = None,
         report_interval: float = 0.5,
         executor: ThreadPoolExecutor | None = None,
+        gate: ComputeGate | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -81,6 +83,7 @@ class CollaborativeOptimizer:
         self.accumulator = GradientAccumulator(self.params)
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
+        self.gate = gate or ComputeGate()
         self.epoch = 0
         self.last_compute_seconds = 0.0
         self._averager = averager
@@ -110,15 +113,19 @@ class CollaborativeOptimizer:
         over its samples (mean loss x samples) and returns (samples, summed loss)."""
         await self._computable.wait()
 
-        def work() -> None:
+        def work() -> bool:
             began = time.perf_counter()
-            samples, loss_sum = micro_batch()
+            try:
+                samples, loss_sum = micro_batch()
+            except MicroBatchAbandoned:
+                return False  # stopped inside the forward pass: no gradient was added
             self.last_compute_seconds = time.perf_counter() - began
             self.accumulator.add(samples, loss_sum, batch_id, self.last_compute_seconds)
             self.throughput.add(samples)
+            return True
 
-        await self._run(work)
-        await self.report_progress()
+        if await self._run(work):
+            await self.report_progress()
 
     async def report_progress(self, force: bool = False) -> None:
         """Tell the backbone how far we are: every ``report_interval``, and at once when the
@@ -158,8 +165,18 @@ class CollaborativeOptimizer:
         return estimate >= self.target_batch_size
 
     def pause(self, paused: bool) -> None:
+        """Start no micro-batch while paused; the one under way stops at its next layer
+        (or finishes, if it is already in its backward pass)."""
         self._paused = paused
+        self.gate.abandon(paused)
         self._update()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def set_threads(self, threads: int) -> None:
+        await self._run(lambda: torch.set_num_threads(threads))
 
     # --- rounds -----------------------------------------------------------------------
 
@@ -260,4 +277,11 @@ class CollaborativeOptimizer:
             self._computable.clear()
 
     async def _run(self, fn):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        def gated():
+            self.gate.enter()
+            try:
+                return fn()
+            finally:
+                self.gate.leave()
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, gated)

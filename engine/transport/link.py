@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiortc import RTCDataChannel, RTCPeerConnection
 
 from engine.aio import spawn
+from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
 from engine.wire.framing import Frame, Incoming, Reassembler, encode
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 GOODBYE, GOODBYE_ACK = "goodbye", "goodbye_ack"
+RECEIVE_LIMIT = "receive_limit"  # the other side asks us to send it at most this many bytes/s
 
 
 class LinkClosed(ConnectionError):
@@ -50,6 +52,7 @@ class PeerLink:
         on_closed: Callable[[PeerLink], None],
         on_incoming: Callable[[str, Incoming], None] | None = None,
         max_payload: int = 1 << 30,
+        upload: RateLimiter | None = None,
     ) -> None:
         self.peer_id = peer_id
         self.pc = pc
@@ -58,6 +61,8 @@ class PeerLink:
         self._on_frame = on_frame
         self._on_closed = on_closed
         self._on_incoming = on_incoming
+        self._upload = upload or RateLimiter()
+        self.remote_limit = RateLimiter()
         self._reassembler = Reassembler(max_payload)
         self._ids = itertools.count(1)
         self._drained = asyncio.Event()
@@ -87,6 +92,10 @@ class PeerLink:
                 closed.cancel()
                 if not self.is_open:
                     raise LinkClosed(f"link to {self.peer_id} closed while sending")
+            await self._upload.acquire(len(chunk))
+            await self.remote_limit.acquire(len(chunk))
+            if not self.is_open:
+                raise LinkClosed(f"link to {self.peer_id} closed while sending")
             self.channel.send(chunk)
             self.counters.bytes_sent += len(chunk)
         self.counters.messages_sent += 1
@@ -107,6 +116,10 @@ class PeerLink:
                 spawn(self._acknowledge())
             elif frame.type == GOODBYE_ACK:
                 self._acknowledged.set()
+            elif frame.type == RECEIVE_LIMIT:
+                rate = frame.header.get("bytes_per_second")
+                valid = isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate >= 1000
+                self.remote_limit.set_rate(float(rate) if valid else None)
             else:
                 self._on_frame(self.peer_id, frame)
         elif incoming is not None and self._on_incoming is not None:
@@ -123,6 +136,11 @@ class PeerLink:
     async def _acknowledge(self) -> None:
         with contextlib.suppress(LinkClosed):
             await self.send({"type": GOODBYE_ACK})
+
+    async def ask_limit(self, bytes_per_second: float | None) -> None:
+        """Ask the other side to send us at most this much (our download cap's share)."""
+        with contextlib.suppress(LinkClosed):
+            await self.send({"type": RECEIVE_LIMIT, "bytes_per_second": bytes_per_second})
 
     async def close_gracefully(self, timeout: float = 5.0) -> None:
         """Close once the peer confirms it has received everything we sent.

@@ -17,6 +17,7 @@ from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessi
 
 from engine.transport.link import LinkClosed, LinkCounters, PeerLink
 from engine.transport.mailbox import Mailbox
+from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
 from engine.wire.framing import Frame, Incoming
 from engine.wire.schema import from_dict
@@ -58,6 +59,7 @@ class PeerMesh:
         on_incoming: Callable[[str, Incoming], None] | None = None,
         max_payload: int = 1 << 30,
         connect_timeout: float = 30.0,
+        upload: RateLimiter | None = None,
     ) -> None:
         self.me = me
         self.config = config
@@ -73,6 +75,8 @@ class PeerMesh:
         self._tasks: set[asyncio.Task] = set()
         self._retired = LinkCounters()
         self._closing = False
+        self.upload = upload or RateLimiter()
+        self.download_cap: float | None = None
 
     async def link(self, peer_id: str, timeout: float | None = None) -> PeerLink:
         """The open link to ``peer_id``, connecting first if there is none."""
@@ -99,6 +103,16 @@ class PeerMesh:
             for name, value in vars(c).items():
                 setattr(total, name, getattr(total, name) + value)
         return total
+
+    def set_download_cap(self, bytes_per_second: float | None) -> None:
+        """Share ``bytes_per_second`` among the open links; each peer is asked to keep to it."""
+        self.download_cap = bytes_per_second
+        self._spawn(self._advertise_limits())
+
+    async def _advertise_limits(self) -> None:
+        links = [link for link in self._links.values() if link.is_open]
+        share = self.download_cap / len(links) if self.download_cap and links else None
+        await asyncio.gather(*(link.ask_limit(share) for link in links))
 
     async def handle_signal(self, sender: str, data: dict) -> None:
         """Act on an offer or answer relayed by the backbone; bad signals are logged and dropped."""
@@ -147,7 +161,7 @@ class PeerMesh:
         pc = RTCPeerConnection(self.config)
         channel = pc.createDataChannel("cotrain", ordered=True, negotiated=True, id=0)
         link = PeerLink(peer_id, pc, channel, self._on_frame, self._link_closed, self._on_incoming,
-                        self._max_payload)
+                        self._max_payload, self.upload)
         return pc, channel, link
 
     async def _offer(self, peer_id: str) -> None:
@@ -223,6 +237,8 @@ class PeerMesh:
             return
         self._links[link.peer_id] = link
         log.debug("link to %s open", link.peer_id)
+        if self.download_cap:
+            self._spawn(self._advertise_limits())
         arrival = self._arrival(link.peer_id)
         if not arrival.done():
             arrival.set_result(link)
@@ -234,6 +250,8 @@ class PeerMesh:
         for name, value in vars(link.counters).items():
             setattr(self._retired, name, getattr(self._retired, name) + value)
         self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed"))
+        if self.download_cap and not self._closing:
+            self._spawn(self._advertise_limits())
 
 
 def _retrieve(future: asyncio.Future) -> None:

@@ -92,6 +92,14 @@ class RoundDone:
 
 
 @dataclass
+class Availability:
+    """The peer's owner paused it (or let it run again): leave it out of rounds meanwhile."""
+
+    TYPE: ClassVar[str] = "availability"
+    paused: bool
+
+
+@dataclass
 class Ping:
     """Asks the backbone for an immediate Pong: how long a message takes to be handled."""
 
@@ -207,7 +215,7 @@ class Error:
 CONTROL_TYPES: dict[str, type] = {
     cls.TYPE: cls
     for cls in (
-        Progress, SyncRequest, Ready, RoundDone, Signal, Ping,
+        Progress, SyncRequest, Ready, RoundDone, Signal, Ping, Availability,
         SyncPlan, RoundStart, EpochAdvanced, Resync, Status, Error, Pong,
     )
 }

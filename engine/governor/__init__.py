@@ -1,0 +1,1 @@
+"""The resource governor: when the engine may compute, and how hard."""

@@ -1,0 +1,101 @@
+"""Enforcement on the compute thread: a duty cycle, and abandoning a micro-batch on pause.
+
+Every piece of compute-thread work runs between ``enter`` and ``leave``; forward pre-hooks
+on every module call ``check`` many times per micro-batch. Busy time builds up a debt of
+rest (one second of work at 50% owes one second of rest), paid in slices of about
+``SLICE`` seconds at a check, or by any idle time between pieces of work. A pause stops a
+forward pass at the next layer; a backward pass, which has no hooks, runs to its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+
+import torch
+
+log = logging.getLogger(__name__)
+SLICE = 0.05
+
+
+class MicroBatchAbandoned(Exception):
+    """Raised inside a forward pass to stop it: the user needs the machine now."""
+
+
+class ComputeGate:
+    def __init__(self, cpu_percent: int = 100) -> None:
+        self.cpu_percent = cpu_percent
+        self._abandon = threading.Event()
+        self._wake = threading.Event()
+        self._debt = 0.0
+        self._mark = time.perf_counter()
+        self.rested_seconds = 0.0
+
+    def set_cpu_percent(self, percent: int) -> None:
+        self.cpu_percent = percent
+        self._debt = 0.0
+        self._wake.set()  # cut a long rest short; the new share applies from here
+
+    def abandon(self, abandoned: bool) -> None:
+        """While set, forward passes stop at the next layer."""
+        if abandoned:
+            self._abandon.set()
+            self._wake.set()
+        else:
+            self._abandon.clear()
+
+    def enter(self) -> None:
+        now = time.perf_counter()
+        self._debt = max(self._debt - (now - self._mark), 0.0)  # idle time is rest
+        self._mark = now
+
+    def leave(self) -> None:
+        self._account()
+
+    def check(self) -> None:
+        """Called often from the compute thread: rest when enough is owed."""
+        if self._abandon.is_set():
+            raise MicroBatchAbandoned
+        self._account()
+        if self._debt < SLICE * self._ratio() or self._debt <= 0:
+            return
+        began = time.perf_counter()
+        self._wake.clear()
+        self._wake.wait(self._debt)
+        rested = time.perf_counter() - began
+        self.rested_seconds += rested
+        self._debt = max(self._debt - rested, 0.0)
+        self._mark = time.perf_counter()
+        if self._abandon.is_set():
+            raise MicroBatchAbandoned
+
+    def install(self, model: torch.nn.Module) -> None:
+        for module in model.modules():
+            module.register_forward_pre_hook(self._hook)
+
+    def _ratio(self) -> float:
+        return 100.0 / self.cpu_percent - 1.0
+
+    def _account(self) -> None:
+        now = time.perf_counter()
+        self._debt += (now - self._mark) * self._ratio()
+        self._mark = now
+
+    def _hook(self, module, inputs) -> None:
+        self.check()
+
+
+def lower_priority() -> None:
+    """Run at the lowest OS priority, so any program the user starts comes first."""
+    try:
+        if sys.platform == "win32":
+            import psutil
+
+            psutil.Process().nice(psutil.IDLE_PRIORITY_CLASS)
+        else:
+            os.nice(19 - os.nice(0))
+    except (OSError, AttributeError) as exc:
+        log.warning("could not lower the worker's priority: %s", exc)
