@@ -163,22 +163,28 @@ async def _backbone(args: argparse.Namespace) -> int:
 
 async def _peer(args: argparse.Namespace) -> int:
     from engine.account_cli import stored_token
+    from engine.governor.governor import Governor
+    from engine.governor.throttle import lower_priority
     from engine.peer.client import BackboneError
     from engine.peer.report import ConsoleReporter
     from engine.peer.runner import Peer, PeerOptions
 
     try:
         token = None if args.anonymous else stored_token(args.backbone)
+        limits = limits_from_args(args)
     except (ValueError, RuntimeError) as exc:
         print(f"cotrain peer: {exc}", file=sys.stderr)
         return 1
+    if limits.low_priority:
+        lower_priority()
     options = PeerOptions(
         backbone_url=args.backbone, project_id=args.project, name=args.name,
         max_epochs=args.max_epochs, threads=args.threads, data_dir=args.data,
         data_seed=args.data_seed, slowdown=args.slowdown, ice_addresses=args.ice_address,
-        user_token=token,
+        user_token=token, limits=limits,
     )
     peer = Peer(options, ConsoleReporter(json_lines=args.json))
+    governing = asyncio.ensure_future(Governor(limits).run(peer))
     try:
         reason = await peer.run()
     except (BackboneError, ValueError, OSError) as exc:
@@ -186,4 +192,6 @@ async def _peer(args: argparse.Namespace) -> int:
         return 1
     except asyncio.CancelledError:
         return 130
+    finally:
+        governing.cancel()
     return 0 if reason.startswith("reached epoch") else 1

@@ -84,6 +84,7 @@ class CollaborativeOptimizer:
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
         self.gate = gate or ComputeGate()
+        self._busy = False
         self.epoch = 0
         self.last_compute_seconds = 0.0
         self._averager = averager
@@ -276,12 +277,19 @@ class CollaborativeOptimizer:
         else:
             self._computable.clear()
 
+    @property
+    def computing(self) -> bool:
+        """Whether the compute thread is busy right now."""
+        return self._busy
+
     async def _run(self, fn):
         def gated():
+            self._busy = True
             self.gate.enter()
             try:
                 return fn()
             finally:
                 self.gate.leave()
+                self._busy = False
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, gated)

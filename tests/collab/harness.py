@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class RunningPeer:
     peer: Peer
     task: asyncio.Task
     events: list[Event] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # when each event arrived (monotonic)
 
     @property
     def history(self):
@@ -68,8 +70,14 @@ class RunningPeer:
 
 def start_peer(url: str, project: str, name: str, **options) -> RunningPeer:
     events: list[Event] = []
-    peer = Peer(PeerOptions(backbone_url=url, project_id=project, name=name, **options), events.append)
-    return RunningPeer(peer, asyncio.ensure_future(peer.run()), events)
+    times: list[float] = []
+
+    def record(event: Event) -> None:
+        events.append(event)
+        times.append(time.monotonic())
+
+    peer = Peer(PeerOptions(backbone_url=url, project_id=project, name=name, **options), record)
+    return RunningPeer(peer, asyncio.ensure_future(peer.run()), events, times)
 
 
 async def stop_all(*peers: RunningPeer) -> None:
