@@ -2,10 +2,11 @@
 
 import sys
 
-from tests.bench import allreduce, backbone_load, compute
+from tests.bench import allreduce, backbone_load, compute, governor
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
     compute.main(quick=quick)
     allreduce.main(quick=quick)
     backbone_load.main(quick=quick)
+    governor.main(quick=quick)
