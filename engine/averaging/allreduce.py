@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,7 +25,12 @@ log = logging.getLogger(__name__)
 
 
 class AveragingError(RuntimeError):
-    """The round could not complete on this peer (a peer vanished, a deadline passed)."""
+    """The round could not complete on this peer (a peer vanished, a deadline passed).
+    ``suspects``: the peers it could not exchange with, for the tracker to keep apart."""
+
+    def __init__(self, message: str, suspects: set[str] | list[str] = ()) -> None:
+        super().__init__(message)
+        self.suspects = sorted(suspects)
 
 
 @dataclass
@@ -68,24 +73,52 @@ async def butterfly_allreduce(
     timeout: float,
 ) -> Averaged:
     """Average ``local_sum`` (gradient x samples, flat fp32) with the group's; raise AveragingError."""
+    waiting = _Waiting()
     try:
         return await asyncio.wait_for(
-            _round(plan, local_sum, samples, loss_sum, mesh), timeout
+            _round(plan, local_sum, samples, loss_sum, mesh, waiting), timeout
         )
     except asyncio.TimeoutError:
-        raise AveragingError(f"round {plan.round_id} did not finish within {timeout:.0f}s") from None
-    except (LinkClosed, ProtocolError) as exc:
-        raise AveragingError(f"round {plan.round_id}: {exc}") from None
+        raise AveragingError(f"round {plan.round_id} did not finish within {timeout:.0f}s",
+                             waiting.suspects()) from None
+    except LinkClosed as exc:
+        suspects = {exc.peer} if exc.peer else waiting.suspects()
+        raise AveragingError(f"round {plan.round_id}: {exc}", suspects) from None
+    except ProtocolError as exc:
+        raise AveragingError(f"round {plan.round_id}: {exc}", waiting.suspects()) from None
+
+
+@dataclass
+class _Waiting:
+    """Whom a round still waits for. A missing part points at its sender; a missing result
+    may only be the reducer waiting on someone else, so results are blamed last."""
+
+    links: set[str] = field(default_factory=set)
+    parts: set[str] = field(default_factory=set)
+    results: set[str] = field(default_factory=set)
+
+    def suspects(self) -> set[str]:
+        return (self.links | self.parts) or self.results
 
 
 async def _round(
-    plan: RoundPlan, local_sum: torch.Tensor, samples: int, loss_sum: float, mesh: PeerMesh
+    plan: RoundPlan, local_sum: torch.Tensor, samples: int, loss_sum: float, mesh: PeerMesh,
+    waiting: _Waiting,
 ) -> Averaged:
     me, group, rid = plan.my_index, plan.group, plan.round_id
     bounds = part_bounds(local_sum.numel(), plan.shares)
     others = [(j, p) for j, p in enumerate(group) if j != me]
+    waiting.links = {p for _, p in others}
+
+    async def connect(peer: str):
+        link = await mesh.link(peer)
+        waiting.links.discard(peer)
+        return link
+
     links = dict(zip([p for _, p in others],
-                     await asyncio.gather(*(mesh.link(p) for _, p in others)), strict=True))
+                     await asyncio.gather(*(connect(p) for _, p in others)), strict=True))
+    waiting.parts = {p for _, p in others} if bounds[me][1] > bounds[me][0] else set()
+    waiting.results = {p for j, p in others if bounds[j][1] > bounds[j][0]}
     flat = local_sum.detach().contiguous().view(-1)
 
     async def send_part(j: int, peer: str) -> None:
@@ -98,6 +131,7 @@ async def _round(
 
     async def receive_part(j: int, peer: str) -> tuple[torch.Tensor | None, int, float]:
         frame = await mesh.mailbox.get(("part", rid, peer), timeout=1e9)
+        waiting.parts.discard(peer)
         part = from_wire(frame.header, {"part": Part})
         if part.epoch != plan.epoch or part.index != me:
             raise ProtocolError(f"part from {peer} is for epoch {part.epoch} index {part.index}")
@@ -108,6 +142,7 @@ async def _round(
 
     async def receive_result(j: int, peer: str) -> Result:
         frame = await mesh.mailbox.get(("result", rid, peer), timeout=1e9)
+        waiting.results.discard(peer)
         result = from_wire(frame.header, {"result": Result})
         if result.epoch != plan.epoch or result.index != j:
             raise ProtocolError(f"result from {peer} is for epoch {result.epoch} index {result.index}")

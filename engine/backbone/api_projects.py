@@ -18,6 +18,7 @@ from engine.backbone.http import (
     project_of,
     read_json,
 )
+from engine.backbone.ice import ice_servers_for
 from engine.backbone.sessions import PeerSession
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
@@ -90,7 +91,8 @@ async def join(request: web.Request) -> web.Response:
             "token": token,
             "username": user.username if user else None,
             "project": project_json(spec),
-            "ice_servers": backbone.config.ice_servers,
+            "ice_servers": ice_servers_for(backbone.config.ice, peer_id),
+            "ice_policy": "relay" if backbone.config.ice.relay_only else "all",
             "report_interval": backbone.config.report_interval,
             "max_checkpoint_bytes": backbone.config.max_checkpoint_bytes,
         },

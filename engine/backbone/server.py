@@ -16,6 +16,7 @@ from engine.backbone.accounts import AttemptLimiter
 from engine.backbone.api_projects import project_json
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.http import BACKBONE, errors_as_json
+from engine.backbone.ice import IceConfig
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store import Step, Store
 from engine.backbone.tracker import Broadcast, CollaborationState, EpochRecord, Out, Send, Tracker
@@ -33,7 +34,7 @@ class BackboneConfig:
     host: str = "127.0.0.1"
     port: int = 0
     catalog: Path = field(default_factory=default_catalog)
-    ice_servers: list[dict] = field(default_factory=list)
+    ice: IceConfig = field(default_factory=IceConfig)
     peer_timeout: float = 15.0
     report_interval: float = 0.5
     status_interval: float = 1.0

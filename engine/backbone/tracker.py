@@ -91,6 +91,7 @@ class PeerState:
     donor: str | None = None
     syncing_since: float | None = None
     paused: bool = False  # its owner needs the machine: not in rounds, not a donor
+    client_mode: bool = False  # reachable only through a relay: sends parts, reduces none
 
 
 @dataclass
@@ -142,6 +143,7 @@ class Tracker:
         retry_delay: float = 1.0,
         join_grace: float = 30.0,
         last_round_id: int = 0,
+        pair_cooldown: float = 30.0,
     ) -> None:
         self.project = project
         self.epoch = epoch
@@ -153,6 +155,8 @@ class Tracker:
         self.round_grace = round_grace
         self.retry_delay = retry_delay
         self.join_grace = join_grace
+        self.pair_cooldown = pair_cooldown
+        self._unreachable: dict[frozenset[str], float] = {}  # pair -> until when it is kept apart
         self._clock = clock
         self._retry_at = 0.0
         self._round_ids = itertools.count(last_round_id + 1)
@@ -206,7 +210,7 @@ class Tracker:
             peer.throughput = max(peer.throughput * PACE_DECAY, msg.samples / msg.compute_seconds)
             peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
-        peer.compute_seconds = msg.compute_seconds
+        peer.compute_seconds, peer.client_mode = msg.compute_seconds, msg.client_mode
         peer.reported_at = now
         rnd = self.round
         if (rnd is not None and rnd.advanced_to is None and peer.peer_id in rnd.members
@@ -298,6 +302,13 @@ class Tracker:
                 self._restart_accumulation(peer)
         elif rnd.advanced_to is not None:
             out += self._resync(peer, "the round finished without you")
+        if not msg.ok:
+            until = self._clock() + self.pair_cooldown
+            for other in msg.unreachable:
+                if other in rnd.group and other != peer.peer_id:
+                    log.info("%s: keeping %s and %s apart for %.0fs", self.project.id, peer.peer_id,
+                             other, self.pair_cooldown)
+                    self._unreachable[frozenset((peer.peer_id, other))] = until
         return out + self._settle_round()
 
     def _advance(self, rnd: OpenRound, msg: RoundDone) -> list[Out]:
@@ -362,7 +373,11 @@ class Tracker:
             # that state stale on arrival; everyone keeps accumulating meanwhile, so
             # waiting costs a slightly larger batch, not wasted work.
             return []
-        group = sorted(p.peer_id for p in live)
+        group = self._connected_group(live, now)
+        members = [p for p in live if p.peer_id in group]
+        if sum(p.samples for p in members) < self.project.target_batch_size:
+            return []
+        live = members
         last = self.checkpoint.epoch if self.checkpoint else 0
         due = self.epoch + 1 - last >= self.project.checkpoint_every
         rnd = OpenRound(
@@ -371,11 +386,29 @@ class Tracker:
             members={p.peer_id: self._pace(p, live) for p in live},
         )
         self.round = rnd
-        start = RoundStart(rnd.round_id, rnd.epoch, group, [1.0] * len(group),
+        start = RoundStart(rnd.round_id, rnd.epoch, group, self._shares(members, group),
                            self.project.round_timeout, rnd.checkpoint_by)
         log.info("%s: round %d for epoch %d with %d peers, %d samples", self.project.id,
                  rnd.round_id, rnd.epoch, len(group), sum(m.samples for m in rnd.members.values()))
         return [Send(pid, start) for pid in group]
+
+    def _connected_group(self, live: list[PeerState], now: float) -> list[str]:
+        """The largest set of peers that can all reach each other (greedily, most samples
+        first): a pair that just failed to exchange is kept apart for ``pair_cooldown``."""
+        self._unreachable = {pair: t for pair, t in self._unreachable.items() if t > now}
+        group: list[str] = []
+        for peer in sorted(live, key=lambda p: (-p.samples, p.peer_id)):
+            if all(frozenset((peer.peer_id, other)) not in self._unreachable for other in group):
+                group.append(peer.peer_id)
+        return sorted(group)
+
+    @staticmethod
+    def _shares(members: list[PeerState], group: list[str]) -> list[float]:
+        """Equal parts, except that client-mode peers reduce nothing (unless all are)."""
+        client = {p.peer_id for p in members if p.client_mode}
+        if len(client) == len(group):
+            return [1.0] * len(group)
+        return [0.0 if peer in client else 1.0 for peer in group]
 
     @staticmethod
     def _pace(peer: PeerState, members: list[PeerState]) -> Pace:

@@ -40,6 +40,7 @@ class JoinReply:
     token: str
     project: ProjectSpec
     ice_servers: list[dict] = field(default_factory=list)
+    ice_policy: str = "all"  # "relay": connect through TURN only
     report_interval: float = 0.5
     max_checkpoint_bytes: int = 1 << 30
     username: str | None = None

@@ -78,6 +78,7 @@ class PeerOptions:
     user_token: str | None = None
     reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
     limits: Limits = field(default_factory=Limits)
+    relay_only: bool = False  # connect to other peers through TURN only
 
 
 class Peer:
@@ -149,6 +150,10 @@ class Peer:
         if self._opt is not None and (limits.threads or self.options.threads):
             self._spawn(self._opt.set_threads(limits.threads or self.options.threads))
 
+    def _all_links_relayed(self) -> bool:
+        paths = [p for p in self.mesh.paths().values() if p]
+        return bool(paths) and all(p == "relay" for p in paths)
+
     def traffic(self) -> LinkCounters:
         return self._mesh.totals() if self._mesh is not None else LinkCounters()
 
@@ -197,7 +202,8 @@ class Peer:
         model = self._fresh_model()
         self.gate.install(model)
         optimizer = build_optimizer(project.optimizer, model.parameters())
-        self._mesh = PeerMesh(self.peer_id, self._signal, ice_configuration(reply.ice_servers),
+        relay_only = opts.relay_only or reply.ice_policy == "relay"
+        self._mesh = PeerMesh(self.peer_id, self._signal, ice_configuration(reply.ice_servers, relay_only),
                               self._mailbox, self._on_frame, self._on_incoming,
                               max_payload=reply.max_checkpoint_bytes, upload=self.upload)
         self._opt = CollaborativeOptimizer(
@@ -208,6 +214,7 @@ class Peer:
             gate=self.gate,
         )
         self._client.upload, self._client.download = self.upload, self.download
+        self._opt.client_mode = lambda: relay_only or self._all_links_relayed()
         self.apply_limits(opts.limits)
         if not self._running:
             self._opt.pause(True)

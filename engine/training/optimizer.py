@@ -84,6 +84,7 @@ class CollaborativeOptimizer:
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
         self.gate = gate or ComputeGate()
+        self.client_mode: Callable[[], bool] = lambda: False
         self._busy = False
         self.epoch = 0
         self.last_compute_seconds = 0.0
@@ -143,7 +144,7 @@ class CollaborativeOptimizer:
         self._reported_samples = acc.samples
         loss = acc.loss_sum / acc.samples if acc.samples else None
         await self._send(Progress(self.epoch, acc.samples, self.throughput.rate(), loss,
-                                  acc.compute_seconds))
+                                  acc.compute_seconds, self.client_mode()))
 
     def observe(self, status: Status) -> None:
         """Remember the collaboration's progress, to estimate when the target is reached."""
@@ -205,7 +206,8 @@ class CollaborativeOptimizer:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 if self.epoch == start.epoch:
                     await self._run(lambda: self.accumulator.restore(taken))
-                await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc)))
+                await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc),
+                                           unreachable=exc.suspects))
                 return None
             digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
         finally:

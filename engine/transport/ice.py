@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer
+from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
 
 log = logging.getLogger(__name__)
 
@@ -15,13 +15,15 @@ _discover_host_addresses = aioice.ice.get_host_addresses
 _allowed: list[str] = []
 
 
-def ice_configuration(servers: list[dict[str, Any]]) -> RTCConfiguration:
+def ice_configuration(servers: list[dict[str, Any]], relay_only: bool = False) -> RTCConfiguration:
     """Build an RTCConfiguration from the backbone's list; never aiortc's public default."""
     ice = [
         RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential"))
         for s in servers
+        if isinstance(s, dict) and isinstance(s.get("urls"), (str, list))
     ]
-    return RTCConfiguration(iceServers=ice)
+    policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+    return RTCConfiguration(iceServers=ice, iceTransportPolicy=policy)
 
 
 def restrict_host_addresses(addresses: list[str] | None) -> None:

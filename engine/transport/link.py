@@ -22,10 +22,16 @@ HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1024 * 1024
 GOODBYE, GOODBYE_ACK = "goodbye", "goodbye_ack"
 RECEIVE_LIMIT = "receive_limit"  # the other side asks us to send it at most this many bytes/s
+PATH = "path"  # how the other side sees the connection: host, srflx or relay
+PATHS = ("host", "srflx", "relay")  # in order of indirection
 
 
 class LinkClosed(ConnectionError):
     """The link to a peer is gone; whatever was in flight on it is lost."""
+
+    def __init__(self, message: str, peer: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 @dataclass
@@ -63,6 +69,8 @@ class PeerLink:
         self._on_incoming = on_incoming
         self._upload = upload or RateLimiter()
         self.remote_limit = RateLimiter()
+        self._remote_path: str | None = None
+        self.path_announced = asyncio.Event()  # the other side told us its view
         self._reassembler = Reassembler(max_payload)
         self._ids = itertools.count(1)
         self._drained = asyncio.Event()
@@ -80,7 +88,7 @@ class PeerLink:
 
     async def send(self, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
         if not self.is_open:
-            raise LinkClosed(f"link to {self.peer_id} is closed")
+            raise LinkClosed(f"link to {self.peer_id} is closed", self.peer_id)
         msg_id = next(self._ids) & 0xFFFFFFFF
         for chunk in encode(msg_id, header, payload):
             while self.channel.bufferedAmount > HIGH_WATER:
@@ -91,11 +99,11 @@ class PeerLink:
                 drained.cancel()
                 closed.cancel()
                 if not self.is_open:
-                    raise LinkClosed(f"link to {self.peer_id} closed while sending")
+                    raise LinkClosed(f"link to {self.peer_id} closed while sending", self.peer_id)
             await self._upload.acquire(len(chunk))
             await self.remote_limit.acquire(len(chunk))
             if not self.is_open:
-                raise LinkClosed(f"link to {self.peer_id} closed while sending")
+                raise LinkClosed(f"link to {self.peer_id} closed while sending", self.peer_id)
             self.channel.send(chunk)
             self.counters.bytes_sent += len(chunk)
         self.counters.messages_sent += 1
@@ -116,6 +124,10 @@ class PeerLink:
                 spawn(self._acknowledge())
             elif frame.type == GOODBYE_ACK:
                 self._acknowledged.set()
+            elif frame.type == PATH:
+                view = frame.header.get("view")
+                self._remote_path = view if view in PATHS else None
+                self.path_announced.set()
             elif frame.type == RECEIVE_LIMIT:
                 rate = frame.header.get("bytes_per_second")
                 valid = isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate >= 1000
@@ -136,6 +148,33 @@ class PeerLink:
     async def _acknowledge(self) -> None:
         with contextlib.suppress(LinkClosed):
             await self.send({"type": GOODBYE_ACK})
+
+    def local_path(self) -> str | None:
+        """The nominated candidate pair as this side sees it (None before ICE completes).
+
+        aiortc has no public API for it; the pair sits on aioice's connection, inside the
+        SCTP -> DTLS -> ICE transport chain.
+        """
+        try:
+            connection = self.pc.sctp.transport.transport._connection  # type: ignore[union-attr]
+            pair = connection._nominated.get(1)
+        except AttributeError:
+            return None
+        if pair is None:
+            return None
+        kinds = {pair.local_candidate.type, pair.remote_candidate.type}
+        return "relay" if "relay" in kinds else "srflx" if kinds & {"srflx", "prflx"} else "host"
+
+    @property
+    def path(self) -> str | None:
+        """host (direct), srflx (through a NAT mapping) or relay (through TURN), as the more
+        indirect of both sides' views: a peer behind a NAT sees its own pair as host-host."""
+        views = [v for v in (self.local_path(), self._remote_path) if v]
+        return max(views, key=PATHS.index) if views else None
+
+    async def announce_path(self) -> None:
+        with contextlib.suppress(LinkClosed):
+            await self.send({"type": PATH, "view": self.local_path()})
 
     async def ask_limit(self, bytes_per_second: float | None) -> None:
         """Ask the other side to send us at most this much (our download cap's share)."""

@@ -89,10 +89,13 @@ class PeerMesh:
         try:
             return await asyncio.wait_for(asyncio.shield(arrival), timeout or self.connect_timeout)
         except asyncio.TimeoutError:
-            raise LinkClosed(f"could not connect to {peer_id} in time") from None
+            raise LinkClosed(f"could not connect to {peer_id} in time", peer_id) from None
 
     def connected(self) -> list[str]:
         return [p for p, link in self._links.items() if link.is_open]
+
+    def paths(self) -> dict[str, str | None]:
+        return {p: link.path for p, link in self._links.items() if link.is_open}
 
     def counters(self) -> dict[str, LinkCounters]:
         return {p: link.counters for p, link in self._links.items()}
@@ -185,7 +188,7 @@ class PeerMesh:
             log.info("connecting to %s failed: %s", peer_id, exc)
             arrival = self._arrivals.get(peer_id)
             if arrival is not None and not arrival.done() and self._offers.get(peer_id) is offer:
-                arrival.set_exception(LinkClosed(f"could not connect to {peer_id}: {exc}"))
+                arrival.set_exception(LinkClosed(f"could not connect to {peer_id}: {exc}", peer_id))
         finally:
             if self._offers.get(peer_id) is offer:
                 del self._offers[peer_id]
@@ -236,6 +239,7 @@ class PeerMesh:
             self._spawn(link.close())
             return
         self._links[link.peer_id] = link
+        self._spawn(link.announce_path())
         log.debug("link to %s open", link.peer_id)
         if self.download_cap:
             self._spawn(self._advertise_limits())
@@ -249,7 +253,7 @@ class PeerMesh:
         del self._links[link.peer_id]
         for name, value in vars(link.counters).items():
             setattr(self._retired, name, getattr(self._retired, name) + value)
-        self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed"))
+        self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed", link.peer_id))
         if self.download_cap and not self._closing:
             self._spawn(self._advertise_limits())
 

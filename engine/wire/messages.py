@@ -45,6 +45,7 @@ class Progress:
     samples_per_second: float
     loss: float | None = None
     compute_seconds: float = 0.0
+    client_mode: bool = False  # reachable only through a relay: send parts, reduce none
 
     def __post_init__(self) -> None:
         _non_negative(epoch=self.epoch, samples=self.samples, rate=self.samples_per_second,
@@ -85,10 +86,13 @@ class RoundDone:
     seconds: float = 0.0
     error: str | None = None
     confirmed: dict = field(default_factory=dict)  # sender -> samples every reducer received
+    unreachable: list[str] = field(default_factory=list)  # peers it could not exchange with
 
     def __post_init__(self) -> None:
         _non_negative(round_id=self.round_id, epoch=self.epoch, samples=self.samples)
         _sample_counts("confirmed", self.confirmed)
+        if len(self.unreachable) > 1000 or any(len(p) > 64 for p in self.unreachable):
+            raise ValueError("unreachable must list peer ids")
 
 
 @dataclass

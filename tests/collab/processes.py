@@ -75,7 +75,15 @@ async def terminate(*peers: PeerProcess) -> None:
 
 def home_with_login(home: Path, url: str, username: str, token: str) -> dict:
     """Environment for a peer process whose user logged in on a machine without a keyring."""
+    import keyring
+    from keyring.backends import null
+
     from engine.credentials import CredentialStore, Login
 
-    CredentialStore(home / "credentials.json").save(url, Login(username, token))
+    previous = keyring.get_keyring()
+    keyring.set_keyring(null.Keyring())  # the same backend the peer process will have
+    try:
+        CredentialStore(home / "credentials.json").save(url, Login(username, token))
+    finally:
+        keyring.set_keyring(previous)
     return {"COTRAIN_HOME": str(home), "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}

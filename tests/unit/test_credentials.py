@@ -10,22 +10,29 @@ from keyring.backends import null
 from engine.credentials import CredentialStore, Login, backbone_key
 
 
-class MemoryKeyring(KeyringBackend):
-    priority = 1
+def memory_keyring() -> KeyringBackend:
+    """An in-memory backend. Defined when a test asks for it: keyring registers every
+    subclass of KeyringBackend, and one defined at import time would become the default
+    backend of every other test in this process."""
 
-    def __init__(self):
-        super().__init__()
-        self.entries = {}
+    class MemoryKeyring(KeyringBackend):
+        priority = 1
 
-    def get_password(self, service, username):
-        return self.entries.get((service, username))
+        def __init__(self):
+            super().__init__()
+            self.entries = {}
 
-    def set_password(self, service, username, password):
-        self.entries[(service, username)] = password
+        def get_password(self, service, username):
+            return self.entries.get((service, username))
 
-    def delete_password(self, service, username):
-        if self.entries.pop((service, username), None) is None:
-            raise keyring.errors.PasswordDeleteError(username)
+        def set_password(self, service, username, password):
+            self.entries[(service, username)] = password
+
+        def delete_password(self, service, username):
+            if self.entries.pop((service, username), None) is None:
+                raise keyring.errors.PasswordDeleteError(username)
+
+    return MemoryKeyring()
 
 
 @pytest.fixture
@@ -36,7 +43,7 @@ def restore_keyring():
 
 
 def test_logins_go_to_the_keyring_when_there_is_one(tmp_path, restore_keyring):
-    backend = MemoryKeyring()
+    backend = memory_keyring()
     keyring.set_keyring(backend)
     store = CredentialStore(tmp_path / "credentials.json")
     store.save("http://Example.org:8470/", Login("alice", "t0ken"))
