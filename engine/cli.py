@@ -71,11 +71,27 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--catalog", type=Path, default=None, help="projects JSON file")
     bb.add_argument("--peer-timeout", type=float, default=15.0,
                     help="seconds of silence after which a peer is left out of rounds")
+    bb.add_argument("--stun", action="append", default=[], metavar="URL",
+                    help="STUN server handed to peers, e.g. stun:turn.example.org:3478 (repeatable)")
+    bb.add_argument("--turn", action="append", default=[], metavar="URL",
+                    help="TURN server handed to peers, e.g. turn:turn.example.org:3478 (repeatable)")
+    bb.add_argument("--turn-secret-file", type=Path, default=None, metavar="FILE",
+                    help="file holding coturn's static-auth-secret (or set COTRAIN_TURN_SECRET)")
+    bb.add_argument("--turn-ttl", type=int, default=6 * 3600, metavar="SECONDS",
+                    help="how long a peer's TURN credentials stay valid (default: 6 hours)")
+    bb.add_argument("--relay-only", action="store_true",
+                    help="tell every peer to connect through TURN only")
+    bb.add_argument("--advertise", action="store_true",
+                    help="announce the backbone on the LAN (mDNS, _cotrain._tcp)")
     _add_logging(bb)
 
     peer = sub.add_parser("peer", help="join a collaboration and train")
-    peer.add_argument("--backbone", required=True, help="backbone URL, e.g. http://host:8470")
-    peer.add_argument("--project", required=True, help="project id, e.g. demo-lm")
+    peer.add_argument("--backbone", default=None, help="backbone URL, e.g. http://host:8470")
+    peer.add_argument("--project", default=None, help="project id, e.g. demo-lm")
+    peer.add_argument("--discover", action="store_true",
+                      help="list the backbones on the LAN; with --project, join the first that hosts it")
+    peer.add_argument("--relay-only", action="store_true",
+                      help="connect to other peers through the backbone's TURN relay only")
     peer.add_argument("--name", default="", help="name shown to others")
     peer.add_argument("--max-epochs", type=int, default=None, help="leave after this epoch")
     peer.add_argument("--threads", type=int, default=None, help="compute threads")
@@ -106,10 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data", default=None, help="folder of text files to train on")
     demo.add_argument("--catalog", type=Path, default=None, help=argparse.SUPPRESS)
     _add_logging(demo)
+
+    worker = sub.add_parser("worker", help="the desktop app's engine process (JSON lines on stdin/stdout)")
+    worker.add_argument("--catalog", type=Path, default=None, help="projects of the local backbone")
+    _add_logging(worker)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not (sys.argv[1:] if argv is None else argv):
+        from app.main import main as app_main
+
+        return app_main()
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
     try:
@@ -125,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
             from engine.demo import run_demo
 
             return _run(run_demo(args.peers, args.epochs, args.data, args.catalog))
+        if args.command == "worker":
+            from engine.worker.main import run as run_worker
+
+            return run_worker(args.catalog)
     except KeyboardInterrupt:
         return 130
     return 2
@@ -147,10 +175,19 @@ def _run(coro) -> int:
 
 
 async def _backbone(args: argparse.Namespace) -> int:
+    from engine.backbone.ice import IceConfig, read_turn_secret
     from engine.backbone.server import BackboneConfig, serve
 
+    try:
+        ice = IceConfig(stun_urls=args.stun, turn_urls=args.turn, turn_ttl=args.turn_ttl,
+                        relay_only=args.relay_only, turn_secret=read_turn_secret(args.turn_secret_file))
+        ice.validate()
+    except (OSError, ValueError) as exc:
+        print(f"cotrain backbone: {exc}", file=sys.stderr)
+        return 2
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone",
-                            host=args.host, port=args.port, peer_timeout=args.peer_timeout)
+                            host=args.host, port=args.port, peer_timeout=args.peer_timeout,
+                            ice=ice, advertise=args.advertise)
     if args.catalog:
         config.catalog = args.catalog
     try:
@@ -169,6 +206,15 @@ async def _peer(args: argparse.Namespace) -> int:
     from engine.peer.report import ConsoleReporter
     from engine.peer.runner import Peer, PeerOptions
 
+    if args.discover:
+        found = await _discover(args.project)
+        if args.project is None or not found:
+            return 0 if found or args.project is None else 1
+        args.backbone = found[0].url
+        print(f"joining {args.project} on {args.backbone}", file=sys.stderr)
+    if not args.backbone or not args.project:
+        print("cotrain peer: give --backbone URL and --project ID (or --discover)", file=sys.stderr)
+        return 2
     try:
         token = None if args.anonymous else stored_token(args.backbone)
         limits = limits_from_args(args)
@@ -181,7 +227,7 @@ async def _peer(args: argparse.Namespace) -> int:
         backbone_url=args.backbone, project_id=args.project, name=args.name,
         max_epochs=args.max_epochs, threads=args.threads, data_dir=args.data,
         data_seed=args.data_seed, slowdown=args.slowdown, ice_addresses=args.ice_address,
-        user_token=token, limits=limits,
+        user_token=token, limits=limits, relay_only=args.relay_only,
     )
     peer = Peer(options, ConsoleReporter(json_lines=args.json))
     governing = asyncio.ensure_future(Governor(limits).run(peer))
@@ -195,3 +241,21 @@ async def _peer(args: argparse.Namespace) -> int:
     finally:
         governing.cancel()
     return 0 if reason.startswith("reached epoch") else 1
+
+
+async def _discover(project: str | None):
+    """Print the backbones on the LAN (those hosting ``project``, if given) and return them.
+
+    Listing is the command's output; before joining, it is commentary and goes to stderr.
+    """
+    from engine.lan.discover import discover
+
+    out = sys.stdout if project is None else sys.stderr
+    found = [b for b in await discover() if project is None or project in b.projects]
+    if not found:
+        print("no Cotrain backbone found on the LAN" + (f" hosting {project}" if project else ""), file=out)
+    for backbone in found:
+        print(f"{backbone.url}  {backbone.name}", file=out)
+        for project_id, title in sorted(backbone.projects.items()):
+            print(f"    {project_id}: {title}", file=out)
+    return found

@@ -90,15 +90,15 @@ async def butterfly_allreduce(
 
 @dataclass
 class _Waiting:
-    """Whom a round still waits for. A missing part points at its sender; a missing result
-    may only be the reducer waiting on someone else, so results are blamed last."""
+    """Whom a round still waits for. A missing link or part points at that peer; a missing
+    result does not: its reducer may itself be waiting on someone else, and blaming it would
+    keep apart peers that reach each other fine (the reducer's own report names the culprit)."""
 
     links: set[str] = field(default_factory=set)
     parts: set[str] = field(default_factory=set)
-    results: set[str] = field(default_factory=set)
 
     def suspects(self) -> set[str]:
-        return (self.links | self.parts) or self.results
+        return self.links | self.parts
 
 
 async def _round(
@@ -118,7 +118,6 @@ async def _round(
     links = dict(zip([p for _, p in others],
                      await asyncio.gather(*(connect(p) for _, p in others)), strict=True))
     waiting.parts = {p for _, p in others} if bounds[me][1] > bounds[me][0] else set()
-    waiting.results = {p for j, p in others if bounds[j][1] > bounds[j][0]}
     flat = local_sum.detach().contiguous().view(-1)
 
     async def send_part(j: int, peer: str) -> None:
@@ -142,7 +141,6 @@ async def _round(
 
     async def receive_result(j: int, peer: str) -> Result:
         frame = await mesh.mailbox.get(("result", rid, peer), timeout=1e9)
-        waiting.results.discard(peer)
         result = from_wire(frame.header, {"result": Result})
         if result.epoch != plan.epoch or result.index != j:
             raise ProtocolError(f"result from {peer} is for epoch {result.epoch} index {result.index}")

@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -22,6 +24,31 @@ class IceConfig:
     turn_secret: str | None = None
     turn_ttl: int = 6 * 3600  # seconds a TURN credential stays valid
     relay_only: bool = False  # tell every peer to connect through TURN only
+
+    def validate(self) -> None:
+        for url in self.stun_urls:
+            if not url.startswith("stun:") and not url.startswith("stuns:"):
+                raise ValueError(f"not a STUN URL: {url!r} (expected stun:HOST[:PORT])")
+        for url in self.turn_urls:
+            if not url.startswith("turn:") and not url.startswith("turns:"):
+                raise ValueError(f"not a TURN URL: {url!r} (expected turn:HOST[:PORT])")
+        if self.turn_urls and not self.turn_secret:
+            raise ValueError("TURN servers need the shared secret "
+                             "(--turn-secret-file or COTRAIN_TURN_SECRET)")
+        if self.relay_only and not self.turn_urls:
+            raise ValueError("relay-only needs a TURN server")
+        if self.turn_ttl < 60:
+            raise ValueError("TURN credentials must stay valid for at least 60 seconds")
+
+
+def read_turn_secret(path: Path | None) -> str | None:
+    """The secret from a file (kept out of the process list) or the environment."""
+    if path is not None:
+        secret = path.read_text().strip()
+        if not secret:
+            raise ValueError(f"{path} is empty")
+        return secret
+    return os.environ.get("COTRAIN_TURN_SECRET") or None
 
 
 def turn_credentials(secret: str, peer_id: str, ttl: int, now: float | None = None) -> tuple[str, str]:

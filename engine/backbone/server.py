@@ -39,6 +39,7 @@ class BackboneConfig:
     report_interval: float = 0.5
     status_interval: float = 1.0
     max_checkpoint_bytes: int = 1 << 30
+    advertise: bool = False  # announce on the LAN with mDNS
 
 
 class Backbone:
@@ -179,10 +180,19 @@ async def serve(config: BackboneConfig, ready_message: bool = True) -> None:
     raise_open_file_limit()
     backbone = Backbone(config)
     url = await backbone.start()
+    advertiser = None
+    if config.advertise:
+        from engine.lan.advertise import Advertiser
+
+        port = int(url.rsplit(":", 1)[1])
+        advertiser = Advertiser(config.host, port, {p.id: p.title for p in backbone.projects.values()})
+        await advertiser.start()
     if ready_message:
         print(f"backbone listening on {url}", flush=True)
     log.info("projects: %s", json.dumps(sorted(backbone.projects)))
     try:
         await asyncio.Event().wait()
     finally:
+        if advertiser is not None:
+            await advertiser.stop()
         await backbone.stop()

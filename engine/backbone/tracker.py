@@ -30,7 +30,8 @@ from engine.wire.messages import (
 
 log = logging.getLogger(__name__)
 PACE_DECAY = 0.9
-BEST_DECAY = 0.995  # lets one freak measurement fade over a few hundred reports
+BEST_DECAY = 0.995
+MAX_PAIR_COOLDOWN = 600.0  # lets one freak measurement fade over a few hundred reports
 
 
 @dataclass
@@ -157,6 +158,7 @@ class Tracker:
         self.join_grace = join_grace
         self.pair_cooldown = pair_cooldown
         self._unreachable: dict[frozenset[str], float] = {}  # pair -> until when it is kept apart
+        self._strikes: dict[frozenset[str], int] = {}  # failed exchanges in a row, for backoff
         self._clock = clock
         self._retry_at = 0.0
         self._round_ids = itertools.count(last_round_id + 1)
@@ -227,7 +229,11 @@ class Tracker:
             if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id and not p.paused
         ]
         if donors:
-            usable = [p for p in donors if p.peer_id not in msg.exclude] or donors
+            now = self._clock()
+            reachable = [p for p in donors
+                         if self._unreachable.get(frozenset((peer.peer_id, p.peer_id)), 0.0) <= now]
+            usable = ([p for p in reachable if p.peer_id not in msg.exclude]
+                      or [p for p in donors if p.peer_id not in msg.exclude] or donors)
             donor = min(usable, key=lambda p: (p.serving, p.joined_at))
             self._release_donor(peer)
             donor.serving += 1
@@ -303,13 +309,22 @@ class Tracker:
         elif rnd.advanced_to is not None:
             out += self._resync(peer, "the round finished without you")
         if not msg.ok:
-            until = self._clock() + self.pair_cooldown
             for other in msg.unreachable:
                 if other in rnd.group and other != peer.peer_id:
-                    log.info("%s: keeping %s and %s apart for %.0fs", self.project.id, peer.peer_id,
-                             other, self.pair_cooldown)
-                    self._unreachable[frozenset((peer.peer_id, other))] = until
+                    self._keep_apart(frozenset((peer.peer_id, other)))
         return out + self._settle_round()
+
+    def _keep_apart(self, pair: frozenset[str]) -> None:
+        """Back off a pair that failed to exchange: each retry that fails again doubles the
+        wait (up to ``MAX_PAIR_COOLDOWN``), so a dead relay costs a round timeout now and
+        then rather than every half minute."""
+        if pair in self._unreachable and self._unreachable[pair] > self._clock():
+            return  # both ends report the same failure
+        strikes = self._strikes.get(pair, 0) + 1
+        self._strikes[pair] = strikes
+        cooldown = min(self.pair_cooldown * 2 ** (strikes - 1), MAX_PAIR_COOLDOWN)
+        self._unreachable[pair] = self._clock() + cooldown
+        log.info("%s: keeping %s apart for %.0fs", self.project.id, " and ".join(sorted(pair)), cooldown)
 
     def _advance(self, rnd: OpenRound, msg: RoundDone) -> list[Out]:
         now = self._clock()
@@ -325,6 +340,8 @@ class Tracker:
         ]
         if rnd.checkpoint_by is not None:
             self._expected_checkpoints.add((rnd.checkpoint_by, self.epoch))
+        for pair in [pair for pair in self._strikes if pair <= set(rnd.group)]:
+            del self._strikes[pair]  # they exchanged fine: a later failure starts afresh
         for p in self.peers.values():
             if p.ready and p.peer_id not in rnd.group:
                 out += self._resync(p, "an epoch finished while you were not in the round")

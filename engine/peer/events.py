@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.project import ProjectSpec
 from engine.training.optimizer import EpochResult
@@ -52,6 +52,7 @@ class Synced:
 @dataclass
 class EpochCompleted:
     result: EpochResult
+    paths: dict[str, str | None] = field(default_factory=dict)  # peer -> host, srflx or relay
 
 
 @dataclass

@@ -56,7 +56,7 @@ class ConsoleReporter:
                 print(json.dumps({"epoch": r.epoch, "loss": r.loss, "samples": r.samples,
                                   "peers": r.peers, "params_sha256": r.params_sha256,
                                   "round_seconds": round(r.round_seconds, 3),
-                                  "my_samples": r.my_samples}), flush=True)
+                                  "my_samples": r.my_samples, "paths": event.paths}), flush=True)
         elif isinstance(event, RoundFailed):
             self.line.say(f"round for epoch {event.epoch} failed: {event.reason}")
         elif isinstance(event, StatusChanged):

@@ -338,7 +338,7 @@ class Peer:
             return
         self.history.append(result)
         self._collab_epoch = max(self._collab_epoch, result.epoch)
-        self._emit(EpochCompleted(result))
+        self._emit(EpochCompleted(result, self.mesh.paths()))
         if start.checkpoint_by == self.peer_id:
             self._uploads.add(self._spawn(self._upload_checkpoint()))
         if self.options.max_epochs is not None and result.epoch >= self.options.max_epochs:

@@ -71,6 +71,7 @@ class PeerMesh:
         self._max_payload = max_payload
         self._links: dict[str, PeerLink] = {}
         self._offers: dict[str, _Offer] = {}
+        self._answering: set[str] = set()  # peers whose offer we are answering right now
         self._arrivals: dict[str, asyncio.Future[PeerLink]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._retired = LinkCounters()
@@ -84,7 +85,9 @@ class PeerMesh:
         if link is not None and link.is_open:
             return link
         arrival = self._arrival(peer_id)
-        if peer_id not in self._offers:
+        if peer_id not in self._offers and peer_id not in self._answering:
+            # An answer under way brings the link too; a second offer now would make the
+            # other side drop the link it is about to open, as if ours had died.
             self._spawn(self._offer(peer_id))
         try:
             return await asyncio.wait_for(asyncio.shield(arrival), timeout or self.connect_timeout)
@@ -205,6 +208,7 @@ class PeerMesh:
         if old is not None:
             await old.close()  # the other side thinks this link is dead: start over
         pc, channel, link = self._new_connection(sender)
+        self._answering.add(sender)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=signal.sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
@@ -212,9 +216,14 @@ class PeerMesh:
                 sender, {"kind": "answer", "conn": signal.conn, "sdp": pc.localDescription.sdp}
             )
             await self._until_open(pc, channel)
-        except BaseException:
+        except BaseException as exc:
             await pc.close()
+            arrival = self._arrivals.get(sender)
+            if arrival is not None and not arrival.done() and not isinstance(exc, asyncio.CancelledError):
+                arrival.set_exception(LinkClosed(f"could not connect to {sender}: {exc}", sender))
             raise
+        finally:
+            self._answering.discard(sender)
         self._adopt(link)
 
     async def _until_open(self, pc: RTCPeerConnection, channel: RTCDataChannel) -> None:

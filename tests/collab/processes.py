@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ class PeerProcess:
     name: str
     process: asyncio.subprocess.Process
     epochs: list[dict] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # monotonic time each epoch line came
     reader: asyncio.Task | None = None
 
     @property
@@ -40,13 +42,13 @@ class PeerProcess:
         self.process.send_signal(signal.SIGKILL)
 
 
-async def spawn_peer(url: str, project: str, name: str, log_dir: Path, *args: str,
-                     env: dict | None = None) -> PeerProcess:
+async def spawn_peer(url: str | None, project: str, name: str, log_dir: Path, *args: str,
+                     env: dict | None = None, prefix: list[str] = ()) -> PeerProcess:
     env = {**os.environ, **(env or {})}
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
     process = await asyncio.create_subprocess_exec(
-        *engine_command(), "peer", "--backbone", url, "--project", project, "--name", name,
-        "--json", "--threads", "1", *args,
+        *prefix, *engine_command(), "peer", *(["--backbone", url] if url else ["--discover"]),
+        "--project", project, "--name", name, "--json", "--threads", "1", *args,
         stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env,
     )
     log.close()
@@ -56,6 +58,7 @@ async def spawn_peer(url: str, project: str, name: str, log_dir: Path, *args: st
         assert process.stdout is not None
         async for line in process.stdout:
             peer.epochs.append(json.loads(line))
+            peer.arrivals.append(time.monotonic())
 
     peer.reader = asyncio.ensure_future(read())
     return peer

@@ -231,3 +231,59 @@ def test_a_report_of_fewer_samples_during_the_round_does_not_shrink_a_members_cr
                                                   confirmed={"a": 104}))
                  if isinstance(o, EpochRecord)]
     assert record.credits["a"].samples == 104
+
+
+def fail_pair(t, start, x, y):
+    """``x`` and ``y`` report that they could not exchange; the rest of the group succeeds."""
+    t.handle(x, RoundDone(start.round_id, start.epoch, False, error="link", unreachable=[y]))
+    t.handle(y, RoundDone(start.round_id, start.epoch, False, error="link", unreachable=[x]))
+
+
+def test_a_pair_that_cannot_connect_is_kept_apart_with_growing_backoff(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    assert start.group == ["a", "b", "c"]
+    fail_pair(t, start, "b", "c")
+    t.handle("a", RoundDone(start.round_id, 0, False, error="timeout"))
+    clock.now += 2
+    start = open_round(t, {"a": 50, "b": 50, "c": 30})
+    assert start.group == ["a", "b"], "b and c were put in one round again at once"
+    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    t.handle("b", RoundDone(start.round_id, 0, True, "h1"))
+
+    clock.now += 31  # the first cooldown is over: they are tried together again, and fail
+    for p in "abc":
+        t.handle(p, SyncRequest())
+        t.handle(p, Ready(1, "h1"))
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    assert start.group == ["a", "b", "c"]
+    fail_pair(t, start, "b", "c")
+    t.handle("a", RoundDone(start.round_id, 1, False, error="timeout"))
+    clock.now += 31  # the second failure doubled the wait
+    start = open_round(t, {"a": 50, "b": 50, "c": 30})
+    assert start.group == ["a", "b"]
+
+
+def test_a_peer_resyncs_from_a_donor_it_can_reach(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    fail_pair(t, start, "a", "c")
+    t.handle("b", RoundDone(start.round_id, 0, False, error="timeout"))
+    ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
+    assert plan.peer == "b"
+
+
+def test_a_peer_reachable_only_through_a_relay_is_given_nothing_to_reduce(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    t.handle("b", Progress(0, 30, 10.0, client_mode=True))
+    start = open_round(t, {"a": 30, "c": 30})
+    assert start.group == ["a", "b", "c"]
+    assert start.shares[start.group.index("b")] == 0
+    assert all(share > 0 for peer, share in zip(start.group, start.shares, strict=True) if peer != "b")
+
+
+def test_when_every_peer_is_relayed_they_all_reduce(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.handle("a", Progress(0, 50, 10.0, client_mode=True))
+    start = sent(t.handle("b", Progress(0, 50, 10.0, client_mode=True)), RoundStart)[0][1]
+    assert all(share > 0 for share in start.shares)

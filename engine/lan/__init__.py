@@ -1,0 +1,1 @@
+"""Finding collaborations on the local network (mDNS/DNS-SD with zeroconf)."""

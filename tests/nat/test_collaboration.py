@@ -1,0 +1,70 @@
+"""A collaboration across a public host, a cone NAT and a symmetric NAT, and a TURN outage."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from tests.collab.processes import terminate
+from tests.conftest import until
+from tests.nat.network import ROUND_TIMEOUT
+from tests.nat.services import spawn_peer_in
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+PROJECT = "tiny-lm"
+
+
+def kinds(epoch_line: dict) -> list[str]:
+    return sorted(p or "unknown" for p in epoch_line["paths"].values())
+
+
+def assert_same_parameters(peers) -> list[int]:
+    hashes = [{e["epoch"]: e["params_sha256"] for e in p.epochs} for p in peers]
+    common = sorted(set.intersection(*(set(h) for h in hashes)))
+    for epoch in common:
+        assert len({h[epoch] for h in hashes}) == 1, f"parameters differ after epoch {epoch}"
+    return common
+
+
+async def test_peers_behind_cone_and_symmetric_nats_train_together_and_survive_a_turn_outage(
+        network, tmp_path):
+    backbone, url = network.backbone(8473)
+    hosts = {"public": network.host, "cone": network.cone, "symmetric": network.symmetric}
+    peers = {name: await spawn_peer_in(host, url, PROJECT, name, tmp_path) for name, host in hosts.items()}
+    public, cone, symmetric = peers["public"], peers["cone"], peers["symmetric"]
+    try:
+        def full_epochs(peer) -> list[dict]:
+            return [e for e in peer.epochs if e["peers"] == 3]
+
+        await until(lambda: all(len(full_epochs(p)) >= 3 for p in peers.values()), 180,
+                    "three epochs in which all three peers took part")
+        assert len(assert_same_parameters(peers.values())) >= 3
+        # The public peer reaches both NATed peers directly; the two NATs need the relay.
+        assert kinds(full_epochs(public)[-1]) == ["srflx", "srflx"]
+        assert kinds(full_epochs(cone)[-1]) == ["relay", "srflx"]
+        assert kinds(full_epochs(symmetric)[-1]) == ["relay", "srflx"]
+
+        network.coturn.kill()
+        outage, epochs_before = time.monotonic(), len(public.epochs)
+        await until(lambda: len(public.epochs) >= epochs_before + 4, 150,
+                    "the public peer to go on through the TURN outage")
+        after = [t for t in public.arrivals if t > outage]
+        gaps = [b - a for a, b in itertools.pairwise([outage, *after])]
+        # A stalled round costs at most its timeout, then the unreachable pair is kept apart.
+        assert max(gaps) < 2 * ROUND_TIMEOUT + 10, gaps
+        assert any(e["peers"] == 2 for e in public.epochs[epochs_before:]), "nobody was left out"
+
+        network.start_coturn()
+        back = len(public.epochs)
+        await until(lambda: any(e["peers"] == 3 for e in public.epochs[back:]), 150,
+                    "all three peers in one round again once coturn is back")
+        await until(lambda: all(p.epochs and p.epochs[-1]["epoch"] >= public.epochs[-1]["epoch"]
+                                for p in (cone, symmetric)), 60, "every peer to catch up")
+        assert_same_parameters(peers.values())
+    finally:
+        await terminate(*peers.values())
+        backbone.stop()
+        if network.coturn.process.poll() is not None:
+            network.start_coturn()

@@ -1,0 +1,58 @@
+"""Which path ICE finds between peers behind real NATs, and how fast it gives up."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.nat.services import run_probes
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+PROJECT = "tiny-lm"
+
+
+@pytest.fixture(scope="module")
+def stun_only(network):
+    backbone, url = network.backbone(8471, turn=False)
+    yield url
+    backbone.stop()
+
+
+@pytest.fixture(scope="module")
+def with_turn(network):
+    backbone, url = network.backbone(8472)
+    yield url
+    backbone.stop()
+
+
+def assert_connected(a: dict, b: dict, path: str) -> None:
+    assert a["ok"] and b["ok"], (a, b)
+    assert a["path"] == b["path"] == path, (a, b)
+
+
+async def test_two_cone_nats_connect_directly_with_stun(network, stun_only):
+    a, b = await run_probes(network.cone, network.cone2, stun_only, PROJECT, network.workdir)
+    assert_connected(a, b, "srflx")
+
+
+async def test_symmetric_nat_with_stun_only_fails_within_the_connect_timeout(network, stun_only):
+    a, b = await run_probes(network.cone, network.symmetric, stun_only, PROJECT, network.workdir,
+                            "--connect-timeout", "8")
+    for report in (a, b):
+        assert not report["ok"], report
+        assert "could not connect" in report["error"], report
+        assert report["after_seconds"] < 8 + 3, report
+
+
+async def test_symmetric_nat_connects_through_turn(network, with_turn):
+    a, b = await run_probes(network.cone, network.symmetric, with_turn, PROJECT, network.workdir)
+    assert_connected(a, b, "relay")
+
+
+async def test_relay_only_policy_relays_even_between_public_hosts(network, with_turn):
+    a, b = await run_probes(network.host, network.cone, with_turn, PROJECT, network.workdir, "--relay-only")
+    assert_connected(a, b, "relay")
+
+
+async def test_peers_on_one_lan_connect_over_host_candidates_not_turn(network, with_turn):
+    a, b = await run_probes(network.host, network.lan_host, with_turn, PROJECT, network.workdir)
+    assert_connected(a, b, "host")
