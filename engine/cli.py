@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from engine import aio
+from engine import __version__, aio
 from engine.paths import user_data_dir
 
 
@@ -61,7 +61,10 @@ def limits_from_args(args: argparse.Namespace):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cotrain", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--self-test", action="store_true",
+                        help="check that this installation has everything it needs, then exit")
+    parser.add_argument("--version", action="version", version=f"cotrain {__version__}")
+    sub = parser.add_subparsers(dest="command")
 
     bb = sub.add_parser("backbone", help="run the server that coordinates a collaboration")
     bb.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -134,7 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         from app.main import main as app_main
 
         return app_main()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.self_test:
+        from engine.selftest import main as self_test
+
+        return self_test()
+    if args.command is None:
+        parser.error("choose a command (or run cotrain with no arguments for the app)")
     _setup_logging(args.verbose)
     try:
         if args.command == "backbone":

@@ -2,7 +2,7 @@
 
 import sys
 
-from tests.bench import allreduce, backbone_load, compute, governor
+from tests.bench import allreduce, backbone_load, compute, governor, gui, nat
 
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
@@ -10,3 +10,5 @@ if __name__ == "__main__":
     allreduce.main(quick=quick)
     backbone_load.main(quick=quick)
     governor.main(quick=quick)
+    nat.main(quick=quick)
+    gui.main(quick=quick)

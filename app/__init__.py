@@ -1,0 +1,1 @@
+"""The Cotrain desktop app: tray, windows and the supervisor of the engine's worker process."""

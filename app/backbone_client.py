@@ -1,0 +1,179 @@
+"""Everything that may wait — HTTP to backbones, the keyring, files — runs on a thread pool;
+results come back to the GUI thread as queued signals. The GUI thread never blocks.
+
+Account calls reuse engine/login.py and logins engine/credentials.py, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+
+from engine.credentials import CredentialStore, Login, backbone_key
+from engine.login import log_in, log_out, register
+
+log = logging.getLogger(__name__)
+TIMEOUT = 10.0
+
+
+class BackboneUnavailable(RuntimeError):
+    """The backbone could not be reached or refused; the message is for people."""
+
+
+class _Reply(QObject):
+    done = Signal(object)
+    failed = Signal(str)
+
+
+class _Job(QRunnable):
+    def __init__(self, fn: Callable[[], Any], reply: _Reply) -> None:
+        super().__init__()
+        self.fn, self.reply = fn, reply
+
+    def run(self) -> None:
+        try:
+            result = self.fn()
+        except Exception as exc:  # every failure becomes a message for the caller
+            if not isinstance(exc, (BackboneUnavailable, OSError, ValueError, RuntimeError)):
+                log.exception("background job failed")
+            self.reply.failed.emit(str(exc) or type(exc).__name__)
+        else:
+            self.reply.done.emit(result)
+
+
+def get_json(url: str, token: str | None = None) -> Any:
+    """GET ``url`` (blocking; call from the pool); backbone errors become BackboneUnavailable."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read()).get("error")
+        except (ValueError, AttributeError, OSError):
+            reason = None
+        raise BackboneUnavailable(reason or f"the backbone answered {exc.code}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        why = getattr(exc, "reason", exc)
+        raise BackboneUnavailable(f"cannot reach {url}: {why}") from None
+    except ValueError:
+        raise BackboneUnavailable(f"{url} did not answer with JSON: is it a Cotrain backbone?") from None
+
+
+class BackboneClient(QObject):
+    """Calls return at once; ``on_done(result)`` or ``on_error(message)`` run later on the GUI
+    thread."""
+
+    def __init__(self, pool: QThreadPool | None = None, credentials: CredentialStore | None = None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.pool = pool or QThreadPool.globalInstance()
+        self.credentials = credentials or CredentialStore()
+        self._replies: set[_Reply] = set()
+
+    def submit(self, fn: Callable[[], Any], on_done: Callable[[Any], None],
+               on_error: Callable[[str], None] | None = None) -> None:
+        reply = _Reply(self)
+        self._replies.add(reply)
+
+        def finish() -> None:
+            self._replies.discard(reply)
+            reply.deleteLater()
+
+        reply.done.connect(on_done)
+        reply.done.connect(finish)
+        reply.failed.connect(on_error or (lambda message: log.warning("%s", message)))
+        reply.failed.connect(finish)
+        self.pool.start(_Job(fn, reply))
+
+    # --- reading a backbone ---------------------------------------------------------------
+
+    def health(self, url: str, on_done, on_error) -> None:
+        """Checks that ``url`` is a Cotrain backbone; answers with its normalised URL."""
+        def check() -> str:
+            try:
+                backbone_key(url)
+            except ValueError as exc:
+                raise BackboneUnavailable(str(exc)) from None
+            base = url.strip().rstrip("/")
+            body = get_json(f"{base}/api/health")
+            if not isinstance(body, dict) or "version" not in body:
+                raise BackboneUnavailable(f"{base} answers, but it is not a Cotrain backbone")
+            return base
+
+        self.submit(check, on_done, on_error)
+
+    def projects(self, url: str, token: str | None, on_done, on_error) -> None:
+        """``{"projects": [...], "me": {...} or None}`` for one backbone."""
+        def fetch() -> dict:
+            projects = get_json(f"{url}/api/projects").get("projects", [])
+            me = None
+            if token:
+                try:
+                    me = get_json(f"{url}/api/me", token)
+                except BackboneUnavailable as exc:
+                    log.info("no totals from %s: %s", url, exc)
+            return {"projects": projects, "me": me}
+
+        self.submit(fetch, on_done, on_error)
+
+    def leaderboard(self, url: str, project: str, limit: int, offset: int, on_done, on_error) -> None:
+        query = urllib.parse.urlencode({"limit": limit, "offset": offset})
+        self.submit(lambda: get_json(f"{url}/api/projects/{project}/leaderboard?{query}"), on_done, on_error)
+
+    def curve(self, url: str, project: str, on_done, on_error) -> None:
+        self.submit(lambda: get_json(f"{url}/api/projects/{project}/curve"), on_done, on_error)
+
+    def me(self, url: str, token: str, on_done, on_error) -> None:
+        self.submit(lambda: get_json(f"{url}/api/me", token), on_done, on_error)
+
+    # --- accounts and the stored login ---------------------------------------------------
+
+    def load_login(self, url: str, on_done, on_error=None) -> None:
+        """``(Login or None, where-it-is-kept sentence, uses_keyring)``."""
+        store = self.credentials
+        self.submit(lambda: (store.load(url), store.where(), store.uses_keyring), on_done, on_error)
+
+    def register(self, url: str, username: str, password: str, on_done, on_error) -> None:
+        self._account(lambda: asyncio.run(register(url, username, password)), url, on_done, on_error)
+
+    def log_in(self, url: str, username: str, password: str, on_done, on_error) -> None:
+        self._account(lambda: asyncio.run(log_in(url, username, password)), url, on_done, on_error)
+
+    def _account(self, call: Callable[[], Login], url: str, on_done, on_error) -> None:
+        store = self.credentials
+
+        def work() -> tuple[Login, str]:
+            login = call()
+            store.save(url, login)
+            return login, store.where()
+
+        self.submit(work, on_done, on_error)
+
+    def log_out(self, url: str, on_done, on_error) -> None:
+        """Revokes the token on the backbone when it answers, and forgets it here anyway;
+        answers with a note when the backbone could not revoke it."""
+        store = self.credentials
+
+        def work() -> str:
+            login = store.load(url)
+            note = ""
+            if login is not None:
+                try:
+                    asyncio.run(log_out(url, login.token))
+                except RuntimeError as exc:
+                    note = f"the backbone could not revoke the token ({exc}); forgotten on this computer"
+            store.delete(url)
+            return note
+
+        self.submit(work, on_done, on_error)

@@ -1,0 +1,259 @@
+"""The app's one source of truth: what the user chose (settings), what the worker says
+(events), and the commands in between. The tray and every view listen to its signals and
+call its methods; none of them talks to the worker or the disk directly."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field, replace
+
+from PySide6.QtCore import QObject, Signal
+
+from app import autostart
+from app.backbone_client import BackboneClient
+from app.manager import WorkerManager
+from app.settings_store import LOCAL, Current, SettingsStore
+from engine.credentials import Login
+from engine.governor.limits import Limits
+from engine.worker import protocol as p
+
+log = logging.getLogger(__name__)
+PAUSED_CODES = {"paused", "snoozed", "battery", "schedule", "memory"}
+WAITING_CODES = {"waiting_idle", "idle_unknown"}
+MILESTONES = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+
+
+@dataclass
+class AppState:
+    """What the tray shows: ``kind`` picks the icon, ``reason`` is the sentence."""
+
+    kind: str = "paused"  # contributing, paused, waiting, error
+    reason: str = "Starting…"
+    code: str = "starting"
+    project: str = ""  # the project's title, once joined
+    project_id: str = ""
+    backbone: str = ""  # the URL in use
+    username: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def tooltip(self) -> str:
+        where = f" — {self.project}" if self.project else ""
+        return f"Cotrain{where}\n{self.reason}"
+
+
+class Controller(QObject):
+    state_changed = Signal(object)  # AppState
+    stats = Signal(object)  # protocol.Stats
+    epoch = Signal(object)  # protocol.Epoch
+    notice = Signal(str, str, str)  # title, message, kind (info, error)
+    login_changed = Signal(object, str, bool)  # Login or None, where it is kept, uses a keyring
+    backbones_changed = Signal()
+
+    def __init__(self, store: SettingsStore | None = None, manager: WorkerManager | None = None,
+                 client: BackboneClient | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.store = store or SettingsStore()
+        self.manager = manager or WorkerManager(parent=self)
+        self.client = client or BackboneClient(parent=self)
+        self.state = AppState(limits=self.store.limits())
+        self.local_url = self.store.local_url
+        self.login: Login | None = None
+        self.last_stats: p.Stats | None = None
+        self._worker_state: p.State | None = None
+        self._error = ""
+        self._joined = False
+        self._milestone: int | None = None  # the highest reached, once the first stats arrive
+        self.manager.event.connect(self._on_event)
+        self.manager.crashed.connect(self._on_crash)
+        self.manager.restarted.connect(
+            lambda: self.notice.emit("Cotrain", "The worker is running again.", "info"))
+
+    # --- life ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.manager.start()
+        self.manager.send(p.SetLimits(self.store.limits().to_dict()))
+        if self.store.paused:
+            self.manager.send(p.Pause())
+        current = self.store.current()
+        if self.store.first_run:
+            self.store.set_current(current)
+        if current is not None:
+            self.join(current)
+        else:
+            self._set(reason="Not contributing to any project: choose one in Projects", code="no_project")
+
+    def quit(self) -> None:
+        self.manager.stop()
+
+    # --- where -------------------------------------------------------------------------
+
+    @property
+    def backbone_url(self) -> str:
+        current = self.store.current()
+        if current is None:
+            return ""
+        return self.local_url if current.backbone == LOCAL else current.backbone
+
+    def url_of(self, backbone: str) -> str:
+        return self.local_url if backbone == LOCAL else backbone
+
+    def join(self, current: Current) -> None:
+        """Contribute to ``current`` from now on (the worker leaves the previous project)."""
+        self.store.set_current(current)
+        self._joined, self._error = False, ""
+        self._set(reason="Joining…", code="joining", project="", project_id=current.project,
+                  backbone=self.url_of(current.backbone))
+        url = self.url_of(current.backbone)
+
+        def send(login: Login | None) -> None:
+            if self.store.current() != current:
+                return  # the user chose another project meanwhile
+            self.login = login
+            self.manager.send(p.Start(current.backbone, current.project, login.token if login else None,
+                                      socket.gethostname()))
+
+        if url:
+            self.client.load_login(url, lambda found: send(found[0]), lambda message: send(None))
+        else:
+            send(None)
+
+    def leave(self) -> None:
+        self.store.set_current(None)
+        self.manager.send(p.Leave())
+        self._joined = False
+        self._set(reason="Not contributing to any project: choose one in Projects", code="no_project",
+                  project="", project_id="")
+
+    def refresh_login(self) -> None:
+        url = self.backbone_url
+        if not url:
+            return
+        self.client.load_login(url, lambda found: self._login_loaded(url, *found))
+
+    def _login_loaded(self, url: str, login: Login | None, where: str, keyring: bool) -> None:
+        if url == self.backbone_url:
+            self.login = login
+            self.login_changed.emit(login, where, keyring)
+
+    def logged_in(self, login: Login | None) -> None:
+        """After register, log in or log out: contribute under the new identity."""
+        self.login = login
+        current = self.store.current()
+        if current is not None:
+            self.join(current)
+        self.refresh_login()
+
+    def add_backbone(self, url: str) -> None:
+        self.store.add_backbone(url)
+        self.backbones_changed.emit()
+
+    def remove_backbone(self, url: str) -> None:
+        self.store.remove_backbone(url)
+        self.backbones_changed.emit()
+
+    # --- what the user wants -----------------------------------------------------------------
+
+    def contribute_now(self) -> None:
+        self.store.paused = False
+        self.manager.send(p.RunNow())
+
+    def pause(self) -> None:
+        self.store.paused = True
+        self.manager.send(p.Pause())
+
+    def resume(self) -> None:
+        self.store.paused = False
+        self.manager.send(p.Resume())
+
+    def snooze(self, seconds: float) -> None:
+        self.store.paused = False
+        self.manager.send(p.Snooze(time.time() + seconds))
+
+    def set_limits(self, limits: Limits) -> None:
+        self.store.set_limits(limits)
+        self.manager.send(p.SetLimits(limits.to_dict()))
+
+    def set_only_when_idle(self, enabled: bool) -> None:
+        self.set_limits(replace(self.store.limits(), only_when_idle=enabled))
+
+    def set_start_at_login(self, enabled: bool) -> None:
+        self.store.start_at_login = enabled
+        self.client.submit(lambda: autostart.set_enabled(enabled), lambda _: None,
+                           lambda message: self.notice.emit("Start at login", message, "error"))
+
+    # --- what the worker says --------------------------------------------------------------
+
+    def _on_event(self, event: p.Event) -> None:
+        if isinstance(event, p.State):
+            self._worker_state = event
+            limits = self.state.limits
+            try:
+                limits = Limits.from_dict(event.limits)
+            except ValueError as exc:
+                log.warning("the worker reports odd limits: %s", exc)
+            self.state.limits = limits
+            self._refresh()
+        elif isinstance(event, p.Stats):
+            self.last_stats = event
+            self.stats.emit(event)
+            self._milestones(event.my_samples_total)
+        elif isinstance(event, p.Epoch):
+            self.epoch.emit(event)
+        elif isinstance(event, p.Hosting):
+            self.local_url = event.url
+            self.store.local_url = event.url
+            current = self.store.current()
+            if current is not None and current.backbone == LOCAL:
+                self._set(backbone=event.url)
+                self.refresh_login()
+        elif isinstance(event, p.Joined):
+            self._joined, self._error = True, ""
+            self._set(project=event.title, project_id=event.project, backbone=event.backbone,
+                      username=event.username)
+            self._refresh()
+            who = f" as {event.username}" if event.username else ""
+            self.notice.emit("Cotrain", f"Joined {event.title}{who}.", "info")
+        elif isinstance(event, p.Left):
+            self._joined = False
+            if self.store.current() is None:
+                self._refresh()
+        elif isinstance(event, p.Error):
+            if event.fatal:
+                self._error = event.message
+                self._refresh()
+            self.notice.emit("Cotrain: a problem", event.message, "error" if event.fatal else "info")
+
+    def _on_crash(self, message: str, delay: int) -> None:
+        self._error = message
+        self._joined = False
+        self._refresh()
+        self.notice.emit("Cotrain: the worker stopped", message, "error")
+
+    def _refresh(self) -> None:
+        """Derive the tray's state from the worker's last word and what we know."""
+        if self._error:
+            self._set(kind="error", reason=self._error, code="error")
+        elif self.store.current() is None:
+            self._set(kind="paused", reason="Not contributing to any project: choose one in Projects",
+                      code="no_project")
+        elif self._worker_state is None or not self._joined:
+            self._set(kind="paused", reason="Joining…" if self._worker_state else "Starting…", code="joining")
+        else:
+            s = self._worker_state
+            kind = "contributing" if s.running else "waiting" if s.code in WAITING_CODES else "paused"
+            self._set(kind=kind, reason=s.reason, code=s.code)
+
+    def _set(self, **changes) -> None:
+        self.state = replace(self.state, **changes)
+        self.state_changed.emit(self.state)
+
+    def _milestones(self, total: int) -> None:
+        best = max((m for m in MILESTONES if total >= m), default=0)
+        if self._milestone is not None and best > self._milestone:
+            self.notice.emit("Cotrain: a milestone",
+                             f"This computer has now contributed {best:,} samples. Thank you!", "info")
+        self._milestone = best

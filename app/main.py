@@ -1,0 +1,63 @@
+"""``cotrain`` with no arguments: the desktop app, or — with no display — the same
+collaboration in the terminal (app/terminal.py).
+
+The GUI process holds windows and the tray only; the engine runs in the worker child
+process (app/manager.py), and an embedded backbone, when used, lives in that worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def has_display() -> bool:
+    if os.environ.get("QT_QPA_PLATFORM", "").startswith("offscreen"):
+        return True
+    if sys.platform.startswith("linux"):
+        return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    import multiprocessing
+
+    multiprocessing.freeze_support()
+    logging.basicConfig(level=logging.INFO if os.environ.get("COTRAIN_DEBUG") else logging.WARNING,
+                        stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not has_display():
+        from app.terminal import run
+
+        return run()
+    try:
+        from PySide6.QtWidgets import QApplication
+    except ImportError as exc:
+        log.warning("the desktop app needs PySide6 (%s); contributing from the terminal instead", exc)
+        from app.terminal import run
+
+        return run()
+
+    from app.application import CotrainApp
+    from app.instance import ask_running_instance
+
+    # argv[0] names the X11 window class: "cotrain", not "__main__.py".
+    qt = QApplication(["cotrain", *(argv if argv is not None else sys.argv)[1:]])
+    qt.setApplicationName("Cotrain")
+    qt.setDesktopFileName("cotrain")
+    qt.setQuitOnLastWindowClosed(False)
+    if ask_running_instance():
+        log.info("Cotrain is already running; asked it to show its window")
+        return 0
+    app = CotrainApp()
+    signal.signal(signal.SIGINT, lambda *_: app.controller.quit())
+    signal.signal(signal.SIGTERM, lambda *_: app.controller.quit())
+    app.start()
+    return qt.exec()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Supervises the worker child process (``cotrain worker``) with QProcess.
+
+The GUI only ever writes commands and reads event lines as they arrive (both non-blocking).
+A worker that dies unexpectedly is restarted after a growing pause (1 s, 2 s, 4 s ... 60 s;
+back to 1 s once it has run for a minute) and told again what it was doing: the last
+limits, the pause/snooze/contribute-now choice and the project. The user is told each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
+
+from engine.paths import engine_command, user_data_dir
+from engine.wire import ProtocolError
+from engine.worker import protocol as p
+
+log = logging.getLogger(__name__)
+BACKOFF = (1, 2, 4, 8, 16, 30, 60)
+HEALTHY_AFTER = 60.0
+STOP_GRACE_MS = 15_000
+
+
+class WorkerManager(QObject):
+    event = Signal(object)  # a protocol event
+    crashed = Signal(str, int)  # what happened, seconds until the restart
+    restarted = Signal()  # a restarted worker said hello
+    stopped = Signal()  # the worker exited after stop()
+
+    def __init__(self, command: list[str] | None = None, log_path: Path | None = None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.command = command or [*engine_command(), "worker", "-v"]
+        self.log_path = log_path or user_data_dir() / "worker.log"
+        self.process: QProcess | None = None
+        self.pid = 0
+        self._replay: dict[str, object] = {}
+        self._stopping = False
+        self._failures = 0
+        self._started_at = 0.0
+        self._crashed = False
+        self._restart = QTimer(self, singleShot=True)
+        self._restart.timeout.connect(self._spawn)
+        self._kill = QTimer(self, singleShot=True, interval=STOP_GRACE_MS)
+        self._kill.timeout.connect(self._force_kill)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.state() != QProcess.ProcessState.NotRunning
+
+    def start(self) -> None:
+        self._stopping = False
+        self._spawn()
+
+    def send(self, command: p.Command) -> None:
+        """Send now if the worker is up; remember it so a restarted worker gets it too."""
+        kind = {p.SetLimits: "limits", p.Start: "project", p.Leave: "project"}.get(type(command), "mode")
+        self._replay[kind] = command
+        self._write(command)
+
+    def stop(self) -> None:
+        """Ask the worker to leave and exit; kill it if it has not after STOP_GRACE_MS."""
+        self._stopping = True
+        self._restart.stop()
+        if not self.running:
+            self.stopped.emit()
+            return
+        self._write(p.Stop())
+        self._kill.start()
+
+    def _write(self, command: p.Command) -> None:
+        if self.running and self.pid:
+            self.process.write(p.encode(command).encode())
+
+    def _spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        process = QProcess(self)
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert("PYTHONUNBUFFERED", "1")
+        process.setProcessEnvironment(env)
+        process.setStandardErrorFile(str(self.log_path), QProcess.OpenModeFlag.Append)
+        process.readyReadStandardOutput.connect(lambda: self._read(process))
+        process.finished.connect(lambda code, status: self._finished(process, code, status))
+        process.errorOccurred.connect(lambda error: self._error(process, error))
+        self.process, self.pid = process, 0
+        self._started_at = time.monotonic()
+        process.start(self.command[0], self.command[1:])
+
+    def _read(self, process: QProcess) -> None:
+        while process.canReadLine():
+            line = bytes(process.readLine().data())
+            try:
+                event = p.decode_event(line)
+            except ProtocolError as exc:
+                log.warning("unreadable line from the worker (%s): %r", exc, line[:200])
+                continue
+            if isinstance(event, p.Hello):
+                self._hello(event)
+            self.event.emit(event)
+
+    def _hello(self, hello: p.Hello) -> None:
+        self.pid = hello.pid
+        if hello.version != p.VERSION:
+            log.warning("the worker speaks protocol %d, the app %d", hello.version, p.VERSION)
+        for kind in ("limits", "mode", "project"):
+            command = self._replay.get(kind)
+            if command is not None:
+                self._write(command)
+        if self._crashed:
+            self._crashed = False
+            self.restarted.emit()
+
+    def _error(self, process: QProcess, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart and process is self.process:
+            self._crash(f"the worker could not be started ({process.errorString()})")
+
+    def _finished(self, process: QProcess, code: int, status: QProcess.ExitStatus) -> None:
+        if process is not self.process:
+            return
+        self._kill.stop()
+        process.deleteLater()
+        self.process, self.pid = None, 0
+        if self._stopping:
+            self.stopped.emit()
+            return
+        how = f"exit status {code}" if status == QProcess.ExitStatus.NormalExit else "it crashed"
+        self._crash(f"the worker stopped unexpectedly ({how})")
+
+    def _crash(self, what: str) -> None:
+        if time.monotonic() - self._started_at > HEALTHY_AFTER:
+            self._failures = 0
+        delay = BACKOFF[min(self._failures, len(BACKOFF) - 1)]
+        self._failures += 1
+        self._crashed = True
+        log.warning("%s; restarting in %d s (log: %s)", what, delay, self.log_path)
+        self.crashed.emit(f"{what}; restarting in {delay} s. Details are in {self.log_path}", delay)
+        self._restart.start(delay * 1000)
+
+    def _force_kill(self) -> None:
+        if self.process is not None:
+            log.warning("the worker did not stop in time; killing it")
+            self.process.kill()

@@ -1,0 +1,168 @@
+"""The dashboard: the state and its reason, the figures of a worker's stats events, progress
+toward the collaboration's next step, and two live plots (loss per step, my contribution)."""
+
+from __future__ import annotations
+
+import time
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import AppState, Controller
+from app.icons import icon
+from app.trayicon import SNOOZE_SECONDS, USER_PAUSED
+from app.views.common import Tile, count, duration, heading, help_text, rate
+from engine.worker import protocol as p
+
+TITLES = {"contributing": "Contributing", "paused": "Paused", "waiting": "Waiting for idle time",
+          "error": "Something went wrong"}
+MAX_POINTS = 3600
+
+
+class DashboardPage(QWidget):
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self._loss: dict[int, float] = {}
+        self._mine_t: list[float] = []
+        self._mine_n: list[int] = []
+        self._curve_for = ""
+
+        self.state_icon = QLabel()
+        self.title = heading("Starting…")
+        self.reason = QLabel()
+        self.reason.setWordWrap(True)
+        self.project = help_text("")
+        self.contribute = QPushButton("Contribute now")
+        self.contribute.clicked.connect(controller.contribute_now)
+        self.pause = QPushButton("Pause")
+        self.pause.clicked.connect(self._pause_or_resume)
+        self.snooze = QPushButton("Snooze 1 hour")
+        self.snooze.clicked.connect(lambda: controller.snooze(SNOOZE_SECONDS))
+
+        head = QHBoxLayout()
+        head.addWidget(self.state_icon)
+        words = QVBoxLayout()
+        for widget in (self.title, self.reason, self.project):
+            words.addWidget(widget)
+        head.addLayout(words, 1)
+        for button in (self.contribute, self.pause, self.snooze):
+            head.addWidget(button)
+
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress_text = QLabel("Waiting for the collaboration's progress…")
+
+        self.tiles = {
+            "speed": Tile("samples per second (mine)"),
+            "session": Tile("my samples this session"),
+            "total": Tile("my samples in total"),
+            "epoch": Tile("epoch (steps taken together)"),
+            "peers": Tile("peers online"),
+            "upload": Tile("upload"),
+            "download": Tile("download"),
+            "loss": Tile("loss (lower is better)"),
+        }
+        grid = QGridLayout()
+        for i, tile in enumerate(self.tiles.values()):
+            grid.addWidget(tile, i // 4, i % 4)
+
+        pg.setConfigOptions(antialias=True, background=None, foreground=self.palette().text().color())
+        self.loss_plot = pg.PlotWidget(title="Loss per step")
+        self.loss_plot.setLabel("bottom", "epoch")
+        self.loss_line = self.loss_plot.plot([], [], pen=pg.mkPen("#4c6ef5", width=2), symbol="o",
+                                             symbolSize=4)
+        self.mine_plot = pg.PlotWidget(title="My contribution (samples)",
+                                       axisItems={"bottom": pg.DateAxisItem()})
+        self.mine_line = self.mine_plot.plot([], [], pen=pg.mkPen("#0ca678", width=2), fillLevel=0,
+                                             brush=pg.mkBrush(12, 166, 120, 50))
+        for plot in (self.loss_plot, self.mine_plot):
+            plot.setMinimumHeight(180)
+            plot.showGrid(x=True, y=True, alpha=0.2)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+        plots = QHBoxLayout()
+        plots.addWidget(self.loss_plot)
+        plots.addWidget(self.mine_plot)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(head)
+        layout.addSpacing(8)
+        layout.addWidget(QLabel("<b>Progress toward the next step</b>"))
+        layout.addWidget(self.progress)
+        layout.addWidget(self.progress_text)
+        layout.addSpacing(8)
+        layout.addLayout(grid)
+        layout.addLayout(plots, 1)
+
+        controller.state_changed.connect(self.show_state)
+        controller.stats.connect(self.show_stats)
+        controller.epoch.connect(self.add_epoch)
+        self.show_state(controller.state)
+
+    def show_state(self, state: AppState) -> None:
+        self.state_icon.setPixmap(icon(f"tray-{state.kind}").pixmap(48, 48))
+        self.title.setText(TITLES[state.kind] if state.code not in ("starting", "joining") else state.reason)
+        self.reason.setText(state.reason if state.reason != self.title.text() else "")
+        if state.project:
+            who = f"as {state.username}" if state.username else "anonymously"
+            self.project.setText(f"{state.project} at {state.backbone}, {who}")
+        else:
+            self.project.setText(state.backbone)
+        self.pause.setText("Resume" if state.code in USER_PAUSED else "Pause")
+        if state.project_id and state.backbone and self._curve_for != f"{state.backbone} {state.project_id}" \
+                and state.project:
+            self._curve_for = f"{state.backbone} {state.project_id}"
+            self._loss.clear()
+            self.controller.client.curve(state.backbone, state.project_id, self._curve_loaded, lambda m: None)
+
+    def _pause_or_resume(self) -> None:
+        if self.controller.state.code in USER_PAUSED:
+            self.controller.resume()
+        else:
+            self.controller.pause()
+
+    def _curve_loaded(self, body: dict) -> None:
+        for row in body.get("epochs", []) if isinstance(body, dict) else []:
+            if isinstance(row.get("epoch"), int) and isinstance(row.get("loss"), (int, float)):
+                self._loss.setdefault(row["epoch"], float(row["loss"]))
+        self._draw_loss()
+
+    def show_stats(self, s: p.Stats) -> None:
+        t = self.tiles
+        t["speed"].set(f"{s.samples_per_second:.1f}")
+        t["session"].set(count(s.my_samples_session))
+        t["total"].set(count(s.my_samples_total))
+        t["epoch"].set(count(s.epoch))
+        t["peers"].set(count(s.peers))
+        t["upload"].set(rate(s.upload_bps))
+        t["download"].set(rate(s.download_bps))
+        t["loss"].set("–" if s.loss is None else f"{s.loss:.3f}")
+        target = max(s.collab_target, 1)
+        self.progress.setRange(0, target)
+        self.progress.setValue(min(s.collab_samples, target))
+        eta = f" · next step in about {duration(s.eta_seconds)}" if s.eta_seconds is not None else ""
+        self.progress_text.setText(f"{count(s.collab_samples)} of {count(s.collab_target)} samples "
+                                   f"gathered by {s.peers} peer{'s' if s.peers != 1 else ''}{eta}")
+        self._mine_t.append(time.time())
+        self._mine_n.append(s.my_samples_total)
+        del self._mine_t[:-MAX_POINTS], self._mine_n[:-MAX_POINTS]
+        self.mine_line.setData(self._mine_t, self._mine_n)
+
+    def add_epoch(self, e: p.Epoch) -> None:
+        self.tiles["epoch"].set(count(e.epoch))
+        if e.loss is not None:
+            self._loss[e.epoch] = e.loss
+            self._draw_loss()
+
+    def _draw_loss(self) -> None:
+        epochs = sorted(self._loss)[-MAX_POINTS:]
+        self.loss_line.setData(epochs, [self._loss[k] for k in epochs])

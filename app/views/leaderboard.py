@@ -1,0 +1,131 @@
+"""The leaderboard of the current project, from its backbone: my row highlighted, paging,
+refresh."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import AppState, Controller
+from app.views.common import count, duration, heading, help_text, message, show_message
+
+PAGE_SIZE = 25
+COLUMNS = ("Rank", "Volunteer", "Samples", "Share", "Compute time", "Online")
+MINE = QColor("#d3f9d8")
+
+
+class LeaderboardPage(QWidget):
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.page_size = PAGE_SIZE
+        self.offset = 0
+        self.total_samples = 0
+        self.entries: list[dict] = []
+        self.subtitle = help_text("")
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QTableWidget.SelectionMode.NoSelection)
+        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        self.previous = QPushButton("‹ Previous")
+        self.previous.clicked.connect(lambda: self.load(max(self.offset - self.page_size, 0)))
+        self.next = QPushButton("Next ›")
+        self.next.clicked.connect(lambda: self.load(self.offset + self.page_size))
+        self.page = QLabel()
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.clicked.connect(lambda: self.load(self.offset))
+        self.error = message("error")
+
+        top = QHBoxLayout()
+        top.addWidget(heading("Leaderboard"), 1)
+        top.addWidget(self.refresh_button)
+        paging = QHBoxLayout()
+        paging.addWidget(self.previous)
+        paging.addStretch(1)
+        paging.addWidget(self.page)
+        paging.addStretch(1)
+        paging.addWidget(self.next)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.subtitle)
+        layout.addWidget(self.error)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(paging)
+        self._shown_for = ""
+        controller.state_changed.connect(self._state)
+        controller.login_changed.connect(lambda *_: self._draw())
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.load(self.offset)
+
+    def _state(self, state: AppState) -> None:
+        key = f"{state.backbone} {state.project_id}"
+        if key != self._shown_for and self.isVisible():
+            self.load(0)
+
+    def load(self, offset: int) -> None:
+        state = self.controller.state
+        if not state.backbone or not state.project_id:
+            self.subtitle.setText("Join a project to see who contributes to it.")
+            return
+        self._shown_for = f"{state.backbone} {state.project_id}"
+        self.subtitle.setText(f"Credited samples in {state.project or state.project_id} at {state.backbone}")
+        self.refresh_button.setEnabled(False)
+        self.controller.client.leaderboard(state.backbone, state.project_id, self.page_size, offset,
+                                           lambda body: self._loaded(offset, body), self._failed)
+
+    def _failed(self, why: str) -> None:
+        self.refresh_button.setEnabled(True)
+        show_message(self.error, f"Could not load the leaderboard: {why}")
+
+    def _loaded(self, offset: int, body: dict) -> None:
+        self.refresh_button.setEnabled(True)
+        show_message(self.error, "")
+        self.offset = offset
+        self.entries = [e for e in body.get("entries", []) if isinstance(e, dict)]
+        self.total_samples = int(body.get("total_samples", 0))
+        self._draw()
+
+    @property
+    def my_username(self) -> str | None:
+        login = self.controller.login
+        return login.username if login else self.controller.state.username
+
+    def _draw(self) -> None:
+        me = self.my_username
+        self.table.setRowCount(len(self.entries))
+        for row, entry in enumerate(self.entries):
+            cells = (str(entry.get("rank", "")), str(entry.get("username", "")),
+                     count(int(entry.get("samples", 0))),
+                     f"{100 * float(entry.get('share', 0)):.1f} %", duration(entry.get("compute_seconds")),
+                     "yes" if entry.get("online") else "")
+            mine = me is not None and entry.get("username") == me
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if mine:
+                    item.setBackground(QBrush(MINE))
+                    font = QFont(item.font())
+                    font.setBold(True)
+                    item.setFont(font)
+                    item.setToolTip("You")
+                self.table.setItem(row, column, item)
+        first = self.offset + 1 if self.entries else 0
+        self.page.setText(f"{first}–{self.offset + len(self.entries)}" if self.entries else "nobody yet")
+        self.previous.setEnabled(self.offset > 0)
+        self.next.setEnabled(len(self.entries) == self.page_size)
+
+    def my_row(self) -> int | None:
+        me = self.my_username
+        return next((i for i, e in enumerate(self.entries) if me and e.get("username") == me), None)

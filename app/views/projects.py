@@ -1,0 +1,181 @@
+"""Projects: the catalog of every known backbone (this computer's and those added by URL),
+with live peers, progress and my contribution; join or leave; add a backbone by URL."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLineEdit,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import Controller
+from app.settings_store import LOCAL, Current
+from app.views.common import count, duration, heading, help_text, message, show_message
+
+REFRESH_MS = 10_000
+COLUMNS = ("Project", "Peers online", "Progress", "My contribution", "")
+
+
+class ProjectsPage(QWidget):
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.url = QLineEdit()
+        self.url.setPlaceholderText("http://backbone.example.org:8470")
+        self.add = QPushButton("Add backbone")
+        self.add.clicked.connect(self.add_backbone)
+        self.url.returnPressed.connect(self.add_backbone)
+        self.error = message("error")
+        self.tree = QTreeWidget()
+        self.tree.setColumnCount(len(COLUMNS))
+        self.tree.setHeaderLabels(COLUMNS)
+        self.tree.setRootIsDecorated(False)
+        header = self.tree.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in (1, 2, 3):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(4, QHeaderView.ResizeMode.Fixed)
+        header.resizeSection(4, 96)
+        self.tree.setWordWrap(True)
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.clicked.connect(self.refresh)
+
+        adding = QHBoxLayout()
+        adding.addWidget(self.url, 1)
+        adding.addWidget(self.add)
+        top = QHBoxLayout()
+        top.addWidget(heading("Projects"), 1)
+        top.addWidget(self.refresh_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(help_text("Cotrain contributes to one project at a time. Projects come from "
+                                   "backbones: the one on this computer, and any you add by address."))
+        layout.addWidget(self.tree, 1)
+        layout.addWidget(help_text("Add a backbone someone shared with you:"))
+        layout.addLayout(adding)
+        layout.addWidget(self.error)
+
+        self.rows: dict[str, dict] = {}  # backbone -> {"projects": [...], "me": ..., "error": str}
+        self._timer = QTimer(self, interval=REFRESH_MS)
+        self._timer.timeout.connect(self.refresh)
+        controller.backbones_changed.connect(self.refresh)
+        controller.state_changed.connect(lambda state: self._draw())
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.refresh()
+        self._timer.start()
+
+    def hideEvent(self, event) -> None:
+        super().hideEvent(event)
+        self._timer.stop()
+
+    def backbones(self) -> list[str]:
+        return [LOCAL, *self.controller.store.backbones()]
+
+    def refresh(self) -> None:
+        for backbone in self.backbones():
+            url = self.controller.url_of(backbone)
+            if not url:
+                self.rows[backbone] = {"projects": [], "me": None, "error": "starting…"}
+                continue
+            self.controller.client.load_login(
+                url, lambda found, b=backbone, u=url: self._fetch(b, u, found[0]),
+                lambda m, b=backbone, u=url: self._fetch(b, u, None))
+        self._draw()
+
+    def _fetch(self, backbone: str, url: str, login) -> None:
+        self.controller.client.projects(
+            url, login.token if login else None,
+            lambda body: self._loaded(backbone, {**body, "error": ""}),
+            lambda error: self._loaded(backbone, {"projects": [], "me": None, "error": error}))
+
+    def _loaded(self, backbone: str, row: dict) -> None:
+        self.rows[backbone] = row
+        self._draw()
+
+    def _draw(self) -> None:
+        self.tree.clear()
+        current = self.controller.store.current()
+        for backbone in self.backbones():
+            row = self.rows.get(backbone)
+            name = "This computer" if backbone == LOCAL else backbone
+            group = QTreeWidgetItem([name])
+            font = group.font(0)
+            font.setBold(True)
+            group.setFont(0, font)
+            self.tree.addTopLevelItem(group)
+            if backbone != LOCAL:
+                remove = QPushButton("Remove")
+                remove.clicked.connect(lambda _=False, b=backbone: self.controller.remove_backbone(b))
+                self.tree.setItemWidget(group, 4, remove)
+            if row is None:
+                group.setText(1, "loading…")
+                continue
+            if row["error"]:
+                group.setText(1, row["error"])
+                group.setToolTip(1, row["error"])
+                continue
+            mine = {p.get("project"): p for p in (row["me"] or {}).get("projects", [])}
+            for spec in row["projects"]:
+                self._project_row(backbone, spec, mine.get(spec.get("id")), current)
+
+    def _project_row(self, backbone: str, spec: dict, mine: dict | None, current: Current | None) -> None:
+        joined = current is not None and current == Current(backbone, spec.get("id", ""))
+        title = spec.get("title", spec.get("id", "?"))
+        eta = spec.get("eta_seconds")
+        progress = (f"epoch {spec.get('epoch', 0)} · {count(spec.get('samples', 0))}/"
+                    f"{count(spec.get('target_batch_size', 0))}"
+                    + (f" · next step in {duration(eta)}" if eta is not None else ""))
+        if mine is not None:
+            rank = f", rank {mine['rank']}" if mine.get("rank") else ""
+            contribution = f"{count(mine.get('samples', 0))} samples{rank}"
+        elif joined and self.controller.last_stats is not None:
+            contribution = f"{count(self.controller.last_stats.my_samples_total)} samples (this computer)"
+        else:
+            contribution = "log in to see" if backbone != LOCAL or not joined else "–"
+        item = QTreeWidgetItem([f"{title}\n{spec.get('description', '')}", str(spec.get("peers", 0)),
+                                progress, contribution])
+        item.setToolTip(0, spec.get("description", ""))
+        item.setData(0, Qt.ItemDataRole.UserRole, (backbone, spec.get("id")))
+        self.tree.addTopLevelItem(item)
+        button = QPushButton("Leave" if joined else "Join")
+        if joined:
+            button.clicked.connect(self.controller.leave)
+        else:
+            choice = Current(backbone, spec["id"])
+            button.clicked.connect(lambda _=False: self.join(choice))
+        self.tree.setItemWidget(item, 4, button)
+
+    def join(self, current: Current) -> None:
+        self.controller.join(current)
+        self._draw()
+
+    def add_backbone(self) -> None:
+        url = self.url.text().strip()
+        if not url:
+            show_message(self.error, "Type the backbone's address, e.g. http://backbone.example.org:8470")
+            return
+        if "://" not in url:
+            url = f"http://{url}"
+        self.add.setEnabled(False)
+        show_message(self.error, "")
+
+        def added(base: str) -> None:
+            self.add.setEnabled(True)
+            self.url.clear()
+            self.controller.add_backbone(base)
+
+        def failed(why: str) -> None:
+            self.add.setEnabled(True)
+            show_message(self.error, f"Could not add {url}: {why}")
+
+        self.controller.client.health(url, added, failed)

@@ -1,0 +1,167 @@
+"""``cotrain --self-test``: prove that an installed Cotrain has every piece it needs.
+
+A frozen bundle can miss a shared library, a Qt plugin or a data file that only the code
+path using it notices. Each check here runs that code path for real, on this machine, and
+prints one line; the exit status is non-zero if any check failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+Check = Callable[[], str]
+
+
+def check_training() -> str:
+    import torch
+
+    from engine.tasks import create_task, initial_model
+
+    params = dict(d_model=32, heads=2, ff=64, layers=2, embedding=16, seq_len=16, micro_batch=4)
+    task = create_task("demo-lm", params)
+    model = initial_model(task, seed=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = task.batch(seed=1, index=0)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = task.loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    if not losses[-1] < losses[0]:
+        raise RuntimeError(f"loss did not fall: {losses}")
+    return f"demo-lm step, loss {losses[0]:.3f} -> {losses[-1]:.3f} (torch {torch.__version__})"
+
+
+def check_webrtc() -> str:
+    from engine.aio import run
+
+    return run(_webrtc_round_trip())
+
+
+async def _webrtc_round_trip() -> str:
+    from engine.aio import spawn
+    from engine.transport.ice import ice_configuration, restrict_host_addresses
+    from engine.transport.mailbox import Mailbox
+    from engine.transport.mesh import PeerMesh
+
+    restrict_host_addresses(["127.0.0.1"])
+    meshes: dict[str, PeerMesh] = {}
+    boxes = {name: Mailbox() for name in ("a", "b")}
+
+    def relay(sender: str):
+        async def send(target: str, data: dict) -> None:
+            spawn(meshes[target].handle_signal(sender, data))
+        return send
+
+    for name, box in boxes.items():
+        meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), box,
+                                lambda sender, frame, box=box: box.put((frame.type, sender), frame),
+                                connect_timeout=15)
+    try:
+        began = time.monotonic()
+        link = await meshes["a"].link("b")
+        payload = os.urandom(300_000)  # more than one 256 KiB chunk
+        await link.send({"type": "ping"}, payload)
+        got = await boxes["b"].get(("ping", "a"), timeout=15)
+        back = await meshes["b"].link("a")
+        await back.send({"type": "pong"}, bytes(got.payload))
+        echoed = await boxes["a"].get(("pong", "b"), timeout=15)
+        if bytes(echoed.payload) != payload:
+            raise RuntimeError("the echoed bytes differ")
+        return f"loopback data channel round trip of 300 kB in {time.monotonic() - began:.2f} s"
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+def check_lp() -> str:
+    from scipy.optimize import linprog
+
+    # Split 10 units over two links of capacity 4 and 8, minimising the slower one's time.
+    result = linprog(c=[0, 0, 1], A_ub=[[1 / 4, 0, -1], [0, 1 / 8, -1]], b_ub=[0, 0],
+                     A_eq=[[1, 1, 0]], b_eq=[10], bounds=[(0, None)] * 3, method="highs")
+    if not result.success or abs(result.x[2] - 10 / 12) > 1e-6:
+        raise RuntimeError(f"unexpected solution: {result.message}")
+    return f"HiGHS solved a load-balancing LP (scipy {__import__('scipy').__version__})"
+
+
+def check_keyring() -> str:
+    import keyring
+    from keyring.errors import KeyringError, NoKeyringError
+
+    backend = keyring.get_keyring()
+    name = f"{type(backend).__module__}.{type(backend).__name__}"
+    try:
+        keyring.get_password("cotrain-self-test", "probe")
+    except NoKeyringError:
+        return f"no OS keyring ({name}): logins are kept in a 0600 file, as Cotrain says when it does"
+    except KeyringError as exc:
+        return f"{name} present but refused a read ({exc}); logins fall back to a 0600 file"
+    return f"{name} answers"
+
+
+def check_qt() -> str:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import pyqtgraph
+    from PySide6 import __version__ as pyside_version
+    from PySide6.QtWidgets import QApplication, QLabel
+
+    app = QApplication.instance() or QApplication([])
+    label = QLabel("Cotrain self-test")
+    plot = pyqtgraph.PlotWidget()
+    plot.plot([0, 1, 2], [3, 1, 2])
+    label.show()
+    plot.show()
+    app.processEvents()
+    image = plot.grab()
+    label.close()
+    plot.close()
+    if image.isNull() or image.width() == 0:
+        raise RuntimeError("the window could not be drawn")
+    return f"{app.platformName()} window and plot drawn (PySide6 {pyside_version})"
+
+
+def check_zeroconf() -> str:
+    import zeroconf
+    from zeroconf import ServiceInfo
+
+    from engine.lan.records import SERVICE_TYPE, encode_properties
+
+    info = ServiceInfo(SERVICE_TYPE, f"self-test.{SERVICE_TYPE}", port=8470,
+                       properties=encode_properties({"demo-lm": "Demo"}), parsed_addresses=["127.0.0.1"])
+    if not info.properties:
+        raise RuntimeError("records did not encode")
+    return f"zeroconf {zeroconf.__version__} loaded"
+
+
+CHECKS: list[tuple[str, Check]] = [
+    ("training", check_training),
+    ("webrtc", check_webrtc),
+    ("lp solver", check_lp),
+    ("keyring", check_keyring),
+    ("qt", check_qt),
+    ("zeroconf", check_zeroconf),
+]
+
+
+def main() -> int:
+    began = time.monotonic()
+    failures = 0
+    for name, check in CHECKS:
+        try:
+            detail = check()
+        except Exception as exc:  # a self-test reports every failure and goes on
+            failures += 1
+            print(f"FAIL  {name:<10} {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc(file=sys.stderr)
+        else:
+            print(f"ok    {name:<10} {detail}", flush=True)
+    verdict = "all checks passed" if not failures else f"{failures} of {len(CHECKS)} checks failed"
+    print(f"{verdict} in {time.monotonic() - began:.1f} s", flush=True)
+    return 1 if failures else 0

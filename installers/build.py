@@ -1,0 +1,152 @@
+"""Build the desktop app with PyInstaller; on Linux also the .deb and a tarball.
+
+    python installers/build.py [--skip-bundle]
+
+Outputs go to ``build/installers/``: the onedir bundle ``cotrain/``, ``cotrain_<v>_<arch>.deb``
+and ``cotrain-<v>-linux-<arch>.tar.gz``. Prints the bundle's size on disk and the packages'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "build" / "installers"
+sys.path.insert(0, str(ROOT))
+
+from engine import __version__  # noqa: E402
+
+# Libraries Qt loads at run time (plugins dlopen them), which ldd on the bundle cannot see
+# when they are absent from the build machine. Package names are Debian 12 / Ubuntu 22.04+.
+RUNTIME_DEPENDS = ["libegl1", "libgl1", "libxcb-cursor0", "libxkbcommon-x11-0", "libxcb-icccm4",
+                   "libxcb-keysyms1", "libxcb-shape0", "libxcb-xinerama0", "libfontconfig1",
+                   "libdbus-1-3"]
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def tree_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def build_bundle() -> Path:
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN",
+                    "--distpath", str(OUT), "--workpath", str(OUT / "work"),
+                    str(ROOT / "installers" / "cotrain.spec")], check=True, cwd=ROOT)
+    print(f"bundle built in {time.monotonic() - began:.0f} s", flush=True)
+    return OUT / "cotrain"
+
+
+def deb_arch() -> str:
+    return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def system_libraries(bundle: Path) -> set[str]:
+    """Shared libraries the bundle's binaries load from the system (not shipped inside)."""
+    found: set[str] = set()
+    for path in bundle.rglob("*"):
+        if not path.is_file() or path.is_symlink() or not (path.suffix == ".so" or ".so." in path.name
+                                                           or path == bundle / "cotrain"):
+            continue
+        ldd = subprocess.run(["ldd", str(path)], capture_output=True, text=True)
+        for line in ldd.stdout.splitlines():
+            match = re.match(r"\s*\S+ => (/\S+)", line)
+            if match and not match.group(1).startswith(str(bundle)):
+                found.add(os.path.realpath(match.group(1)))
+    return found
+
+
+def debian_packages(libraries: set[str]) -> set[str]:
+    packages: set[str] = set()
+    for lib in sorted(libraries):
+        owner = subprocess.run(["dpkg", "-S", lib], capture_output=True, text=True)
+        if owner.returncode == 0:
+            packages.add(owner.stdout.split(":", 1)[0].strip())
+    packages.discard("libc6")  # stated with a version below
+    return packages
+
+
+def build_deb(bundle: Path) -> Path:
+    arch = deb_arch()
+    stage = OUT / "deb"
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.copytree(bundle, stage / "opt" / "cotrain", symlinks=True)
+    launcher = stage / "usr" / "bin" / "cotrain"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text('#!/bin/sh\nexec /opt/cotrain/cotrain "$@"\n')
+    launcher.chmod(0o755)
+    linux = ROOT / "installers" / "linux"
+    shutil.copy(linux / "cotrain.desktop", _mkdir(stage / "usr" / "share" / "applications"))
+    icons = ROOT / "resources" / "icons"
+    for png in sorted((icons / "png").glob("cotrain-*.png")):
+        size = png.stem.split("-")[-1]
+        apps = _mkdir(stage / "usr/share/icons/hicolor" / f"{size}x{size}" / "apps")
+        shutil.copy(png, apps / "cotrain.png")
+    shutil.copy(icons / "cotrain.svg", _mkdir(stage / "usr/share/icons/hicolor/scalable/apps"))
+    depends = sorted(debian_packages(system_libraries(bundle)) | set(RUNTIME_DEPENDS))
+    control = _mkdir(stage / "DEBIAN")
+    installed_kb = tree_size(stage) // 1024
+    (control / "control").write_text(
+        f"Package: cotrain\nVersion: {__version__}\nArchitecture: {arch}\n"
+        "Maintainer: Cotrain developers <dev@cotrain.invalid>\n"
+        f"Installed-Size: {installed_kb}\nSection: science\nPriority: optional\n"
+        f"Depends: libc6 (>= 2.31), {', '.join(depends)}\n"
+        "Homepage: https://github.com/cotrain/cotrain\n"
+        "Description: pool idle computers to train deep-learning models together\n"
+        " Cotrain lets volunteers lend their computers' idle time to train a model together\n"
+        " (DeDLOC over WebRTC), with a tray app, resource limits and a leaderboard.\n")
+    for script in ("postinst", "postrm"):
+        shutil.copy(linux / script, control / script)
+        (control / script).chmod(0o755)
+    deb = OUT / f"cotrain_{__version__}_{arch}.deb"
+    began = time.monotonic()
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "-z6", "--build", str(stage), str(deb)],
+                   check=True, stdout=subprocess.DEVNULL)
+    print(f".deb packed in {time.monotonic() - began:.0f} s; Depends: {', '.join(depends)}", flush=True)
+    shutil.rmtree(stage)
+    return deb
+
+
+def build_tarball(bundle: Path) -> Path:
+    tarball = OUT / f"cotrain-{__version__}-linux-{platform.machine()}.tar.gz"
+    subprocess.run(["tar", "-C", str(bundle.parent), "-czf", str(tarball), bundle.name], check=True)
+    return tarball
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-bundle", action="store_true", help="package an existing bundle")
+    args = parser.parse_args()
+    bundle = OUT / "cotrain" if args.skip_bundle else build_bundle()
+    print(f"bundle: {bundle} ({human(tree_size(bundle))} on disk)", flush=True)
+    if sys.platform.startswith("linux"):
+        deb = build_deb(bundle)
+        tarball = build_tarball(bundle)
+        print(f"deb: {deb} ({human(deb.stat().st_size)})")
+        print(f"tarball: {tarball} ({human(tarball.stat().st_size)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Pages and pieces that need no worker: settings kept across runs, start at login, adding a
+backbone, the window without a tray, the no-keyring fallback, one instance per user, and
+the worker protocol (including a real worker refusing a bad line)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from keyring.backends import null
+
+from app import autostart
+from app.controller import Controller
+from app.instance import InstanceServer, ask_running_instance
+from app.settings_store import LOCAL, Current, SettingsStore
+from app.views.account import AccountPage
+from app.views.projects import ProjectsPage
+from app.views.settings import SettingsPage
+from app.window import MainWindow
+from engine.governor.limits import Limits
+from engine.paths import engine_command
+from engine.wire import ProtocolError
+from engine.worker import protocol as p
+from tests.app.conftest import keyring_backend, threaded_backbone, tiny, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_settings_are_kept_across_runs(home):
+    store = SettingsStore()
+    assert store.first_run and store.current() == Current(LOCAL, "demo-lm")
+    limits = Limits(threads=1, cpu_percent=40, max_upload_kbps=500, only_when_idle=True, idle_minutes=2.5,
+                    schedule="mon-fri 18:00-08:00, weekends")
+    store.set_limits(limits)
+    store.set_current(Current("http://example.org:8470", "other"))
+    store.add_backbone("http://example.org:8470")
+    store.paused = True
+    store.qsettings.sync()
+    again = SettingsStore()
+    assert again.limits() == limits and again.paused and not again.first_run
+    assert again.current() == Current("http://example.org:8470", "other")
+    assert again.backbones() == ["http://example.org:8470"]
+
+
+def test_the_settings_page_shows_and_validates_every_limit(qtbot, home):
+    controller = Controller(store=SettingsStore())
+    controller.store.set_limits(Limits(threads=1, max_memory_mb=900, schedule="weekends"))
+    page = SettingsPage(controller)
+    qtbot.addWidget(page)
+    assert page.threads.value() == 1 and page.max_memory.value() == 900
+    assert page.schedule.text() == "weekends" and page.max_upload.value() is None
+    page.idle_minutes.setValue(3)
+    page.only_when_idle.setChecked(True)
+    page.apply()
+    assert controller.store.limits().only_when_idle and controller.store.limits().idle_minutes == 3
+    page.schedule.setText("whenever")
+    page.apply()
+    assert "Not applied" in page.error.text() and controller.store.limits().schedule == "weekends"
+
+
+def test_start_at_login_writes_and_removes_the_autostart_entry(qtbot, home):
+    controller = Controller(store=SettingsStore())
+    page = SettingsPage(controller)
+    qtbot.addWidget(page)
+    entry = home / ".config" / "autostart" / "cotrain.desktop"
+    page.start_at_login.setChecked(True)
+    wait_until(entry.exists, 10, "the autostart entry")
+    text = entry.read_text()
+    assert "[Desktop Entry]" in text and f"Exec={engine_command()[0]}" in text and autostart.is_enabled()
+    assert SettingsStore().start_at_login
+    page.start_at_login.setChecked(False)
+    wait_until(lambda: not entry.exists(), 10, "the entry to go")
+
+
+def test_adding_a_backbone_validates_the_address(qtbot, home, tmp_path):
+    controller = Controller(store=SettingsStore())
+    page = ProjectsPage(controller)
+    qtbot.addWidget(page)
+    page.url.setText("ftp://nowhere")
+    page.add.click()
+    wait_until(lambda: "not a backbone URL" in page.error.text(), 10)
+    page.url.setText("127.0.0.1:1")
+    page.add.click()
+    wait_until(lambda: "cannot reach http://127.0.0.1:1" in page.error.text(), 15)
+    with threaded_backbone(tmp_path / "backbone", tiny()) as backbone:
+        page.url.setText(backbone.url + "/")
+        page.add.click()
+        wait_until(lambda: controller.store.backbones() == [backbone.url], 10)
+        assert page.error.isHidden() and page.url.text() == ""
+        wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url]["projects"], 10)
+        titles = [page.tree.topLevelItem(i).text(0) for i in range(page.tree.topLevelItemCount())]
+        assert any(t.startswith("Tiny LM") for t in titles)
+        row = next(i for i, t in enumerate(titles) if t.startswith("Tiny LM"))
+        join = page.tree.itemWidget(page.tree.topLevelItem(row), 4)
+        assert join.text() == "Join"
+        join.click()
+        assert controller.store.current() == Current(backbone.url, "tiny-lm")
+        assert controller.state.reason == "Joining…"
+
+
+@pytest.mark.parametrize("answer", ["background", "quit", "cancel"])
+def test_without_a_tray_closing_the_window_asks(qtbot, home, monkeypatch, answer):
+    window = MainWindow(Controller(store=SettingsStore()), has_tray=False)
+    qtbot.addWidget(window)
+    window.show()
+    monkeypatch.setattr(window, "ask_keep_running", lambda: answer)
+    quits = []
+    window.quit_requested.connect(lambda: quits.append(True))
+    window.close()
+    assert window.isVisible() == (answer == "cancel")
+    assert bool(quits) == (answer == "quit")
+
+
+def test_without_a_keyring_the_account_page_says_where_the_login_goes(qtbot, home):
+    with keyring_backend(null.Keyring()):
+        controller = Controller(store=SettingsStore())
+        controller.store.set_current(Current("http://127.0.0.1:9", "tiny-lm"))
+        page = AccountPage(controller)
+        qtbot.addWidget(page)
+        page.show()  # showing the page looks the login up
+        wait_until(page.no_keyring.isVisible, 10, "the no-keyring note")
+        assert "credentials.json" in page.no_keyring.text()
+        assert "no system keyring is available" in page.no_keyring.text()
+
+
+def test_a_second_instance_shows_the_first_one(qtbot, home):
+    server = InstanceServer()
+    try:
+        messages = []
+        server.message.connect(messages.append)
+        assert ask_running_instance()
+        wait_until(lambda: messages == ["show"], 5)
+    finally:
+        server.server.close()
+    assert not ask_running_instance()
+
+
+def test_protocol_messages_round_trip_and_bad_lines_are_refused():
+    for message in (p.Start("local", "demo-lm", None, "me"), p.SetLimits(Limits(threads=2).to_dict()),
+                    p.Snooze(1.5e9), p.Stop()):
+        assert p.decode_command(p.encode(message)) == message
+    stats = p.Stats(1.0, 2, 3, 4, 5, None, 6, 7, 8.0, 9.0, None)
+    assert p.decode_event(p.encode(stats)) == stats
+    for bad in ("", "[]", '{"v": 2, "type": "stop"}', '{"v": 1, "type": "explode"}',
+                '{"v": 1, "type": "start", "backbone": 5, "project": "x"}', '{"v": 1, "type": "snooze"}'):
+        with pytest.raises(ProtocolError):
+            p.decode_command(bad)
+
+
+async def test_the_worker_answers_a_bad_line_with_an_error_and_keeps_going(home):
+    process = await asyncio.create_subprocess_exec(
+        *engine_command(), "worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, env={**os.environ})
+    assert process.stdin is not None and process.stdout is not None
+    hello = p.decode_event(await asyncio.wait_for(process.stdout.readline(), 30))
+    assert hello == p.Hello(p.VERSION, process.pid)
+    process.stdin.write(b"this is not json\n" + p.encode(p.SetLimits({"cpu_percent": 500})).encode())
+    process.stdin.write(p.encode(p.Pause()).encode())
+    events = []
+    while not any(isinstance(e, p.State) and e.code == "paused" for e in events):
+        events.append(p.decode_event(await asyncio.wait_for(process.stdout.readline(), 10)))
+    errors = [e.message for e in events if isinstance(e, p.Error)]
+    assert any("not JSON" in m for m in errors) and any("cpu_percent" in m for m in errors)
+    process.stdin.write(p.encode(p.Stop()).encode())
+    assert await asyncio.wait_for(process.wait(), 20) == 0

@@ -1,0 +1,126 @@
+"""The Linux package, end to end: build the bundle and the .deb, install it with the system's
+package manager, run the installed self-test and app, remove it cleanly.
+
+Slow (a PyInstaller build, minutes); `.ci/run` runs it. It changes the machine (installs a
+package), so it runs only as root and where that is expected: in CI, or with
+COTRAIN_TEST_INSTALL=1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.xserver import xvfb
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts" / "installers"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def _why_not() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "builds the Linux package"
+    if os.geteuid() != 0:
+        return "installs a .deb, which needs root (CI runs as root)"
+    if not (os.environ.get("CI") or os.environ.get("COTRAIN_TEST_INSTALL")):
+        return "installs a package on this machine: runs in CI, or set COTRAIN_TEST_INSTALL=1"
+    for tool in ("dpkg-deb", "apt-get", "xdotool"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    if importlib.util.find_spec("PyInstaller") is None:
+        return "needs PyInstaller (the test extra installs it)"
+    return None
+
+
+def clean_env(home: Path, **extra: str) -> dict:
+    """What a user's login session gives a program: no venv, no PYTHONPATH."""
+    return {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **extra}
+
+
+@pytest.fixture(scope="module")
+def built():
+    reason = _why_not()
+    if reason:
+        pytest.skip(f"installer test: {reason}")
+    done = subprocess.run([sys.executable, "installers/build.py"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    print(done.stdout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = ROOT / "build" / "installers"
+    debs = list(out.glob("cotrain_*.deb"))
+    tarballs = list(out.glob("cotrain-*-linux-*.tar.gz"))
+    assert len(debs) == 1 and len(tarballs) == 1, done.stdout
+    return done.stdout, debs[0], tarballs[0]
+
+
+def megabytes(report: str, label: str) -> float:
+    match = re.search(rf"^{label}: .*\(([\d.]+) (MB|GB)", report, re.M)
+    assert match, report
+    return float(match.group(1)) * (1024 if match.group(2) == "GB" else 1)
+
+
+def test_the_bundle_and_the_deb_stay_within_their_size_budget(built):
+    report, _, tarball = built
+    print(f"bundle {megabytes(report, 'bundle'):.0f} MB, .deb {megabytes(report, 'deb'):.0f} MB, "
+          f"tarball {megabytes(report, 'tarball'):.0f} MB")
+    assert megabytes(report, "bundle") < 750
+    assert megabytes(report, "deb") < 250
+    listing = subprocess.run(["tar", "-tzf", str(tarball)], capture_output=True, text=True, check=True)
+    assert "cotrain/cotrain" in listing.stdout.splitlines()
+
+
+def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninstalls(built, tmp_path):
+    _, deb, _ = built
+    install = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", str(deb)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    try:
+        assert Path("/usr/bin/cotrain").exists()
+        assert Path("/usr/share/applications/cotrain.desktop").exists()
+        assert Path("/usr/share/icons/hicolor/256x256/apps/cotrain.png").exists()
+
+        began = time.monotonic()
+        check = subprocess.run(["/usr/bin/cotrain", "--self-test"], env=clean_env(tmp_path),
+                               capture_output=True, text=True, timeout=120)
+        cold = time.monotonic() - began
+        print(check.stdout)
+        print(f"cold start of the installed `cotrain --self-test`: {cold:.1f} s")
+        assert check.returncode == 0, check.stdout + check.stderr[-3000:]
+        lines = [line for line in check.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+        assert len(lines) == 6 and all(line.startswith("ok") for line in lines), check.stdout
+
+        with xvfb() as display:
+            app = subprocess.Popen(["/usr/bin/cotrain"], env=clean_env(tmp_path, DISPLAY=display),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                # xdotool waits (--sync) for the window itself, bounded by the timeout.
+                found = subprocess.run(["xdotool", "search", "--sync", "--onlyvisible", "--name", "Cotrain"],
+                                       env={**os.environ, "DISPLAY": display}, capture_output=True,
+                                       text=True, timeout=90)
+                assert found.returncode == 0 and found.stdout.strip(), "no Cotrain window appeared"
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                if shutil.which("import"):  # imagemagick: a picture of what the user would see
+                    subprocess.run(["import", "-window", "root", str(ARTIFACTS / "installed-app.png")],
+                                   env={**os.environ, "DISPLAY": display}, check=False, timeout=30)
+            finally:
+                app.terminate()
+                try:
+                    app.wait(30)
+                except subprocess.TimeoutExpired:
+                    app.kill()
+                    app.wait()
+    finally:
+        removed = subprocess.run(["dpkg", "-r", "cotrain"], capture_output=True, text=True, timeout=300)
+    assert removed.returncode == 0, removed.stderr
+    assert not Path("/usr/bin/cotrain").exists()
+    assert not Path("/opt/cotrain").exists()
+    assert not Path("/usr/share/applications/cotrain.desktop").exists()
