@@ -22,6 +22,7 @@ from engine.login import log_in, log_out, register
 
 log = logging.getLogger(__name__)
 TIMEOUT = 10.0
+DISCOVERY_SECONDS = 2.0
 
 
 class BackboneUnavailable(RuntimeError):
@@ -97,6 +98,12 @@ class BackboneClient(QObject):
         self.pool.start(_Job(fn, reply))
 
     # --- reading a backbone ---------------------------------------------------------------
+
+    def discover(self, on_done, on_error=None) -> None:
+        """Backbones announcing themselves on the LAN (a list of engine.lan LanBackbone)."""
+        from engine.lan.discover import discover
+
+        self.submit(lambda: asyncio.run(discover(seconds=DISCOVERY_SECONDS)), on_done, on_error)
 
     def health(self, url: str, on_done, on_error) -> None:
         """Checks that ``url`` is a Cotrain backbone; answers with its normalised URL."""

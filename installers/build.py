@@ -32,15 +32,14 @@ RUNTIME_DEPENDS = ["libegl1", "libgl1", "libxcb-cursor0", "libxkbcommon-x11-0", 
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
+    """Decimal megabytes (what the size targets mean), with MiB beside them."""
+    return f"{n / 1e6:.1f} MB = {n / 2**20:.1f} MiB"
 
 
 def tree_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 
 
 def build_bundle() -> Path:
@@ -48,8 +47,30 @@ def build_bundle() -> Path:
     subprocess.run([sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN",
                     "--distpath", str(OUT), "--workpath", str(OUT / "work"),
                     str(ROOT / "installers" / "cotrain.spec")], check=True, cwd=ROOT)
+    bundle = OUT / "cotrain"
+    if sys.platform.startswith("linux") and shutil.which("strip"):
+        strip_symbols(bundle)
     print(f"bundle built in {time.monotonic() - began:.0f} s", flush=True)
-    return OUT / "cotrain"
+    return bundle
+
+
+def strip_symbols(bundle: Path) -> None:
+    """Drop symbol tables users never need (about 150 MB), except from libraries that
+    auditwheel repaired: patchelf moved their headers, and strip breaks them ("ELF load
+    command address/offset not page-aligned"). Those sit in ``*.libs`` folders or point
+    there through their RUNPATH. The self-test proves the result still loads."""
+    internal = bundle / "_internal"
+    before = tree_size(internal)
+    for path in internal.rglob("*"):
+        if path.is_symlink() or not path.is_file() or not (path.suffix == ".so" or ".so." in path.name):
+            continue
+        if any(part.endswith(".libs") for part in path.relative_to(internal).parts):
+            continue
+        dynamic = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+        if ".libs" in dynamic:
+            continue
+        subprocess.run(["strip", "--strip-unneeded", str(path)], check=True, capture_output=True)
+    print(f"stripped symbols: {human(before - tree_size(internal))} saved", flush=True)
 
 
 def deb_arch() -> str:

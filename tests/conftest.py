@@ -6,6 +6,9 @@ import pytest
 
 # Peers read a corpus at start-up; a small one keeps tests fast. Set before engine imports.
 os.environ.setdefault("COTRAIN_CORPUS_BYTES", str(2 * 1024 * 1024))
+# LAN discovery (the app's Projects page) browses loopback only: tests never send mDNS on the
+# machine's real network. Tests inside network namespaces widen it again.
+os.environ.setdefault("COTRAIN_LAN_INTERFACES", "127.0.0.1")
 
 
 async def until(condition, timeout: float, what: str = "condition") -> None:

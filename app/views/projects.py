@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 from app.controller import Controller
 from app.settings_store import LOCAL, Current
 from app.views.common import count, duration, heading, help_text, message, show_message
+from engine.lan.records import LanBackbone
 
 REFRESH_MS = 10_000
 COLUMNS = ("Project", "Peers online", "Progress", "My contribution", "")
@@ -59,11 +60,17 @@ class ProjectsPage(QWidget):
         layout.addWidget(help_text("Cotrain contributes to one project at a time. Projects come from "
                                    "backbones: the one on this computer, and any you add by address."))
         layout.addWidget(self.tree, 1)
+        self.lan_status = help_text("Looking for backbones on your network…")
+        self.lan_buttons = QHBoxLayout()
+        self.lan_buttons.addStretch(1)
+        layout.addWidget(self.lan_status)
+        layout.addLayout(self.lan_buttons)
         layout.addWidget(help_text("Add a backbone someone shared with you:"))
         layout.addLayout(adding)
         layout.addWidget(self.error)
 
         self.rows: dict[str, dict] = {}  # backbone -> {"projects": [...], "me": ..., "error": str}
+        self.on_lan: list[LanBackbone] = []  # announced on the LAN, as last browsed
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self.refresh)
         controller.backbones_changed.connect(self.refresh)
@@ -82,6 +89,7 @@ class ProjectsPage(QWidget):
         return [LOCAL, *self.controller.store.backbones()]
 
     def refresh(self) -> None:
+        self.controller.client.discover(self._discovered, lambda why: self._discovered([], why))
         for backbone in self.backbones():
             url = self.controller.url_of(backbone)
             if not url:
@@ -91,6 +99,27 @@ class ProjectsPage(QWidget):
                 url, lambda found, b=backbone, u=url: self._fetch(b, u, found[0]),
                 lambda m, b=backbone, u=url: self._fetch(b, u, None))
         self._draw()
+
+    def _discovered(self, found: list[LanBackbone], error: str = "") -> None:
+        known = {self.controller.url_of(b).rstrip("/") for b in self.backbones()}
+        self.on_lan = [b for b in found if b.url not in known]
+        while self.lan_buttons.count() > 1:
+            widget = self.lan_buttons.takeAt(0).widget()
+            if widget is not None:
+                widget.deleteLater()
+        for backbone in self.on_lan:
+            titles = ", ".join(sorted(backbone.projects.values())) or "no projects yet"
+            button = QPushButton(f"Add {backbone.name} ({titles})")
+            button.setToolTip(backbone.url)
+            button.clicked.connect(lambda _=False, url=backbone.url: self.controller.add_backbone(url))
+            self.lan_buttons.insertWidget(self.lan_buttons.count() - 1, button)
+        if error:
+            text = f"Could not look for backbones on your network: {error}"
+        elif self.on_lan:
+            text = "Announced on your network:"
+        else:
+            text = "No other backbone announces itself on your network."
+        self.lan_status.setText(text)
 
     def _fetch(self, backbone: str, url: str, login) -> None:
         self.controller.client.projects(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 from zeroconf import InterfaceChoice, IPVersion, ServiceStateChange
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
@@ -13,9 +14,16 @@ from engine.lan.records import SERVICE_TYPE, LanBackbone, decode_properties
 log = logging.getLogger(__name__)
 
 
+def default_interfaces() -> list[str] | InterfaceChoice:
+    """Every interface, unless COTRAIN_LAN_INTERFACES lists addresses (comma-separated) to
+    browse on: to keep discovery off a VPN, or (in tests) on loopback."""
+    chosen = [a.strip() for a in os.environ.get("COTRAIN_LAN_INTERFACES", "").split(",") if a.strip()]
+    return chosen or InterfaceChoice.All
+
+
 async def discover(seconds: float = 3.0, interfaces: list[str] | None = None) -> list[LanBackbone]:
     """Backbones that answer within ``seconds``, by name; malformed announcements are skipped."""
-    zeroconf = AsyncZeroconf(interfaces=interfaces or InterfaceChoice.All, ip_version=IPVersion.V4Only)
+    zeroconf = AsyncZeroconf(interfaces=interfaces or default_interfaces(), ip_version=IPVersion.V4Only)
     names: set[str] = set()
 
     def on_change(zeroconf, service_type: str, name: str, state_change: ServiceStateChange) -> None:

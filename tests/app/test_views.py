@@ -164,3 +164,32 @@ async def test_the_worker_answers_a_bad_line_with_an_error_and_keeps_going(home)
     assert any("not JSON" in m for m in errors) and any("cpu_percent" in m for m in errors)
     process.stdin.write(p.encode(p.Stop()).encode())
     assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+def test_backbones_announced_on_the_lan_are_offered_and_added(qtbot, home, tmp_path, monkeypatch):
+    from engine.lan.advertise import Advertiser
+
+    monkeypatch.setenv("COTRAIN_LAN_INTERFACES", "127.0.0.1")  # never mDNS on a real network
+    controller = Controller(store=SettingsStore())
+    page = ProjectsPage(controller)
+    qtbot.addWidget(page)
+
+    async def advertise(port: int) -> Advertiser:
+        advertiser = Advertiser("127.0.0.1", port, {"tiny-lm": "Tiny LM"})
+        await advertiser.start()
+        return advertiser
+
+    with threaded_backbone(tmp_path / "backbone", tiny()) as backbone:
+        advertiser = backbone.call(advertise(int(backbone.url.rsplit(":", 1)[1])))
+        try:
+            page.refresh()
+            wait_until(lambda: page.on_lan, 20, "the backbone to be discovered")
+            assert page.lan_status.text() == "Announced on your network:"
+            button = page.lan_buttons.itemAt(0).widget()
+            assert "Tiny LM" in button.text() and button.toolTip() == backbone.url
+            button.click()
+            wait_until(lambda: controller.store.backbones() == [backbone.url], 10)
+            wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url]["projects"], 15)
+            wait_until(lambda: not page.on_lan, 20, "the added backbone to leave the offers")
+        finally:
+            backbone.call(advertiser.stop())

@@ -88,9 +88,13 @@ def start_backbone(host: Host, workdir: Path, catalog: Path, port: int, *args: s
     return service, service.ready_line.rsplit(" ", 1)[1]
 
 
+# Inside a namespace every interface is the test's own: let LAN discovery use them all.
+NAMESPACE_ENV = {"COTRAIN_LAN_INTERFACES": ""}
+
+
 async def spawn_peer_in(host: Host, url: str | None, project: str, name: str, log_dir: Path,
                         *args: str) -> PeerProcess:
-    return await spawn_peer(url, project, name, log_dir, *args, prefix=host.prefix())
+    return await spawn_peer(url, project, name, log_dir, *args, prefix=host.prefix(), env=NAMESPACE_ENV)
 
 
 async def run_probes(a: Host, b: Host, url: str, project: str, workdir: Path, *args: str,

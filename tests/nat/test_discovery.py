@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
 from engine.paths import engine_command
 from tests.collab.processes import terminate
-from tests.nat.services import REPO, spawn_peer_in
+from tests.nat.services import NAMESPACE_ENV, REPO, spawn_peer_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 PROJECT = "tiny-lm"
@@ -25,6 +26,7 @@ async def test_discover_lists_the_backbone_and_its_projects(network, advertised)
     process = await asyncio.create_subprocess_exec(
         *network.host.prefix(), *engine_command(), "peer", "--discover",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
+        env={**os.environ, **NAMESPACE_ENV},
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, err.decode()
