@@ -3,7 +3,7 @@ server, and quitting once the worker has left cleanly."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QCoreApplication, QObject, QTimer
+from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QSystemTrayIcon
 
 from app.controller import Controller
@@ -15,6 +15,8 @@ SIGNAL_POLL_MS = 300  # lets Python run its signal handlers (Ctrl-C) while Qt's 
 
 
 class CotrainApp(QObject):
+    finished = Signal()  # the worker has left: the process may end (app/main.py exits then)
+
     def __init__(self, controller: Controller | None = None, tray: bool | None = None,
                  single_instance: bool = True) -> None:
         super().__init__()
@@ -26,7 +28,7 @@ class CotrainApp(QObject):
         if self.instance is not None:
             self.instance.message.connect(lambda message: self.open_page("dashboard"))
         self.window.quit_requested.connect(self.controller.quit)
-        self.controller.manager.stopped.connect(QCoreApplication.quit)
+        self.controller.manager.stopped.connect(self.finished)
         if self.tray is None:
             self.controller.notice.connect(
                 lambda title, text, kind: self.window.statusBar().showMessage(text, 15_000))

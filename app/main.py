@@ -55,8 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     app = CotrainApp()
     signal.signal(signal.SIGINT, lambda *_: app.controller.quit())
     signal.signal(signal.SIGTERM, lambda *_: app.controller.quit())
+    # exit(), not quit(): Qt 6's quit() first asks every window to close, and the main window
+    # refuses (it hides to the tray), which silently cancelled Quit while it was open.
+    app.finished.connect(lambda: qt.exit(0))
     app.start()
-    return qt.exec()
+    code = qt.exec()
+    # Queued lookups (a backbone that stopped answering, a LAN browse) must not hold Quit up.
+    from PySide6.QtCore import QThreadPool
+
+    QThreadPool.globalInstance().clear()
+    QThreadPool.globalInstance().waitForDone(3000)
+    return code
 
 
 if __name__ == "__main__":
