@@ -199,7 +199,7 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
             bb.call(stop_all(bob))
     board = running.page("leaderboard")
     board.refresh_button.click()
-    wait_until(lambda: {e["username"] for e in board.entries} >= {"alice", "bobby"}, 10)
+    wait_until(lambda: {e["username"] for e in board.entries} >= {"alice", "bobby"}, 30)
     row = board.my_row()
     assert row is not None and board.table.item(row, 1).text() == "alice"
     assert board.table.item(row, 1).font().bold()
@@ -239,6 +239,8 @@ def test_log_out_forgets_the_token(qtbot, running):
     wait_until(lambda: account.username.isVisible() and "Not logged in" in account.status.text(),
                     10)
     wait_until(lambda: contributing(running), 30)
+    assert keyring.get_password(SERVICE, key) is None  # the token is gone from the keyring
+    assert "anonymously" in running.dashboard.project.text()  # and the worker no longer uses it
 
 
 def test_a_worker_crash_is_shown_and_recovered(qtbot, running):
