@@ -63,6 +63,7 @@ class LeaderboardPage(QWidget):
         layout.addWidget(self.table, 1)
         layout.addLayout(paging)
         self._shown_for = ""
+        self._latest = 0
         controller.state_changed.connect(self._state)
         controller.login_changed.connect(lambda *_: self._draw())
 
@@ -83,14 +84,23 @@ class LeaderboardPage(QWidget):
         self._shown_for = f"{state.backbone} {state.project_id}"
         self.subtitle.setText(f"Credited samples in {state.project or state.project_id} at {state.backbone}")
         self.refresh_button.setEnabled(False)
+        # Replies come back from a thread pool in any order; only the latest request may draw,
+        # or a slow earlier page would replace the one the user just asked for.
+        self._latest += 1
+        request = self._latest
         self.controller.client.leaderboard(state.backbone, state.project_id, self.page_size, offset,
-                                           lambda body: self._loaded(offset, body), self._failed)
+                                           lambda body: self._loaded(request, offset, body),
+                                           lambda why: self._failed(request, why))
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, request: int, why: str) -> None:
+        if request != self._latest:
+            return
         self.refresh_button.setEnabled(True)
         show_message(self.error, f"Could not load the leaderboard: {why}")
 
-    def _loaded(self, offset: int, body: dict) -> None:
+    def _loaded(self, request: int, offset: int, body: dict) -> None:
+        if request != self._latest:
+            return
         self.refresh_button.setEnabled(True)
         show_message(self.error, "")
         self.offset = offset

@@ -8,7 +8,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,9 +105,9 @@ def stop_app(app) -> None:
         app.instance.server.close()
 
 
-def wait_until(condition, timeout: float, what: str = "") -> None:
+def wait_until(condition, timeout: float, what: str | Callable[[], str] = "") -> None:
     """Run the Qt event loop until ``condition()`` holds (an AssertionError counts as not yet),
-    failing after ``timeout`` seconds.
+    failing after ``timeout`` seconds with ``what`` (or what it returns) in the message.
 
     Not qtbot.waitUntil: in PySide6 6.12.0 the static ``QCoreApplication.processEvents`` and
     ``QTest.qWait`` drop a reference to None on every call, and a few thousand polls abort
@@ -127,7 +127,8 @@ def wait_until(condition, timeout: float, what: str = "") -> None:
             except AssertionError:
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+                described = what() if callable(what) else what
+                raise AssertionError(f"timed out after {timeout}s waiting for {described or condition}")
             loop.exec()
     finally:
         timer.stop()
