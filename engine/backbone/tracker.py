@@ -81,7 +81,8 @@ class PeerState:
     samples: int = 0
     rate: float = 0.0
     loss: float | None = None
-    reported_at: float = 0.0
+    reported_at: float = 0.0  # its last report of new samples: paces and claims
+    heard_at: float = 0.0  # its last report of any kind: liveness
     accumulating_since: float = 0.0
     compute_seconds: float = 0.0
     pace: float = 0.0  # samples/s between its reports, timed here; carried across epochs
@@ -191,15 +192,25 @@ class Tracker:
         if isinstance(msg, RoundDone):
             return self._round_done(peer, msg)
         if isinstance(msg, Availability):
-            peer.paused = msg.paused
-            return [] if msg.paused else self._maybe_open_round()
+            return self._availability(peer, msg)
         return []
+
+    def _availability(self, peer: PeerState, msg: Availability) -> list[Out]:
+        peer.paused = msg.paused
+        if msg.paused:
+            return []
+        if peer.ready and peer.epoch != self.epoch and not self._in_round(peer.peer_id):
+            # Epochs passed while its owner had the machine: catch up now, not while paused.
+            return self._resync(peer, f"the collaboration is at epoch {self.epoch}")
+        return self._maybe_open_round()
 
     def _progress(self, peer: PeerState, msg: Progress) -> list[Out]:
         if not peer.ready:
             return []
         if msg.epoch != self.epoch:
-            if msg.epoch < self.epoch and not self._in_round(peer.peer_id):
+            # Behind: it missed a step. Ahead: the collaboration rewound to a checkpoint
+            # while this peer was paused or away. Either way the record decides.
+            if not self._in_round(peer.peer_id):
                 return self._resync(peer, f"the collaboration is at epoch {self.epoch}")
             return []
         now = self._clock()
@@ -213,7 +224,9 @@ class Tracker:
             peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
         peer.compute_seconds, peer.client_mode = msg.compute_seconds, msg.client_mode
-        peer.reported_at = now
+        peer.heard_at = now
+        if step != 0:
+            peer.reported_at = now
         rnd = self.round
         if (rnd is not None and rnd.advanced_to is None and peer.peer_id in rnd.members
                 and msg.samples >= rnd.members[peer.peer_id].samples):
@@ -224,17 +237,22 @@ class Tracker:
     def _sync_request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
         peer.ready = False
         peer.syncing_since = self._clock()
-        donors = [
-            p for p in self.peers.values()
-            if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id and not p.paused
-        ]
+        donors = [p for p in self.peers.values()
+                  if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id and not p.paused]
         if donors:
             now = self._clock()
-            reachable = [p for p in donors
+            untried = [p for p in donors if p.peer_id not in msg.exclude]
+            reachable = [p for p in untried
                          if self._unreachable.get(frozenset((peer.peer_id, p.peer_id)), 0.0) <= now]
-            usable = ([p for p in reachable if p.peer_id not in msg.exclude]
-                      or [p for p in donors if p.peer_id not in msg.exclude] or donors)
-            donor = min(usable, key=lambda p: (p.serving, p.joined_at))
+            checkpoint = self.checkpoint
+            if not untried and checkpoint is not None and checkpoint.epoch == self.epoch:
+                # Every peer holding this epoch failed to serve it; the checkpoint holds it too.
+                return [Send(peer.peer_id, SyncPlan(self.epoch, "checkpoint", checkpoint=checkpoint,
+                                                    params_sha256=self.params_sha256))]
+            usable = reachable or untried or donors
+            # A silent peer may be hung: ask the ones that reported lately first.
+            donor = min(usable, key=lambda p: (now - p.heard_at > self.peer_timeout,
+                                               p.serving, p.joined_at))
             self._release_donor(peer)
             donor.serving += 1
             peer.donor = donor.peer_id
@@ -287,7 +305,7 @@ class Tracker:
 
     def _restart_accumulation(self, peer: PeerState) -> None:
         peer.samples, peer.compute_seconds = 0, 0.0
-        peer.reported_at = peer.accumulating_since = self._clock()
+        peer.reported_at = peer.heard_at = peer.accumulating_since = self._clock()
 
     def _round_done(self, peer: PeerState, msg: RoundDone) -> list[Out]:
         rnd = self.round
@@ -343,7 +361,9 @@ class Tracker:
         for pair in [pair for pair in self._strikes if pair <= set(rnd.group)]:
             del self._strikes[pair]  # they exchanged fine: a later failure starts afresh
         for p in self.peers.values():
-            if p.ready and p.peer_id not in rnd.group:
+            # A paused peer is told when it resumes: downloading the state now would take
+            # the machine its owner asked back.
+            if p.ready and not p.paused and p.peer_id not in rnd.group:
                 out += self._resync(p, "an epoch finished while you were not in the round")
         return out
 
@@ -374,7 +394,7 @@ class Tracker:
         now = self._clock()
         return [
             p for p in self.peers.values()
-            if p.ready and not p.paused and p.epoch == self.epoch and now - p.reported_at <= self.peer_timeout
+            if p.ready and not p.paused and p.epoch == self.epoch and now - p.heard_at <= self.peer_timeout
         ]
 
     def _maybe_open_round(self) -> list[Out]:

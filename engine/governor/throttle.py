@@ -5,6 +5,7 @@ on every module call ``check`` many times per micro-batch. Busy time builds up a
 rest (one second of work at 50% owes one second of rest), paid in slices of about
 ``SLICE`` seconds at a check, or by any idle time between pieces of work. A pause stops a
 forward pass at the next layer; a backward pass, which has no hooks, runs to its end.
+``cut_short`` does the same once, for a round that should not wait for a long micro-batch.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ SLICE = 0.05
 
 
 class MicroBatchAbandoned(Exception):
-    """Raised inside a forward pass to stop it: the user needs the machine now."""
+    """Raised inside a forward pass to stop it: the user needs the machine now, or a round
+    must not wait for the rest of it."""
 
 
 class ComputeGate:
-    def __init__(self, cpu_percent: int = 100) -> None:
+    def __init__(self, cpu_percent: int = 100, slowdown: float = 1.0) -> None:
+        """``slowdown`` > 1 makes this peer behave like a device that many times slower
+        (tests and benchmarks of heterogeneous collaborations)."""
         self.cpu_percent = cpu_percent
+        self.slowdown = slowdown
         self._abandon = threading.Event()
+        self._cut = threading.Event()
         self._wake = threading.Event()
         self._debt = 0.0
         self._mark = time.perf_counter()
@@ -47,7 +53,13 @@ class ComputeGate:
         else:
             self._abandon.clear()
 
+    def cut_short(self) -> None:
+        """Stop the work under way at its next layer, once; the next piece of work runs."""
+        self._cut.set()
+        self._wake.set()
+
     def enter(self) -> None:
+        self._cut.clear()
         now = time.perf_counter()
         self._debt = max(self._debt - (now - self._mark), 0.0)  # idle time is rest
         self._mark = now
@@ -57,19 +69,21 @@ class ComputeGate:
 
     def check(self) -> None:
         """Called often from the compute thread: rest when enough is owed."""
-        if self._abandon.is_set():
+        if self._abandon.is_set() or self._cut.is_set():
             raise MicroBatchAbandoned
         self._account()
         if self._debt < SLICE * self._ratio() or self._debt <= 0:
             return
         began = time.perf_counter()
         self._wake.clear()
+        if self._abandon.is_set() or self._cut.is_set():
+            raise MicroBatchAbandoned  # set just before the clear: its wake-up is gone
         self._wake.wait(self._debt)
         rested = time.perf_counter() - began
         self.rested_seconds += rested
         self._debt = max(self._debt - rested, 0.0)
         self._mark = time.perf_counter()
-        if self._abandon.is_set():
+        if self._abandon.is_set() or self._cut.is_set():
             raise MicroBatchAbandoned
 
     def install(self, model: torch.nn.Module) -> None:
@@ -77,7 +91,7 @@ class ComputeGate:
             module.register_forward_pre_hook(self._hook)
 
     def _ratio(self) -> float:
-        return 100.0 / self.cpu_percent - 1.0
+        return 100.0 * self.slowdown / self.cpu_percent - 1.0
 
     def _account(self) -> None:
         now = time.perf_counter()

@@ -9,7 +9,6 @@ whenever the peer is behind (see state_sync.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -62,6 +61,7 @@ from engine.wire.tensors import encode_file
 
 log = logging.getLogger(__name__)
 CHECKPOINT_UPLOAD_TIMEOUT = 120.0
+HEARTBEAT = 5.0  # well inside the backbone's peer timeout (15 s by default)
 
 
 @dataclass
@@ -73,7 +73,7 @@ class PeerOptions:
     threads: int | None = None
     data_dir: str | None = None
     data_seed: int | None = None
-    slowdown: float = 1.0
+    slowdown: float = 1.0  # behave like a device this many times slower (tests, benchmarks)
     ice_addresses: list[str] | None = None
     user_token: str | None = None
     reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
@@ -102,7 +102,8 @@ class Peer:
         self._sync: StateSync | None = None
         self._task: Task | None = None
         self._running = True
-        self.gate = ComputeGate(options.limits.cpu_percent)
+        self._resync_on_resume = False
+        self.gate = ComputeGate(options.limits.cpu_percent, options.slowdown)
         self.upload = RateLimiter()
         self.download = RateLimiter()
 
@@ -168,8 +169,9 @@ class Peer:
             await self._start()
             control = asyncio.ensure_future(self._control_loop())
             training = asyncio.ensure_future(self._training_loop())
+            heartbeat = asyncio.ensure_future(self._heartbeat_loop())
             stopping = asyncio.ensure_future(self._stop.wait())
-            loops = [control, training, stopping]
+            loops = [control, training, heartbeat, stopping]
             self._spawn(self._first_sync())
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -237,6 +239,7 @@ class Peer:
             await self._mesh.close()
         await self._client.close()
         if self._opt is not None:
+            self.gate.abandon(True)  # a long micro-batch (a small CPU share) must not delay exit
             self._opt.executor.shutdown(wait=True, cancel_futures=True)
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -297,7 +300,10 @@ class Peer:
         elif isinstance(msg, Resync):
             log.info("resync requested: %s", msg.reason)
             self._collab_epoch = msg.epoch
-            self._spawn(self._resync())
+            if self._running:
+                self._spawn(self._resync())
+            else:
+                self._resync_on_resume = True
         elif isinstance(msg, Status):
             self.status = msg
             self.optimizer.observe(msg)
@@ -308,8 +314,15 @@ class Peer:
             self.stop(f"backbone refused: {msg.message}")
 
     def _check_behind(self) -> None:
+        """Catch up with the collaboration, unless paused: a download then would take the
+        machine its owner asked back; ``set_running`` checks again on resume."""
         opt = self.optimizer
-        if opt.synced and not opt.in_round and opt.epoch < self._collab_epoch:
+        if not self._running:
+            return
+        if self._resync_on_resume:
+            self._resync_on_resume = False
+            self._spawn(self._resync())
+        elif opt.synced and not opt.in_round and opt.epoch < self._collab_epoch:
             log.info("behind the collaboration (epoch %d < %d)", opt.epoch, self._collab_epoch)
             self._spawn(self._resync())
 
@@ -369,11 +382,11 @@ class Peer:
                 return batch.size, float(loss_sum.detach())
 
             await opt.compute(micro_batch, index)
-            if opts.slowdown > 1.0:
-                # A deliberately slow device: idle for (slowdown - 1) x the compute time.
-                pause = (opts.slowdown - 1.0) * opt.last_compute_seconds
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), pause)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT / 2)
+            await self.optimizer.keep_alive(HEARTBEAT)
 
     # --- data plane ---------------------------------------------------------------------
 

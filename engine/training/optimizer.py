@@ -36,6 +36,10 @@ Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Aver
 Send = Callable[[object], Awaitable[None]]
 MicroBatch = Callable[[], tuple[int, float]]
 MIN_REPORT_GAP = 0.05
+# A round waits for the micro-batch under way only while the rest of it fits in this share
+# of the round's timeout; a slower device drops that micro-batch instead of stalling everyone.
+ROUND_WAIT_SHARE = 0.2
+SNAPSHOT_WAIT = 5.0  # the same for a state snapshot a joiner or a checkpoint waits for
 
 
 @dataclass
@@ -86,6 +90,8 @@ class CollaborativeOptimizer:
         self.gate = gate or ComputeGate()
         self.client_mode: Callable[[], bool] = lambda: False
         self._busy = False
+        self._batch_began: float | None = None  # when the micro-batch under way started
+        self._outlasted_wait = False
         self.epoch = 0
         self.last_compute_seconds = 0.0
         self._averager = averager
@@ -116,12 +122,17 @@ class CollaborativeOptimizer:
         await self._computable.wait()
 
         def work() -> bool:
-            began = time.perf_counter()
+            if not self._computable.is_set():
+                return False  # a round opened (or a pause) while this one waited in the queue
+            began = self._batch_began = time.perf_counter()
             try:
                 samples, loss_sum = micro_batch()
             except MicroBatchAbandoned:
                 return False  # stopped inside the forward pass: no gradient was added
+            finally:
+                self._batch_began = None
             self.last_compute_seconds = time.perf_counter() - began
+            self._outlasted_wait = False
             self.accumulator.add(samples, loss_sum, batch_id, self.last_compute_seconds)
             self.throughput.add(samples)
             return True
@@ -145,6 +156,12 @@ class CollaborativeOptimizer:
         loss = acc.loss_sum / acc.samples if acc.samples else None
         await self._send(Progress(self.epoch, acc.samples, self.throughput.rate(), loss,
                                   acc.compute_seconds, self.client_mode()))
+
+    async def keep_alive(self, interval: float) -> None:
+        """Report even when no micro-batch finished lately (a slow device, a small CPU
+        share): to the backbone, silence means the peer is gone."""
+        if time.monotonic() - self._last_report >= interval:
+            await self.report_progress(force=True)
 
     def observe(self, status: Status) -> None:
         """Remember the collaboration's progress, to estimate when the target is reached."""
@@ -192,9 +209,7 @@ class CollaborativeOptimizer:
             return None
         self._in_round = True
         self._update()
-        # Queued behind the micro-batch under way, like a training loop that checks for
-        # the step after each micro-batch: that one joins this round.
-        taken = await self._run(self.accumulator.take)
+        taken = await self._run_promptly(self.accumulator.take, ROUND_WAIT_SHARE * start.timeout)
         self._reported_samples = 0
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me)
@@ -220,6 +235,28 @@ class CollaborativeOptimizer:
         return EpochResult(self.epoch, start.round_id, averaged.loss, averaged.samples,
                            len(start.group), digest, seconds, taken.samples, taken.batches)
 
+    async def _run_promptly(self, fn, budget: float):
+        """Run ``fn`` on the compute thread right after the micro-batch under way, like a
+        training loop that checks for work between micro-batches -- unless the rest of that
+        micro-batch would take more than ``budget`` seconds: then it stops at its next layer
+        and its gradient is not added. A slow device never keeps a round or a joiner waiting."""
+        job = asyncio.ensure_future(self._run(fn))
+        began = self._batch_began
+        if began is None:
+            return await job
+        remaining = self.last_compute_seconds - (time.perf_counter() - began)
+        if self._outlasted_wait or remaining > budget:
+            self.gate.cut_short()
+        else:
+            try:
+                return await asyncio.wait_for(asyncio.shield(job), budget)
+            except asyncio.TimeoutError:
+                # Until one finishes, assume the next micro-batch will not fit either.
+                self._outlasted_wait = True
+                self.gate.cut_short()
+        log.info("dropping the micro-batch under way rather than keep the collaboration waiting")
+        return await job
+
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
         set_grads(self.params, vector)
         if self.clip_grad_norm:
@@ -242,8 +279,8 @@ class CollaborativeOptimizer:
     async def snapshot(self) -> tuple[dict, bytearray]:
         """The current state as a bundle. Steps also run on the compute thread, so the
         epoch read there always matches the parameters packed."""
-        return await self._run(
-            lambda: pack_state(self.model, self.optimizer, self.epoch, self.project_id)
+        return await self._run_promptly(
+            lambda: pack_state(self.model, self.optimizer, self.epoch, self.project_id), SNAPSHOT_WAIT
         )
 
     async def reset(self, fresh: torch.nn.Module) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.peer.events import EpochCompleted, SyncProgress
+from engine.peer.events import EpochCompleted, RoundFailed, SyncProgress
 from tests.collab.harness import MEDIUM, running_backbone, start_peer, stop_all, tiny_project
 from tests.conftest import until
 
@@ -19,7 +19,7 @@ async def test_a_slow_peer_contributes_proportionally_less_and_is_not_waited_for
         slow = start_peer(backbone.url, project.id, "slow", max_epochs=epochs, threads=1, slowdown=3.0)
         try:
             for p in (*fast, slow):
-                await p.finish(timeout=240)
+                assert await p.finish(timeout=240) == f"reached epoch {epochs}"
         finally:
             await stop_all(*fast, slow)
     # Count only epochs all three took part in (the first may close before everyone joined).
@@ -34,6 +34,34 @@ async def test_a_slow_peer_contributes_proportionally_less_and_is_not_waited_for
         assert r.round_seconds < project.round_timeout / 2
 
 
+async def test_a_device_slower_than_the_round_timeout_never_holds_a_round_up(tmp_path):
+    # Its micro-batches take ~20 s: longer than the share of the round timeout a round may
+    # wait for one (2 s here), and longer than the backbone's 15 s silence limit.
+    project = tiny_project(task_params=MEDIUM, target_batch_size=240, round_timeout=10)
+    async with running_backbone(tmp_path, project) as backbone:
+        fast = [start_peer(backbone.url, project.id, f"fast{i}", threads=1) for i in range(2)]
+        crawler = start_peer(backbone.url, project.id, "crawler", threads=1, slowdown=1500.0)
+        try:
+            await until(lambda: crawler.synced() or crawler.task.done(), 60, "the slow device to sync")
+            joined = crawler.times[crawler.events.index(crawler.synced()[0])]
+            await until(lambda: crawler.times[-1] - joined > 25 or crawler.task.done(), 60,
+                        "25 s of training with the slow device")
+        finally:
+            await stop_all(*fast, crawler)
+    first = crawler.synced()[0].epoch
+    by_epoch = {r.epoch: r for r in fast[0].history}
+    taken = [r for r in crawler.history if r.epoch > first and r.epoch in by_epoch]
+    assert len(taken) >= 10, "the slow device was left out of rounds"
+    assert all(by_epoch[r.epoch].peers == 3 for r in taken)
+    assert all(r.params_sha256 == by_epoch[r.epoch].params_sha256 for r in taken)
+    # A round waits at most its share of the timeout for the slow micro-batch, and once
+    # the device is known to be that slow, not at all.
+    waits = sorted(by_epoch[r.epoch].round_seconds for r in taken)
+    budget = 0.2 * project.round_timeout
+    assert waits[-1] < budget + 1 and waits[-2] < budget / 2, waits
+    assert not [e for p in fast for e in p.events if isinstance(e, RoundFailed)]
+
+
 async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoch(tmp_path):
     project = tiny_project()
     async with running_backbone(tmp_path, project) as backbone:
@@ -44,18 +72,24 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
             late = start_peer(backbone.url, project.id, "late")
             await until(lambda: late.synced() or late.task.done(), 60, "the late peer to sync")
             await late.reached(late.synced()[0].epoch + 3, timeout=60)
+            for p in first:  # they finish that same step a moment later
+                await p.reached(late.history[-1].epoch, timeout=30)
         finally:
             await stop_all(*first, *([late] if late else []))
         completed = [e.result for e in late.events if isinstance(e, EpochCompleted)]
-        recorded = {r.epoch: backbone.store.epoch_params(project.id, r.epoch) for r in completed}
     (synced, *_) = late.synced()
     assert synced.source.startswith("peer") and synced.epoch >= 3
     first_sync = late.events.index(synced)
     progress = [e for e in late.events[:first_sync] if isinstance(e, SyncProgress) and e.total]
     assert progress[-1].received == progress[-1].total > 0
     assert [e.received for e in progress] == sorted(e.received for e in progress)
-    assert len(completed) >= 3 and completed[0].epoch == synced.epoch + 1
-    assert all(r.params_sha256 == recorded[r.epoch] for r in completed)
+    assert len(completed) >= 3 and completed[0].epoch == synced.epoch + 1, (
+        synced.epoch, [r.epoch for r in completed], late.synced())
+    # The same parameters as each of the others after every step it took with them.
+    theirs = [{r.epoch: r.params_sha256 for r in p.history} for p in first]
+    for r in completed:
+        others = [hashes[r.epoch] for hashes in theirs if r.epoch in hashes]
+        assert r.peers == 3 and others and set(others) == {r.params_sha256}, r.epoch
 
 
 async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoint(tmp_path):

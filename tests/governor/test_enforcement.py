@@ -82,9 +82,17 @@ async def test_a_paused_peer_leaves_rounds_and_matches_the_others_after_resuming
             resting.peer.set_running(False, "Paused by you")
             paused_at = resting.history[-1].epoch
             await until(lambda: not resting.peer.optimizer.computing, 5, "its compute to stop")
+            events_at_pause = len(resting.events)
+            received_at_pause = resting.peer.traffic().bytes_received
             for p in peers[:2]:
                 await p.reached(paused_at + 3, timeout=60)
             assert resting.history[-1].epoch <= paused_at + 1  # at most the round under way
+            # The machine stays its owner's: no state download while paused, only control
+            # chatter and at most the round that was under way.
+            while_paused = resting.events[events_at_pause:]
+            assert not [e for e in while_paused if isinstance(e, (Synced, SyncProgress))]
+            state_bytes = sum(t.numel() * t.element_size() for t in resting.peer.optimizer.model.parameters())
+            assert resting.peer.traffic().bytes_received - received_at_pause < state_bytes
             resting.peer.set_running(True, "Contributing")
             resumed_at = peers[0].history[-1].epoch
             await resting.reached(resumed_at + 2, timeout=60)

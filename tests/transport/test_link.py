@@ -2,9 +2,12 @@
 
 import asyncio
 import os
+import socket
+from pathlib import Path
 
 import pytest
 
+from engine.transport.ice import UDP_RECEIVE_BUFFER
 from engine.transport.link import HIGH_WATER, LinkClosed
 from engine.wire.framing import MAX_CHUNK
 from tests.transport.mesh_pair import make_meshes
@@ -21,6 +24,21 @@ async def test_a_large_message_arrives_whole_and_is_counted():
         sent, received = meshes["a"].totals(), meshes["b"].totals()
         assert sent.bytes_sent >= len(payload) and received.bytes_received == sent.bytes_sent
         assert sent.messages_sent == received.messages_received >= 1
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_link_sockets_have_room_for_a_whole_sctp_window():
+    # A burst that overflows the kernel's UDP buffer loses packets, and each lost tail
+    # packet stalls the channel for SCTP's 1 s retransmission timeout.
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        connection = link.pc.sctp.transport.transport._connection  # aioice, under aiortc
+        sizes = [p.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+                 for p in connection._protocols]
+        allowed = int(Path("/proc/sys/net/core/rmem_max").read_text())
+        assert sizes and min(sizes) >= min(UDP_RECEIVE_BUFFER, allowed)
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
 

@@ -5,6 +5,7 @@ import pytest
 from engine.backbone.tracker import Broadcast, EpochRecord, Send, Tracker
 from engine.project import ProjectSpec
 from engine.wire.messages import (
+    Availability,
     CheckpointInfo,
     EpochAdvanced,
     Progress,
@@ -75,6 +76,64 @@ def test_excluded_donors_are_avoided_when_another_exists(clock):
     assert plan.peer == "b"
 
 
+def test_a_joiner_that_no_peer_could_serve_falls_back_to_a_checkpoint_of_this_epoch(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
+    t.join("c", "c")
+    ((_, plan),) = sent(t.handle("c", SyncRequest(exclude=["a", "b"])), SyncPlan)
+    assert (plan.source, plan.epoch, plan.params_sha256) == ("checkpoint", 0, "h0")
+    assert t.epoch == 0
+
+
+def test_an_older_checkpoint_is_no_fallback_while_peers_hold_the_epoch(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    start = open_round(t, {"a": 60, "b": 60})
+    for p in "ab":
+        t.handle(p, RoundDone(start.round_id, 0, True, "h1"))
+    t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
+    t.join("c", "c")
+    ((_, plan),) = sent(t.handle("c", SyncRequest(exclude=["a", "b"])), SyncPlan)
+    assert plan.source == "peer" and t.epoch == 1  # try them again; never rewind the others
+
+
+def test_a_silent_donor_is_asked_last(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    clock.now += 20
+    t.handle("b", Progress(0, 5, 1.0))  # a went quiet (hung, or its network is gone)
+    t.join("c", "c")
+    ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
+    assert plan.peer == "b"
+
+
+def test_a_paused_peer_is_not_resynced_until_it_resumes(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    t.handle("c", Availability(paused=True))
+    start = open_round(t, {"a": 60, "b": 60})
+    assert start.group == ["a", "b"]
+    outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    outs += t.handle("b", RoundDone(start.round_id, 0, True, "h1"))
+    assert not sent(outs, Resync), "a paused peer would download the state while its owner works"
+    ((to, resync),) = sent(t.handle("c", Availability(paused=False)), Resync)
+    assert to == "c" and resync.epoch == 1
+
+
+def test_peers_paused_through_a_rewind_to_a_checkpoint_are_resynced_on_resuming(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
+    start = open_round(t, {"a": 60, "b": 60})
+    for p in "ab":
+        t.handle(p, RoundDone(start.round_id, 0, True, "h1"))
+        t.handle(p, Availability(paused=True))
+    t.join("c", "c")  # nobody can serve epoch 1: the collaboration goes back to the checkpoint
+    ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
+    assert (plan.source, t.epoch) == ("checkpoint", 0)
+    t.handle("c", Ready(0, "h0"))
+    ((to, resync),) = sent(t.handle("a", Availability(paused=False)), Resync)
+    assert to == "a" and resync.epoch == 0
+    ((to, resync),) = sent(t.handle("b", Progress(1, 10, 1.0)), Resync)  # reported before resuming
+    assert to == "b" and resync.epoch == 0
+
+
 def test_a_round_opens_only_when_reported_samples_reach_the_target(clock):
     t = ready_tracker(clock)
     assert not sent(t.handle("a", Progress(0, 60, 10.0)), RoundStart)
@@ -89,6 +148,15 @@ def test_silent_peers_are_left_out_of_the_next_round(clock):
     clock.now += 30  # c goes quiet
     t.handle("a", Progress(0, 50, 10.0))
     ((_, start), *_) = sent(t.handle("b", Progress(0, 50, 10.0)), RoundStart)
+    assert start.group == ["a", "b"]
+
+
+def test_a_peer_still_inside_a_long_micro_batch_stays_in_rounds_while_it_reports(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    for _ in range(3):
+        clock.now += 10  # 30 s without a finished micro-batch, but heard from every 10 s
+        t.handle("b", Progress(0, 0, 0.0))
+    ((_, start), *_) = sent(t.handle("a", Progress(0, 100, 10.0)), RoundStart)
     assert start.group == ["a", "b"]
 
 
