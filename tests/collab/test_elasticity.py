@@ -93,7 +93,7 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
 
 
 async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoint(tmp_path):
-    project = tiny_project(checkpoint_every=2)
+    project = tiny_project(checkpoint_every=1, keep_checkpoints=2)
     async with running_backbone(tmp_path, project) as backbone:
         peers = [start_peer(backbone.url, project.id, f"p{i}", max_epochs=4) for i in range(2)]
         try:
@@ -102,7 +102,9 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
         finally:
             await stop_all(*peers)
         saved = backbone.store.checkpoints(project.id)
-        assert [info.epoch for info in saved] == [4, 2]
+        assert [info.epoch for info in saved] == [4, 3]  # one per epoch, the last two kept
+        on_disk = sorted(p.name for p in backbone.files.path(project.id, 0).parent.iterdir())
+        assert on_disk == [backbone.files.path(project.id, e).name for e in (3, 4)]
         assert saved[0].params_sha256 == peers[0].history[-1].params_sha256
 
         newcomer = start_peer(backbone.url, project.id, "newcomer", max_epochs=5)

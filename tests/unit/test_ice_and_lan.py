@@ -8,6 +8,7 @@ import pytest
 
 from engine.backbone.ice import IceConfig, ice_servers_for, turn_credentials
 from engine.lan.records import decode_properties, encode_properties
+from engine.transport.ice import ice_configuration
 
 
 def test_turn_credentials_follow_coturns_shared_secret_scheme():
@@ -24,6 +25,16 @@ def test_each_peer_gets_its_own_credentials_and_never_the_secret():
     assert a[0] == {"urls": ["stun:t.example:3478"]}
     assert a[1]["username"].endswith(":a") and b[1]["username"].endswith(":b")
     assert "s3cret" not in repr(a + b)
+
+
+def test_a_backbone_without_ice_servers_hands_out_an_empty_list_not_aiortcs_default():
+    # aiortc falls back to a public STUN server when iceServers is None: on loopback, and
+    # wherever an operator runs no STUN, peers must contact nobody else.
+    servers = ice_servers_for(IceConfig(), "peer-1")
+    assert servers == []
+    config = ice_configuration(servers)
+    assert config.iceServers == [] and config.iceServers is not None
+    assert ice_configuration([{"urls": 5}, "junk"]).iceServers == []  # malformed entries dropped
 
 
 @pytest.mark.parametrize("config, message", [

@@ -1,0 +1,65 @@
+"""Checkpoint uploads on the backbone's disk: kept only when they are what they claim to be."""
+
+import hashlib
+
+import pytest
+import torch
+
+from engine.backbone.checkpoints import CheckpointFiles, CheckpointRejected
+from engine.training.params import params_sha256
+from engine.training.state import pack_state
+from engine.wire.tensors import encode_file
+
+
+def state_file(epoch: int) -> tuple[bytes, str]:
+    torch.manual_seed(epoch)
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    index, payload = pack_state(model, optimizer, epoch, "p")
+    return encode_file(index, payload), params_sha256(model)
+
+
+async def chunks(data: bytes, size: int = 1000):
+    for start in range(0, len(data), size):
+        yield data[start:start + size]
+
+
+async def receive(files, data, epoch, *, sha=None, params_sha, max_bytes=1 << 20):
+    sha = sha or hashlib.sha256(data).hexdigest()
+    return await files.receive("p", epoch, chunks(data), expected_sha256=sha,
+                               expected_params_sha256=params_sha, max_bytes=max_bytes)
+
+
+async def test_a_genuine_checkpoint_is_kept_whole(tmp_path):
+    files = CheckpointFiles(tmp_path)
+    data, params = state_file(3)
+    path, digest, size = await receive(files, data, 3, params_sha=params)
+    assert path == files.path("p", 3) and path.read_bytes() == data
+    assert (digest, size) == (hashlib.sha256(data).hexdigest(), len(data))
+    assert [p.name for p in (tmp_path / "p").iterdir()] == [path.name]
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("checksum", "checksum does not match"),
+    ("params", "parameters differ"),
+    ("epoch", "holds epoch 3, not 4"),
+    ("garbage", "not a valid state file"),
+    ("size", "exceeds"),
+])
+async def test_a_bad_upload_is_refused_and_leaves_nothing_behind(tmp_path, damage, message):
+    files = CheckpointFiles(tmp_path)
+    data, params = state_file(3)
+    epoch, sha, max_bytes = 3, None, 1 << 20
+    if damage == "checksum":
+        sha = "0" * 64
+    elif damage == "params":
+        params = state_file(5)[1]
+    elif damage == "epoch":
+        epoch = 4
+    elif damage == "garbage":
+        data = b"COTRAIN-STATE\0" + bytes(range(256)) * 8
+    elif damage == "size":
+        max_bytes = len(data) - 1
+    with pytest.raises(CheckpointRejected, match=message):
+        await receive(files, data, epoch, sha=sha, params_sha=params, max_bytes=max_bytes)
+    assert list((tmp_path / "p").iterdir()) == []
