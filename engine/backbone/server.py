@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +52,10 @@ class Backbone:
         specs = projects if projects is not None else load_catalog(config.catalog)
         self.projects = {p.id: p for p in specs}
         self.trackers: dict[str, Tracker] = {}
-        last_round = self.store.last_round_id()
+        # Rounds that opened but were never recorded (the backbone died mid-round) used ids
+        # past the last recorded one, and peers ignore frames of rounds they have seen: so
+        # continue from the clock, never from a number a previous run may have handed out.
+        last_round = max(self.store.last_round_id(), int(time.time() * 1000))
         for spec in specs:
             epoch, digest = self.store.collaboration(spec.id)
             saved = self.store.checkpoints(spec.id)

@@ -285,12 +285,7 @@ class Tracker:
         if msg.epoch == self.epoch + 1 and self.round is None and not self._recorded(msg.epoch):
             # We crashed after this step completed but before it was recorded; the peers
             # that took it are ahead of us. Adopt their state rather than lose the step.
-            log.warning("%s: adopting epoch %d from %s", self.project.id, msg.epoch, peer.peer_id)
-            self.epoch, self.params_sha256 = msg.epoch, msg.params_sha256
-            out.append(CollaborationState(self.epoch, self.params_sha256))
-            for other in self.peers.values():
-                if other.ready and other.peer_id != peer.peer_id:
-                    out += self._resync(other, f"the collaboration is at epoch {self.epoch}")
+            out += self._adopt(peer, msg.epoch, msg.params_sha256)
         if msg.epoch != self.epoch:
             return self._resync(peer, f"the collaboration is at epoch {self.epoch}, not {msg.epoch}")
         if self.params_sha256 is not None and msg.params_sha256 != self.params_sha256:
@@ -303,15 +298,38 @@ class Tracker:
     def _recorded(self, epoch: int) -> bool:
         return epoch <= self._recorded_epoch
 
+    def _adopt(self, peer: PeerState, epoch: int, params_sha256: str) -> list[Out]:
+        log.warning("%s: adopting epoch %d from %s", self.project.id, epoch, peer.peer_id)
+        self.epoch, self.params_sha256 = epoch, params_sha256
+        self._recorded_epoch = max(self._recorded_epoch, epoch)
+        out: list[Out] = [CollaborationState(epoch, params_sha256)]
+        for other in self.peers.values():
+            if other.ready and other.peer_id != peer.peer_id:
+                out += self._resync(other, f"the collaboration is at epoch {epoch}")
+        return out
+
+    def _replayed_step(self, peer: PeerState, msg: RoundDone) -> list[Out]:
+        """A peer back after we restarted tells how its last round ended. If that round took
+        the step for our current epoch and we never recorded it (we died first), record it --
+        the learning curve and the checkpoint checks need every epoch -- but credit nobody:
+        the bounds that judge claims died with the previous process, and a replay is one
+        peer's word."""
+        if (peer.ready or self.round is not None or not msg.ok or not msg.params_sha256
+                or msg.epoch != self.epoch or self._recorded(msg.epoch + 1)):
+            return []
+        record = EpochRecord(msg.round_id, msg.epoch + 1, msg.loss, msg.samples, len(msg.confirmed),
+                             round(msg.seconds, 3), msg.params_sha256)
+        return [record, *self._adopt(peer, msg.epoch + 1, msg.params_sha256)]
+
     def _restart_accumulation(self, peer: PeerState) -> None:
         peer.samples, peer.compute_seconds = 0, 0.0
         peer.reported_at = peer.heard_at = peer.accumulating_since = self._clock()
 
     def _round_done(self, peer: PeerState, msg: RoundDone) -> list[Out]:
         rnd = self.round
-        if rnd is None or msg.round_id != rnd.round_id or peer.peer_id not in rnd.group:
-            return []
-        if peer.peer_id in rnd.outcomes:
+        if rnd is None or msg.round_id != rnd.round_id:
+            return self._replayed_step(peer, msg)
+        if peer.peer_id not in rnd.group or peer.peer_id in rnd.outcomes:
             return []
         rnd.outcomes[peer.peer_id] = msg
         out: list[Out] = []

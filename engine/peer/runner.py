@@ -279,7 +279,11 @@ class Peer:
             if not self._running:
                 await self._client.send(Availability(paused=True))
             if opt.synced and not self.state_sync.busy:
-                # The backbone may have restarted: tell it where we are, keep what we accumulated.
+                # The backbone may have restarted: tell it where we are, keep what we accumulated,
+                # and how our last step went, in case it died before recording that step.
+                last = opt.last_step
+                if last is not None and last.epoch + 1 == opt.epoch:
+                    await self._client.send(last)
                 await self._client.send(Ready(opt.epoch, await opt.params_sha256()))
                 await opt.report_progress(force=True)
             elif not self.state_sync.busy:

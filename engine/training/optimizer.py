@@ -94,6 +94,7 @@ class CollaborativeOptimizer:
         self._outlasted_wait = False
         self.epoch = 0
         self.last_compute_seconds = 0.0
+        self.last_step: RoundDone | None = None  # how our last step went, told the backbone again
         self._averager = averager
         self._send = send
         self._synced = False
@@ -229,9 +230,10 @@ class CollaborativeOptimizer:
             self._in_round = False
             self._update()
         seconds = time.monotonic() - began
-        await self._send(RoundDone(start.round_id, start.epoch, ok=True, params_sha256=digest,
+        self.last_step = RoundDone(start.round_id, start.epoch, ok=True, params_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
-                                   confirmed=averaged.confirmed))
+                                   confirmed=averaged.confirmed)
+        await self._send(self.last_step)
         return EpochResult(self.epoch, start.round_id, averaged.loss, averaged.samples,
                            len(start.group), digest, seconds, taken.samples, taken.batches)
 

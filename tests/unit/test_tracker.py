@@ -134,6 +134,27 @@ def test_peers_paused_through_a_rewind_to_a_checkpoint_are_resynced_on_resuming(
     assert to == "b" and resync.epoch == 0
 
 
+def test_a_step_taken_while_the_backbone_was_down_is_recorded_from_the_replay_uncredited(clock):
+    t = Tracker(project(), clock=clock, epoch=4, params_sha256="h4")  # restarted at epoch 4
+    t.join("a", "a")
+    t.join("b", "b")
+    done = RoundDone(77, 4, True, "h5", samples=120, loss=2.0, seconds=0.5, confirmed={"a": 60, "b": 60})
+    outs = t.handle("a", done)
+    (record,) = [o for o in outs if isinstance(o, EpochRecord)]
+    assert (record.epoch, record.round_id, record.samples, record.loss, record.peers) == (5, 77, 120, 2.0, 2)
+    assert record.credits == {} and (t.epoch, t.params_sha256) == (5, "h5")
+    assert not [o for o in t.handle("b", done) if isinstance(o, EpochRecord)], "recorded twice"
+    t.handle("a", Ready(5, "h5"))
+    t.handle("b", Ready(5, "h5"))
+    assert {p.peer_id for p in t.live_peers()} == {"a", "b"}
+
+
+def test_a_late_round_outcome_from_a_peer_in_rounds_is_no_replay(clock):
+    t = ready_tracker(clock)
+    assert not t.handle("a", RoundDone(99, 0, True, "elsewhere", samples=100))
+    assert (t.epoch, t.params_sha256) == (0, "h0")
+
+
 def test_a_round_opens_only_when_reported_samples_reach_the_target(clock):
     t = ready_tracker(clock)
     assert not sent(t.handle("a", Progress(0, 60, 10.0)), RoundStart)
