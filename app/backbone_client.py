@@ -147,9 +147,8 @@ class BackboneClient(QObject):
     # --- accounts and the stored login ---------------------------------------------------
 
     def load_login(self, url: str, on_done, on_error=None) -> None:
-        """``(Login or None, where-it-is-kept sentence, uses_keyring)``."""
-        store = self.credentials
-        self.submit(lambda: (store.load(url), store.where(), store.uses_keyring), on_done, on_error)
+        """``(Login or None, where-it-is-kept sentence, whether that is the keyring)``."""
+        self.submit(lambda: self.credentials.find(url), on_done, on_error)
 
     def register(self, url: str, username: str, password: str, on_done, on_error) -> None:
         self._account(lambda: asyncio.run(register(url, username, password)), url, on_done, on_error)
@@ -162,8 +161,7 @@ class BackboneClient(QObject):
 
         def work() -> tuple[Login, str]:
             login = call()
-            store.save(url, login)
-            return login, store.where()
+            return login, store.save(url, login)
 
         self.submit(work, on_done, on_error)
 

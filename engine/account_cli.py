@@ -12,12 +12,11 @@ from engine.login import AccountError, log_in, log_out, register
 
 def stored_token(backbone: str) -> str | None:
     """The token kept for ``backbone``, announcing a file fallback on stderr."""
-    store = CredentialStore()
-    login = store.load(backbone)
+    login, where, in_keyring = CredentialStore().find(backbone)
     if login is None:
         return None
-    if not store.uses_keyring:
-        print(f"using the login of {login.username} stored {store.where()}", file=sys.stderr)
+    if not in_keyring:
+        print(f"using the login of {login.username} stored {where}", file=sys.stderr)
     return login.token
 
 
@@ -39,14 +38,14 @@ async def run_account_command(args: argparse.Namespace) -> int:
             login = await register(args.backbone, username, password)
         else:
             login = await log_in(args.backbone, username, password)
-        store.save(args.backbone, login)
+        kept = store.save(args.backbone, login)
     except (AccountError, CredentialsError, ValueError) as exc:
         print(f"cotrain {args.command}: {exc}", file=sys.stderr)
         return 1
     except (EOFError, KeyboardInterrupt):
         print("\ncancelled", file=sys.stderr)
         return 130
-    print(f"logged in to {args.backbone} as {login.username}; the token is kept {store.where()}")
+    print(f"logged in to {args.backbone} as {login.username}; the token is kept {kept}")
     return 0
 
 

@@ -56,38 +56,51 @@ class CredentialStore:
         """A sentence for the user: where their login is kept."""
         if self.uses_keyring:
             return f"in your system keyring ({type(keyring.get_keyring()).__name__})"
-        return (f"in {self.fallback} (readable only by you), because no system keyring is available "
-                "on this machine")
+        return self._in_file("no system keyring is available on this machine")
 
-    def save(self, url: str, login: Login) -> None:
+    def _in_file(self, because: str) -> str:
+        return f"in {self.fallback} (readable only by you), because {because}"
+
+    def save(self, url: str, login: Login) -> str:
+        """Keep the login; returns where it went, in words, for the user to be told."""
         key = backbone_key(url)
+        because = "no system keyring is available on this machine"
         if self.uses_keyring:
             try:
                 keyring.set_password(SERVICE, key, json.dumps(asdict(login)))
-                return
+                return self.where()
             except keyring.errors.KeyringLocked:
                 raise CredentialsError("your keyring is locked: unlock it and try again") from None
-            except keyring.errors.NoKeyringError:
-                pass
+            except keyring.errors.NoKeyringError as exc:
+                because = f"the system keyring is not working ({exc or type(exc).__name__})"
             except keyring.errors.PasswordSetError as exc:
                 raise CredentialsError(f"the keyring refused to store the login: {exc}") from None
         entries = self._read_file()
         entries[key] = asdict(login)
         self._write_file(entries)
+        return self._in_file(because)
 
     def load(self, url: str) -> Login | None:
+        return self.find(url)[0]
+
+    def find(self, url: str) -> tuple[Login | None, str, bool]:
+        """The login kept for ``url``, where it is kept (in words), and whether that is the
+        keyring: a token read from the file is announced wherever it is used."""
         key = backbone_key(url)
+        because = "no system keyring is available on this machine"
         if self.uses_keyring:
             try:
                 raw = keyring.get_password(SERVICE, key)
             except keyring.errors.KeyringLocked:
                 raise CredentialsError("your keyring is locked: unlock it and try again") from None
-            except keyring.errors.NoKeyringError:
-                raw = None
+            except keyring.errors.NoKeyringError as exc:
+                raw, because = None, f"the system keyring is not working ({exc or type(exc).__name__})"
             if raw is not None:
-                return _parse(raw)
+                return _parse(raw), self.where(), True
         entry = self._read_file().get(key)
-        return Login(**entry) if entry else None
+        if entry:
+            return Login(**entry), self._in_file(because), False
+        return None, self.where(), self.uses_keyring
 
     def delete(self, url: str) -> bool:
         """Forget the login; True if there was one."""

@@ -50,6 +50,11 @@ CREATE TABLE IF NOT EXISTS user_totals (
     PRIMARY KEY (project, user_id)
 );
 CREATE INDEX IF NOT EXISTS leaderboard ON user_totals (project, samples DESC, user_id);
+CREATE TABLE IF NOT EXISTS sessions (
+    project TEXT NOT NULL, user_id INTEGER NOT NULL REFERENCES users(id), peer_id TEXT NOT NULL,
+    started REAL NOT NULL, ended REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_user ON sessions (project, user_id, ended);
 CREATE TABLE IF NOT EXISTS checkpoints (
     project TEXT NOT NULL, epoch INTEGER NOT NULL, sha256 TEXT NOT NULL,
     params_sha256 TEXT NOT NULL, size INTEGER NOT NULL, created_at REAL NOT NULL,
@@ -317,8 +322,8 @@ class Store:
         ).fetchone()
         return (row[0], row[1], row[2]) if row else None
 
-    def peer_connected(self, peer_id: str) -> None:
-        now = time.time()
+    def peer_connected(self, peer_id: str, at: float | None = None) -> None:
+        now = at if at is not None else time.time()
         self.db.execute("UPDATE peers SET connected_at=?, last_seen=?, left_at=NULL WHERE peer_id=?",
                         (now, now, peer_id))
 
@@ -327,7 +332,8 @@ class Store:
         self.db.executemany("UPDATE peers SET last_seen=? WHERE peer_id=?", [(now, p) for p in peer_ids])
 
     def peer_left(self, peer_id: str, at: float | None = None) -> None:
-        """Close the peer's session and add its length to its user's online time."""
+        """Close the peer's session; its user's online time grows by the part of it that no
+        other closed session of theirs covers (two peers for an hour are one hour online)."""
         db = self._transaction()
         try:
             row = db.execute(
@@ -335,16 +341,22 @@ class Store:
                 "AND connected_at IS NOT NULL AND left_at IS NULL", (peer_id,),
             ).fetchone()
             if row is not None:
-                project, user_id, connected_at = row
-                ended = at if at is not None else time.time()
+                project, user_id, started = row
+                ended = max(at if at is not None else time.time(), started)
                 db.execute("UPDATE peers SET left_at=?, last_seen=? WHERE peer_id=?", (ended, ended, peer_id))
                 if user_id is not None:
+                    others = db.execute(
+                        "SELECT started, ended FROM sessions WHERE project=? AND user_id=? "
+                        "AND ended > ? AND started < ?", (project, user_id, started, ended),
+                    ).fetchall()
+                    db.execute("INSERT INTO sessions VALUES (?,?,?,?,?)",
+                               (project, user_id, peer_id, started, ended))
                     db.execute(
                         "INSERT INTO user_totals (project, user_id, online_seconds, last_seen) "
                         "VALUES (?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
                         "online_seconds = online_seconds + excluded.online_seconds, "
                         "last_seen = MAX(last_seen, excluded.last_seen)",
-                        (project, user_id, max(ended - connected_at, 0.0), ended),
+                        (project, user_id, ended - started - _covered(started, ended, others), ended),
                     )
             db.execute("COMMIT")
         except BaseException:
@@ -358,3 +370,14 @@ class Store:
         ).fetchall()
         for peer_id, last_seen in rows:
             self.peer_left(peer_id, at=last_seen)
+
+
+def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:
+    """How much of [start, end] the union of ``intervals`` covers."""
+    covered, reach = 0.0, start
+    for lo, hi in sorted(intervals):
+        lo, hi = max(lo, reach), min(hi, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered

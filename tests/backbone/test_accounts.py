@@ -74,6 +74,22 @@ async def test_repeated_failed_logins_are_slowed_down(backbone):
         assert resp.status == 429 and int(resp.headers["Retry-After"]) > 0
 
 
+async def test_one_address_guessing_many_accounts_is_slowed_down(backbone):
+    statuses = [(await log_in(backbone, f"user{i:02d}", "guess-guess", status=None))[0] for i in range(32)]
+    assert statuses[:30] == [401] * 30 and statuses[30:] == [429, 429]
+
+
+async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_path):
+    password = "a fairly unusual passphrase"
+    _, made = await create(backbone, "dora", password, status=201)
+    _, again = await log_in(backbone, "dora", password, status=200)
+    backbone.store.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    stored = b"".join(f.read_bytes() for f in tmp_path.glob("backbone.sqlite3*"))
+    assert b"dora" in stored  # the file is the right one
+    for secret in (password, made["token"], again["token"]):
+        assert secret.encode() not in stored
+
+
 async def test_projects_without_anonymous_peers_need_a_valid_token(backbone):
     _, refused = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, status=401)
     assert "does not accept anonymous peers" in refused["error"]

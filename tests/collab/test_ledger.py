@@ -1,5 +1,7 @@
 """The contribution ledger under real collaborations: exact sums, per-user totals, cheaters."""
 
+import time
+
 import pytest
 
 from tests.collab.accounts import get_json, register
@@ -21,6 +23,7 @@ async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplo
         envs = {user: home_with_login(tmp_path / user, backbone.url, user, token)
                 for user, token in tokens.items()}
         owners = {"alice-1": "alice", "alice-2": "alice", "bob-1": "bob"}
+        began = time.time()
         peers = {name: await spawn_peer(backbone.url, project.id, name, tmp_path, env=envs[user])
                  for name, user in owners.items()}
         tracker = backbone.trackers[project.id]
@@ -37,6 +40,9 @@ async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplo
         by_user = store.credited_by_user(project.id)
         by_peer = store.credited_by_peer(project.id)
         board = await get_json(f"{backbone.url}/api/projects/{project.id}/leaderboard?limit=10")
+        curve = await get_json(f"{backbone.url}/api/projects/{project.id}/curve")
+        mine = {user: await get_json(f"{backbone.url}/api/me", token) for user, token in tokens.items()}
+        ran = time.time() - began
         names = peer_names(store)
 
     assert len(steps) >= killed_at + 3
@@ -49,6 +55,19 @@ async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplo
     assert by_peer[next(p for p, n in names.items() if n == "alice-2")] > 0
     assert [e["username"] for e in board["entries"]] == sorted(by_user, key=by_user.get, reverse=True)
     assert sum(e["share"] for e in board["entries"]) == pytest.approx(1.0, abs=1e-5)
+
+    # What each user sees of themselves: totals, compute and online time, the hourly timeline.
+    for user, me in mine.items():
+        (totals,) = me["projects"]
+        assert (me["username"], totals["project"], totals["samples"]) == (user, project.id, by_user[user])
+        assert totals["rank"] == 1 + sum(v > by_user[user] for v in by_user.values())
+        assert 0 < totals["compute_seconds"] < 2 * ran  # at most two peers' worth, for alice
+        assert 0.5 * ran < totals["online_seconds"] < ran + 5  # two peers at once count once
+        assert sum(h["samples"] for h in me["timeline"]) == by_user[user]
+        assert all(h["hour"] % 3600 == 0 and h["project"] == project.id for h in me["timeline"])
+    # The learning curve: one point per recorded step, with the loss the step reported.
+    assert [row["epoch"] for row in curve["epochs"]] == [s.epoch for s in steps]
+    assert [row["loss"] for row in curve["epochs"]] == pytest.approx([s.loss for s in steps])
 
 
 async def test_a_peer_claiming_ten_times_its_samples_is_credited_what_it_computed(tmp_path):

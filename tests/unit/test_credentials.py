@@ -46,8 +46,8 @@ def test_logins_go_to_the_keyring_when_there_is_one(tmp_path, restore_keyring):
     backend = memory_keyring()
     keyring.set_keyring(backend)
     store = CredentialStore(tmp_path / "credentials.json")
-    store.save("http://Example.org:8470/", Login("alice", "t0ken"))
-    assert store.uses_keyring and "keyring" in store.where()
+    kept = store.save("http://Example.org:8470/", Login("alice", "t0ken"))
+    assert store.uses_keyring and "keyring" in kept == store.where()
     assert store.load("http://example.org:8470") == Login("alice", "t0ken")
     assert not (tmp_path / "credentials.json").exists()
     assert store.delete("http://example.org:8470") and store.load("http://example.org:8470") is None
@@ -75,6 +75,23 @@ def test_a_corrupt_fallback_file_is_ignored_not_fatal(tmp_path, restore_keyring)
     assert store.load("http://127.0.0.1:1") is None
     store.save("http://127.0.0.1:1", Login("c", "t"))
     assert store.load("http://127.0.0.1:1") == Login("c", "t")
+
+
+def test_a_keyring_that_fails_when_used_is_not_claimed_as_the_place_of_the_token(tmp_path, restore_keyring):
+    backend = memory_keyring()
+
+    def broken(service, username, password):
+        raise keyring.errors.NoKeyringError("no D-Bus session")
+
+    backend.set_password = broken
+    keyring.set_keyring(backend)
+    path = tmp_path / "credentials.json"
+    store = CredentialStore(path)
+    kept = store.save("http://127.0.0.1:8470", Login("erin", "t0k"))
+    assert str(path) in kept and "not working (no D-Bus session)" in kept and "keyring (" not in kept
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    login, where, in_keyring = store.find("http://127.0.0.1:8470")
+    assert login == Login("erin", "t0k") and not in_keyring and str(path) in where
 
 
 @pytest.mark.parametrize("url", ["ftp://x", "not a url", "http://"])
