@@ -45,6 +45,8 @@ def _add_limit_options(parser: argparse.ArgumentParser) -> None:
                         help="allowed hours, e.g. 'mon-fri 18:00-08:00, weekends'")
     limits.add_argument("--normal-priority", action="store_true",
                         help="do not lower the worker's OS priority")
+    limits.add_argument("--no-gpu", action="store_true",
+                        help="compute on the CPU even when a CUDA graphics card is present")
 
 
 def limits_from_args(args: argparse.Namespace):
@@ -55,7 +57,7 @@ def limits_from_args(args: argparse.Namespace):
         max_upload_kbps=args.max_upload, max_download_kbps=args.max_download,
         run_on_battery=not args.no_battery, only_when_idle=args.only_when_idle is not None,
         idle_minutes=args.only_when_idle if args.only_when_idle is not None else 5.0,
-        schedule=args.schedule, low_priority=not args.normal_priority,
+        schedule=args.schedule, low_priority=not args.normal_priority, use_gpu=not args.no_gpu,
     )
 
 

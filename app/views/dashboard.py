@@ -41,6 +41,7 @@ class DashboardPage(QWidget):
         self.reason = QLabel()
         self.reason.setWordWrap(True)
         self.project = help_text("")
+        self.device = help_text("")
         self.contribute = QPushButton("Contribute now")
         self.contribute.clicked.connect(controller.contribute_now)
         self.pause = QPushButton("Pause")
@@ -51,7 +52,7 @@ class DashboardPage(QWidget):
         head = QHBoxLayout()
         head.addWidget(self.state_icon)
         words = QVBoxLayout()
-        for widget in (self.title, self.reason, self.project):
+        for widget in (self.title, self.reason, self.project, self.device):
             words.addWidget(widget)
         head.addLayout(words, 1)
         for button in (self.contribute, self.pause, self.snooze):
@@ -146,6 +147,7 @@ class DashboardPage(QWidget):
         t["upload"].set(rate(s.upload_bps))
         t["download"].set(rate(s.download_bps))
         t["loss"].set("–" if s.loss is None else f"{s.loss:.3f}")
+        self.device.setText(f"Computing on {s.device}" if s.device else "")
         target = max(s.collab_target, 1)
         self.progress.setRange(0, target)
         self.progress.setValue(min(s.collab_samples, target))

@@ -34,6 +34,13 @@ class Governed:
 
 
 @dataclass
+class ComputingOn:
+    """Where micro-batches run (the CPU or a graphics card), in words for people."""
+
+    description: str
+
+
+@dataclass
 class SyncProgress:
     """Downloading the collaboration's state: ``received`` of ``total`` bytes."""
 
@@ -72,5 +79,5 @@ class Stopped:
     reason: str
 
 
-Event = (Joined | Connection | Governed | SyncProgress | Synced | EpochCompleted | RoundFailed
-         | StatusChanged | Stopped)
+Event = (Joined | Connection | Governed | ComputingOn | SyncProgress | Synced | EpochCompleted
+         | RoundFailed | StatusChanged | Stopped)

@@ -7,6 +7,7 @@ import sys
 
 from engine.console import StatusLine, bar, megabytes
 from engine.peer.events import (
+    ComputingOn,
     Connection,
     EpochCompleted,
     Event,
@@ -32,6 +33,8 @@ class ConsoleReporter:
             self.line.say(f"joined '{event.project.title}' as peer {event.peer_id}{who}")
         elif isinstance(event, Connection):
             self.line.say(event.message)
+        elif isinstance(event, ComputingOn):
+            self.line.say(f"computing on {event.description}")
         elif isinstance(event, Governed):
             self.line.say(event.reason if event.running else f"paused: {event.reason}")
         elif isinstance(event, SyncProgress):

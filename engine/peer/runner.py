@@ -23,6 +23,7 @@ from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
 from engine.peer.client import BackboneClient, BackboneError
 from engine.peer.events import (
+    ComputingOn,
     Connection,
     EpochCompleted,
     Event,
@@ -34,6 +35,7 @@ from engine.peer.events import (
 )
 from engine.peer.state_sync import StateSync
 from engine.tasks import Task, create_task, initial_model
+from engine.training.device import Placement, choose_device
 from engine.training.optimizer import CollaborativeOptimizer, EpochResult
 from engine.training.schedule import build_optimizer
 from engine.transport.ice import ice_configuration, is_loopback_host, restrict_host_addresses
@@ -103,6 +105,7 @@ class Peer:
         self._task: Task | None = None
         self._running = True
         self._resync_on_resume = False
+        self._placement: Placement | None = None
         self.gate = ComputeGate(options.limits.cpu_percent, options.slowdown)
         self.upload = RateLimiter()
         self.download = RateLimiter()
@@ -128,6 +131,11 @@ class Peer:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def placement(self) -> Placement | None:
+        """Where micro-batches run (None before the peer has joined)."""
+        return self._placement
+
     def set_running(self, run: bool, reason: str) -> None:
         """Compute or give the machine back. A paused peer leaves rounds; when it runs again
         and the collaboration has moved on, it catches up by downloading the state."""
@@ -150,6 +158,15 @@ class Peer:
             self._mesh.set_download_cap(self.download.rate)
         if self._opt is not None and (limits.threads or self.options.threads):
             self._spawn(self._opt.set_threads(limits.threads or self.options.threads))
+        if self._opt is not None:
+            self._spawn(self._compute_on(choose_device(limits.use_gpu)))
+
+    async def _compute_on(self, placement: Placement) -> None:
+        if placement != self._placement:
+            self._placement = placement
+            await self.optimizer.set_compute_device(placement.device)
+            log.info("computing on %s", placement.description)
+            self._emit(ComputingOn(placement.description))
 
     def _all_links_relayed(self) -> bool:
         paths = [p for p in self.mesh.paths().values() if p]
@@ -377,11 +394,10 @@ class Peer:
         opts, task, opt = self.options, self._task, self.optimizer
         assert task is not None
         seed = opts.data_seed if opts.data_seed is not None else int(self.peer_id[:15], 16)
-        model = opt.model
         for index in itertools.count():
             def micro_batch(index: int = index) -> tuple[int, float]:
-                batch = task.batch(seed, index)
-                loss_sum = task.loss(model, batch) * batch.size
+                batch = task.batch(seed, index).to(opt.compute_device)
+                loss_sum = task.loss(opt.compute_model, batch) * batch.size
                 loss_sum.backward()
                 return batch.size, float(loss_sum.detach())
 

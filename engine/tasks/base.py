@@ -22,6 +22,11 @@ class Batch:
     def size(self) -> int:
         return int(self.inputs.shape[0])
 
+    def to(self, device: torch.device | None) -> Batch:
+        if device is None:
+            return self
+        return Batch(self.seed, self.index, self.inputs.to(device), self.targets.to(device))
+
 
 class Task(ABC):
     name: ClassVar[str]

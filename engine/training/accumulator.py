@@ -54,7 +54,7 @@ class GradientAccumulator:
         """Put back what a failed round took, keeping what arrived meanwhile."""
         offset = 0
         for p in self.params:
-            part = taken.vector[offset : offset + p.numel()].view_as(p)
+            part = taken.vector[offset : offset + p.numel()].view_as(p).to(p.device)
             p.grad = part.clone() if p.grad is None else p.grad.add_(part)
             offset += p.numel()
         self.samples += taken.samples

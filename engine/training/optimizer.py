@@ -12,6 +12,7 @@ order, so a step never overlaps a forward pass and the event loop keeps serving 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -73,6 +74,7 @@ class CollaborativeOptimizer:
         report_interval: float = 0.5,
         executor: ThreadPoolExecutor | None = None,
         gate: ComputeGate | None = None,
+        compute_device: torch.device | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -84,10 +86,13 @@ class CollaborativeOptimizer:
         self.report_interval = report_interval
         self.target_batch_size = target_batch_size
         self.params = trainable(model)
-        self.accumulator = GradientAccumulator(self.params)
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
         self.gate = gate or ComputeGate()
+        self.compute_device: torch.device | None = None
+        self.compute_model = model
+        self.accumulator = GradientAccumulator(self.params)
+        self._place(compute_device)
         self.client_mode: Callable[[], bool] = lambda: False
         self._busy = False
         self._batch_began: float | None = None  # when the micro-batch under way started
@@ -259,6 +264,40 @@ class CollaborativeOptimizer:
         log.info("dropping the micro-batch under way rather than keep the collaboration waiting")
         return await job
 
+    # --- where micro-batches run ----------------------------------------------------------
+
+    async def set_compute_device(self, device: torch.device | None) -> None:
+        """Move micro-batches to ``device`` (None: the CPU), keeping what is accumulated."""
+        if device != self.compute_device:
+            await self._run(lambda: self._place(device))
+
+    def _place(self, device: torch.device | None) -> None:
+        """The master weights and the optimizer stay on the CPU in fp32, so every peer takes
+        the step with the same kernels and gets the same bits, whatever its hardware. On a
+        GPU, micro-batches run on a copy of the model, whose weights follow the master after
+        every step and whose gradients are gathered for each round."""
+        old = self.accumulator.params
+        if device is None:
+            compute = self.model
+        else:
+            # The memo keeps the gate itself: the copy's pause and duty-cycle hooks call it.
+            compute = copy.deepcopy(self.model, {id(self.gate): self.gate}).to(device)
+        new = trainable(compute)
+        for fresh, previous in zip(new, old, strict=True):
+            grad = previous.grad
+            if fresh is not previous:
+                fresh.grad = grad.to(fresh.device) if grad is not None else None
+                previous.grad = None
+        self.compute_model, self.compute_device = compute, device
+        self.accumulator.params = new
+
+    def _follow_master(self) -> None:
+        if self.compute_model is not self.model:
+            replica = self.compute_model.state_dict()
+            with torch.no_grad():
+                for name, value in self.model.state_dict().items():
+                    replica[name].copy_(value)
+
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
         set_grads(self.params, vector)
         if self.clip_grad_norm:
@@ -268,6 +307,7 @@ class CollaborativeOptimizer:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._follow_master()
         self.epoch = epoch + 1
         return params_sha256(self.model)
 
@@ -290,6 +330,7 @@ class CollaborativeOptimizer:
         def work() -> str:
             self.model.load_state_dict(fresh.state_dict())
             self.optimizer.state.clear()
+            self._follow_master()
             self.epoch = 0
             return params_sha256(self.model)
 
@@ -299,6 +340,7 @@ class CollaborativeOptimizer:
         """Adopt a downloaded state; returns its parameter hash."""
         def work() -> str:
             self.epoch = load_state(bundle, self.model, self.optimizer, self.project_id)
+            self._follow_master()
             return params_sha256(self.model)
 
         return await self._run(work)

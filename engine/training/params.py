@@ -13,12 +13,14 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def flat_grad(params: Sequence[torch.nn.Parameter], scale: float = 1.0) -> torch.Tensor:
-    """One new fp32 vector of all gradients (zeros where a parameter got none), times ``scale``."""
+    """One new fp32 vector on the CPU of all gradients (zeros where a parameter got none),
+    times ``scale``; gradients on a GPU are gathered there and copied once."""
     parts = [
-        (p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel()))
+        (p.grad.detach().reshape(-1).float() if p.grad is not None
+         else torch.zeros(p.numel(), device=p.device))
         for p in params
     ]
-    out = torch.cat(parts) if parts else torch.zeros(0)
+    out = torch.cat(parts).cpu() if parts else torch.zeros(0)
     return out.mul_(scale) if scale != 1.0 else out
 
 

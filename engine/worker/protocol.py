@@ -143,6 +143,7 @@ class Stats:
     upload_bps: float  # bytes per second
     download_bps: float
     loss: float | None  # the mean loss of the last step (or of my current batch before one)
+    device: str = ""  # where micro-batches run, in words ("the CPU (no CUDA graphics card found)")
 
 
 @dataclass

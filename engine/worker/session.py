@@ -242,6 +242,7 @@ class Session:
             peers=status.peers if status else 1,
             upload_bps=_finite(up), download_bps=_finite(down),
             loss=None if loss is None or not math.isfinite(loss) else loss,
+            device=peer.placement.description if peer.placement else "",
         )
 
     async def run_governor(self) -> None:
