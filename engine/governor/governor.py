@@ -75,7 +75,11 @@ class Governor:
     # --- the loop ---------------------------------------------------------------------------
 
     async def observe(self) -> Observation:
-        self.idle_reading = await asyncio.to_thread(self.idle.read)
+        reading, previous = await asyncio.to_thread(self.idle.read), self.idle_reading
+        first = previous.source is None and not previous.problems
+        if reading.source is None and (first or previous.source is not None):
+            log.warning(reading.describe)  # once: what each source answered
+        self.idle_reading = reading
         return Observation(now=self._clock(), idle_seconds=self.idle_reading.seconds,
                            on_battery=self.power.on_battery(), memory_mb=self._memory_mb(),
                            user_paused=self.user_paused, snoozed_until=self.snoozed_until,

@@ -74,21 +74,30 @@ class _DBusIdle(IdleSource):
         if not sys.platform.startswith("linux"):
             raise IdleUnavailable("not Linux")
         try:
-            from jeepney import DBusAddress, new_method_call
+            from jeepney import DBusAddress, DBusErrorResponse, new_method_call
             from jeepney.io.blocking import open_dbus_connection
+            from jeepney.wrappers import unwrap_msg
         except ImportError:
             raise IdleUnavailable("jeepney is not installed") from None
         try:
             with open_dbus_connection(bus=self.bus) as conn:
                 address = DBusAddress(self.path, bus_name=self.destination, interface=self.interface)
-                reply = conn.send_and_get_reply(self._call(new_method_call, address), timeout=1)
+                # An error reply (no such service: any desktop but this one) comes back as a
+                # message like any other; unwrapping raises it.
+                body = unwrap_msg(conn.send_and_get_reply(self._call(new_method_call, address), timeout=1))
         except KeyError:
             raise IdleUnavailable(f"no D-Bus {self.bus.lower()} bus") from None
         except FileNotFoundError:
             raise IdleUnavailable(f"no D-Bus {self.bus.lower()} bus socket") from None
-        except Exception as exc:  # no service, access denied: all mean "not here"
+        except DBusErrorResponse as exc:
+            detail = exc.data[0] if exc.data else ""
+            raise IdleUnavailable(f"{exc.name.rsplit('.', 1)[-1]}: {detail}") from None
+        except Exception as exc:  # a refused connection, a timeout: all mean "not here"
             raise IdleUnavailable(f"{type(exc).__name__}: {exc}") from None
-        return self._read(reply.body)
+        try:
+            return self._read(body)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            raise IdleUnavailable(f"unexpected answer {body!r:.80}: {exc}") from None
 
     def _call(self, new_method_call, address):
         return new_method_call(address, self.method)
@@ -224,6 +233,10 @@ class IdleDetector:
                 seconds = source.idle_seconds()
             except IdleUnavailable as exc:
                 problems[source.name] = str(exc)
+                continue
+            except Exception as exc:  # a bug in one source must not stop the governor
+                log.warning("idle source %s failed", source.name, exc_info=True)
+                problems[source.name] = f"failed: {exc!r}"
                 continue
             if source is not self._working:
                 log.info("idle time from %s", source.name)
