@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from engine.governor.governor import Governor
@@ -99,6 +100,14 @@ def _foreground_task() -> float:
     return time.perf_counter() - began
 
 
+def _wait_until_computing(worker: subprocess.Popen, log: Path, timeout: float = 120.0) -> None:
+    """Until the worker has joined, synced and keeps at least a core busy: its steady state."""
+    process, deadline = psutil.Process(worker.pid), time.monotonic() + timeout
+    while "in sync at epoch" not in log.read_text() or process.cpu_percent(interval=0.5) < 40:
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not start computing:\n{log.read_text()[-2000:]}")
+
+
 def interference(repeats: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         project = tiny_project(task_params=DEMO, target_batch_size=10**6)
@@ -117,10 +126,12 @@ def interference(repeats: int) -> None:
             ):
                 worker = None
                 if flags is not None:
-                    worker = subprocess.Popen([*engine_command(), "peer", "--backbone", url, "--project",
-                                               project.id, "--threads", str(os.cpu_count()), *flags],
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    time.sleep(8)  # the worker loading its corpus and reaching its steady state
+                    log = Path(tmp) / "worker.log"
+                    with open(log, "wb") as err:
+                        worker = subprocess.Popen([*engine_command(), "peer", "--backbone", url, "--project",
+                                                   project.id, "--threads", str(os.cpu_count()), *flags],
+                                                  stdout=subprocess.DEVNULL, stderr=err)
+                    _wait_until_computing(worker, log)
                 times = [_foreground_task() for _ in range(repeats)]
                 if worker is not None:
                     worker.terminate()

@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+import psutil
 import pytest
 
 from engine.governor.governor import Governor
@@ -10,6 +11,7 @@ from engine.governor.idle import IdleDetector, XScreenSaverIdle
 from engine.governor.limits import Limits
 from engine.governor.power import PowerSource
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+from tests.collab.processes import spawn_peer, terminate
 from tests.conftest import until
 from tests.xserver import xdotool, xvfb
 
@@ -66,6 +68,26 @@ async def test_input_pauses_compute_within_a_second_and_idleness_resumes_it(disp
             await stop_all(peer)
     assert stopped < 1.0
     assert idle_minutes * 60 <= resumed < idle_minutes * 60 + 2.0
+
+
+async def test_cotrain_peer_says_each_change_of_state_and_runs_at_the_lowest_priority(display, tmp_path):
+    project = tiny_project(target_batch_size=10_000)
+    log = tmp_path / "volunteer.log"
+    waiting, running = "paused: Waiting for the computer to be idle", "Contributing"
+    async with running_backbone(tmp_path, project) as backbone:
+        await asyncio.to_thread(xdotool, display, "mousemove", "10", "10")  # someone is at the computer
+        peer = await spawn_peer(backbone.url, project.id, "volunteer", tmp_path, "--only-when-idle", "0.05",
+                                env={"DISPLAY": display})
+        try:
+            await until(lambda: waiting in log.read_text(), 60, "the peer to say it waits for idleness")
+            await until(lambda: running in log.read_text().split(waiting, 1)[1], 30, "it to start")
+            assert psutil.Process(peer.process.pid).nice() == 19  # any program the user runs comes first
+            await asyncio.to_thread(xdotool, display, "mousemove", "300", "300")
+            await until(lambda: log.read_text().count(waiting) == 2, 10, "the peer to say it paused again")
+        finally:
+            await terminate(peer)
+    said = [line for line in log.read_text().splitlines() if line in (waiting, running)]
+    assert said[:3] == [waiting, running, waiting]
 
 
 async def test_running_on_battery_pauses_and_the_charger_resumes(tmp_path):
