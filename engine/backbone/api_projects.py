@@ -116,6 +116,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     session = PeerSession(peer_id, spec.id, name, owner, ws)
     backbone.sessions[peer_id] = session
     backbone.store.peer_connected(peer_id)
+    backbone.send_ice_servers(session)  # the join reply's may have expired (a reconnect)
     backbone.execute(spec.id, tracker.join(peer_id, name))
     try:
         async for raw in ws:

@@ -58,11 +58,11 @@ def turn_credentials(secret: str, peer_id: str, ttl: int, now: float | None = No
     return username, base64.b64encode(digest).decode()
 
 
-def ice_servers_for(config: IceConfig, peer_id: str) -> list[dict]:
+def ice_servers_for(config: IceConfig, peer_id: str, now: float | None = None) -> list[dict]:
     servers: list[dict] = []
     if config.stun_urls:
         servers.append({"urls": list(config.stun_urls)})
     if config.turn_urls and config.turn_secret:
-        username, credential = turn_credentials(config.turn_secret, peer_id, config.turn_ttl)
+        username, credential = turn_credentials(config.turn_secret, peer_id, config.turn_ttl, now)
         servers.append({"urls": list(config.turn_urls), "username": username, "credential": credential})
     return servers

@@ -17,13 +17,13 @@ from engine.backbone.accounts import AttemptLimiter
 from engine.backbone.api_projects import project_json
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.http import BACKBONE, errors_as_json
-from engine.backbone.ice import IceConfig
+from engine.backbone.ice import IceConfig, ice_servers_for
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store import Step, Store
 from engine.backbone.tracker import Broadcast, CollaborationState, EpochRecord, Out, Send, Tracker
 from engine.project import ProjectSpec, load_catalog
 from engine.resources import default_catalog
-from engine.wire.messages import CheckpointInfo, encode
+from engine.wire.messages import CheckpointInfo, IceServers, encode
 
 log = logging.getLogger(__name__)
 SEEN_INTERVAL = 10.0
@@ -112,6 +112,21 @@ class Backbone:
                 # Online time survives a crash up to the last time peers were seen.
                 next_seen = loop.time() + SEEN_INTERVAL
                 self.store.peers_seen(list(self.sessions))
+                self.renew_ice_credentials(time.time())
+
+    def send_ice_servers(self, session: PeerSession, now: float | None = None) -> None:
+        """Fresh ICE servers for the peer's next links. TURN credentials expire after
+        ``turn_ttl`` (coturn checks them only when a relay is allocated, so links already up
+        live on); they are renewed at half their life."""
+        now = now if now is not None else time.time()
+        ice = self.config.ice
+        session.send(encode(IceServers(ice_servers_for(ice, session.peer_id, now))))
+        session.ice_renew_at = now + ice.turn_ttl / 2 if ice.turn_urls else float("inf")
+
+    def renew_ice_credentials(self, now: float) -> None:
+        for session in list(self.sessions.values()):
+            if now >= session.ice_renew_at:
+                self.send_ice_servers(session, now)
 
     def execute(self, project: str, outs: list[Out]) -> None:
         """Carry out what a tracker decided: send, broadcast, record."""

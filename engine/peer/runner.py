@@ -49,6 +49,7 @@ from engine.wire.messages import (
     Availability,
     EpochAdvanced,
     Error,
+    IceServers,
     Ready,
     Resync,
     RoundStart,
@@ -106,6 +107,7 @@ class Peer:
         self._running = True
         self._resync_on_resume = False
         self._placement: Placement | None = None
+        self._relay_only = options.relay_only
         self.gate = ComputeGate(options.limits.cpu_percent, options.slowdown)
         self.upload = RateLimiter()
         self.download = RateLimiter()
@@ -221,7 +223,7 @@ class Peer:
         model = self._fresh_model()
         self.gate.install(model)
         optimizer = build_optimizer(project.optimizer, model.parameters())
-        relay_only = opts.relay_only or reply.ice_policy == "relay"
+        relay_only = self._relay_only = opts.relay_only or reply.ice_policy == "relay"
         self._mesh = PeerMesh(self.peer_id, self._signal, ice_configuration(reply.ice_servers, relay_only),
                               self._mailbox, self._on_frame, self._on_incoming,
                               max_payload=reply.max_checkpoint_bytes, upload=self.upload)
@@ -330,6 +332,8 @@ class Peer:
             self.optimizer.observe(msg)
             self._collab_epoch = msg.epoch
             self._emit(StatusChanged(msg, self.traffic()))
+        elif isinstance(msg, IceServers):
+            self.mesh.config = ice_configuration(msg.servers, self._relay_only)
         elif isinstance(msg, Error):
             log.error("backbone: %s", msg.message)
             self.stop(f"backbone refused: {msg.message}")

@@ -211,6 +211,26 @@ class Status:
 
 
 @dataclass
+class IceServers:
+    """Fresh STUN/TURN servers for the links set up from now on: TURN credentials expire,
+    so the backbone sends new ones when the control socket connects and before they do."""
+
+    TYPE: ClassVar[str] = "ice_servers"
+    servers: list[dict]
+
+    def __post_init__(self) -> None:
+        if len(self.servers) > 16:
+            raise ValueError("too many ICE servers")
+        for server in self.servers:
+            urls = server.get("urls") if isinstance(server, dict) else None
+            urls = [urls] if isinstance(urls, str) else urls
+            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+                raise ValueError("each ICE server needs urls")
+            if any(not isinstance(server.get(k, ""), str) for k in ("username", "credential")):
+                raise ValueError("ICE server credentials must be strings")
+
+
+@dataclass
 class Error:
     TYPE: ClassVar[str] = "error"
     message: str
@@ -220,7 +240,7 @@ CONTROL_TYPES: dict[str, type] = {
     cls.TYPE: cls
     for cls in (
         Progress, SyncRequest, Ready, RoundDone, Signal, Ping, Availability,
-        SyncPlan, RoundStart, EpochAdvanced, Resync, Status, Error, Pong,
+        SyncPlan, RoundStart, EpochAdvanced, Resync, Status, IceServers, Error, Pong,
     )
 }
 

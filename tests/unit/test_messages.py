@@ -39,6 +39,9 @@ def test_messages_survive_the_wire():
         ({"v": 1, "type": "round_start", "round_id": 1, "epoch": 0, "group": ["a", "a"],
           "shares": [1, 1], "timeout": 5}, "twice"),
         ({"v": 1, "type": "progress", "epoch": True, "samples": 1, "samples_per_second": 1.0}, "integer"),
+        ({"v": 1, "type": "ice_servers", "servers": [{"urls": []}]}, "needs urls"),
+        ({"v": 1, "type": "ice_servers", "servers": [{"urls": "turn:x", "credential": 5}]}, "strings"),
+        ({"v": 1, "type": "ice_servers", "servers": ["stun:x"]}, "expected an object"),
     ],
 )
 def test_bad_messages_are_refused_with_a_reason(payload, message):
