@@ -93,6 +93,7 @@ class PeerState:
     donor: str | None = None
     syncing_since: float | None = None
     paused: bool = False  # its owner needs the machine: not in rounds, not a donor
+    sync_request: SyncRequest | None = None  # asked where to get the state, not answered yet
     client_mode: bool = False  # reachable only through a relay: sends parts, reduces none
 
 
@@ -237,22 +238,49 @@ class Tracker:
     def _sync_request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
         peer.ready = False
         peer.syncing_since = self._clock()
+        peer.sync_request = msg
+        return self._answer_sync(peer, patient=True)
+
+    def _answer_waiting(self, patient: bool) -> list[Out]:
+        out: list[Out] = []
+        for peer in list(self.peers.values()):
+            if peer.sync_request is not None:
+                out += self._answer_sync(peer, patient)
+        return out
+
+    def _reachable(self, a: str, b: str, now: float) -> bool:
+        return self._unreachable.get(frozenset((a, b)), 0.0) <= now
+
+    def _answer_sync(self, peer: PeerState, patient: bool) -> list[Out]:
+        """Tell ``peer`` where to get the state -- or, when ``patient`` and no peer it can
+        reach holds the epoch yet but one is about to (a member of the round under way that
+        has not reported), nothing yet: asking one it cannot reach would stall its download."""
+        msg = peer.sync_request
+        assert msg is not None
         donors = [p for p in self.peers.values()
                   if p.ready and p.epoch == self.epoch and p.peer_id != peer.peer_id and not p.paused]
+        now = self._clock()
+        untried = [p for p in donors if p.peer_id not in msg.exclude]
+        reachable = [p for p in untried if self._reachable(peer.peer_id, p.peer_id, now)]
+        rnd = self.round
+        if patient and not reachable and rnd is not None and any(
+                m != peer.peer_id and m not in rnd.outcomes and m in self.peers
+                and self._reachable(peer.peer_id, m, now) for m in rnd.group):
+            return []  # answered when the round's members report (or it closes)
+        peer.sync_request = None
         if donors:
-            now = self._clock()
-            untried = [p for p in donors if p.peer_id not in msg.exclude]
-            reachable = [p for p in untried
-                         if self._unreachable.get(frozenset((peer.peer_id, p.peer_id)), 0.0) <= now]
             checkpoint = self.checkpoint
             if not untried and checkpoint is not None and checkpoint.epoch == self.epoch:
                 # Every peer holding this epoch failed to serve it; the checkpoint holds it too.
                 return [Send(peer.peer_id, SyncPlan(self.epoch, "checkpoint", checkpoint=checkpoint,
                                                     params_sha256=self.params_sha256))]
             usable = reachable or untried or donors
-            # A silent peer may be hung: ask the ones that reported lately first.
-            donor = min(usable, key=lambda p: (now - p.heard_at > self.peer_timeout,
-                                               p.serving, p.joined_at))
+            # A silent peer may be hung, and a pair whose last exchange failed may still be
+            # cut off (its cooldown over, but not yet proven): ask the others first.
+            donor = min(usable, key=lambda p: (
+                now - p.heard_at > self.peer_timeout,
+                self._strikes.get(frozenset((peer.peer_id, p.peer_id)), 0) > 0,
+                p.serving, p.joined_at))
             self._release_donor(peer)
             donor.serving += 1
             peer.donor = donor.peer_id
@@ -348,7 +376,7 @@ class Tracker:
             for other in msg.unreachable:
                 if other in rnd.group and other != peer.peer_id:
                     self._keep_apart(frozenset((peer.peer_id, other)))
-        return out + self._settle_round()
+        return out + self._answer_waiting(patient=True) + self._settle_round()
 
     def _keep_apart(self, pair: frozenset[str]) -> None:
         """Back off a pair that failed to exchange: each retry that fails again doubles the
@@ -393,7 +421,7 @@ class Tracker:
 
     def _close_round(self, rnd: OpenRound) -> list[Out]:
         self.round = None
-        out: list[Out] = []
+        out: list[Out] = self._answer_waiting(patient=False)
         if rnd.advanced_to is None:
             log.info("%s: round %d for epoch %d failed", self.project.id, rnd.round_id, rnd.epoch)
             self._retry_at = self._clock() + self.retry_delay

@@ -52,8 +52,9 @@ async def test_peers_behind_cone_and_symmetric_nats_train_together_and_survive_a
                     "the public peer to go on through the TURN outage")
         after = [t for t in public.arrivals if t > outage]
         gaps = [b - a for a, b in itertools.pairwise([outage, *after])]
-        # A stalled round costs at most its timeout, then the unreachable pair is kept apart.
-        assert max(gaps) < 2 * ROUND_TIMEOUT + 10, gaps
+        # A stalled round costs its timeout (and the backbone's 5 s grace before it closes
+        # the round), then the unreachable pair is kept apart; nothing else waits on it.
+        assert max(gaps) < ROUND_TIMEOUT + 5 + 4, gaps
         assert any(e["peers"] == 2 for e in public.epochs[epochs_before:]), "nobody was left out"
 
         network.start_coturn()

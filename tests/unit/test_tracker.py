@@ -362,6 +362,35 @@ def test_a_peer_resyncs_from_a_donor_it_can_reach(clock):
     assert plan.peer == "b"
 
 
+def test_after_the_cooldown_a_donor_that_failed_the_peer_is_still_asked_last(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    fail_pair(t, start, "a", "c")
+    t.handle("b", RoundDone(start.round_id, 0, False, error="timeout"))
+    clock.now += 31  # kept apart no longer, but nothing says their path works again
+    for p in "ab":
+        t.handle(p, Progress(0, 10, 1.0))
+    ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
+    assert plan.peer == "b"
+
+
+def test_a_left_out_peer_waits_for_a_donor_it_can_reach_rather_than_ask_one_it_cannot(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    fail_pair(t, start, "b", "c")
+    t.handle("a", RoundDone(start.round_id, 0, False, error="timeout"))
+    clock.now += 2
+    start = open_round(t, {"a": 50, "b": 50, "c": 30})
+    assert start.group == ["a", "b"]
+    outs = t.handle("b", RoundDone(start.round_id, 0, True, "h1"))  # b steps first
+    ((to, _),) = sent(outs, Resync)
+    assert to == "c"
+    # Only b holds epoch 1 yet, and c cannot reach b: no plan until a reports.
+    assert not sent(t.handle("c", SyncRequest()), SyncPlan)
+    ((to, plan),) = sent(t.handle("a", RoundDone(start.round_id, 0, True, "h1")), SyncPlan)
+    assert (to, plan.source, plan.peer, plan.epoch) == ("c", "peer", "a", 1)
+
+
 def test_a_peer_reachable_only_through_a_relay_is_given_nothing_to_reduce(clock):
     t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
     t.handle("b", Progress(0, 30, 10.0, client_mode=True))
