@@ -20,20 +20,29 @@ def server_name() -> str:
     return f"cotrain-{getpass.getuser()}-{folder}"
 
 
-def ask_running_instance(message: str = "show") -> bool:
+class NotAnswering(RuntimeError):
+    """Another Cotrain holds the socket but does not take messages."""
+
+
+def ask_running_instance(message: str = "show", attempts: int = 10) -> bool:
     """True if another instance took ``message``: this one should exit.
 
-    The one short wait in the app, before any window exists: connecting to a local socket
-    either succeeds at once or fails at once."""
-    socket = QLocalSocket()
-    socket.connectToServer(server_name())
-    if not socket.waitForConnected(CONNECT_MS):
-        return False
-    socket.write(message.encode() + b"\n")
-    socket.flush()
-    socket.waitForBytesWritten(CONNECT_MS)
-    socket.disconnectFromServer()
-    return True
+    The one short wait in the app, before any window exists. Where nothing listens (no
+    socket, or one a crashed instance left behind) connecting fails at once; an instance
+    that is merely busy gets a few seconds, and is never taken for a crashed one."""
+    for _ in range(attempts):
+        socket = QLocalSocket()
+        socket.connectToServer(server_name())
+        if socket.waitForConnected(CONNECT_MS):
+            socket.write(message.encode() + b"\n")
+            socket.flush()
+            socket.waitForBytesWritten(CONNECT_MS)
+            socket.disconnectFromServer()
+            return True
+        if socket.error() != QLocalSocket.LocalSocketError.SocketTimeoutError:
+            return False
+    raise NotAnswering("Cotrain is already running but does not answer; "
+                       "end it (or restart your session) and try again")
 
 
 class InstanceServer(QObject):
@@ -45,7 +54,8 @@ class InstanceServer(QObject):
         self.server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
         name = server_name()
         if not self.server.listen(name):
-            QLocalServer.removeServer(name)  # left over from a crashed instance
+            # Nobody answered on it (ask_running_instance): left over from a crashed instance.
+            QLocalServer.removeServer(name)
             if not self.server.listen(name):
                 raise OSError(f"cannot listen on {name}: {self.server.errorString()}")
         self.server.newConnection.connect(self._accept)

@@ -42,16 +42,20 @@ def main(argv: list[str] | None = None) -> int:
         return run()
 
     from app.application import CotrainApp
-    from app.instance import ask_running_instance
+    from app.instance import NotAnswering, ask_running_instance
 
     # argv[0] names the X11 window class: "cotrain", not "__main__.py".
     qt = QApplication(["cotrain", *(argv if argv is not None else sys.argv)[1:]])
     qt.setApplicationName("Cotrain")
     qt.setDesktopFileName("cotrain")
     qt.setQuitOnLastWindowClosed(False)
-    if ask_running_instance():
-        log.info("Cotrain is already running; asked it to show its window")
-        return 0
+    try:
+        if ask_running_instance():
+            log.info("Cotrain is already running; asked it to show its window")
+            return 0
+    except NotAnswering as exc:
+        print(f"cotrain: {exc}", file=sys.stderr)
+        return 1
     app = CotrainApp()
     signal.signal(signal.SIGINT, lambda *_: app.controller.quit())
     signal.signal(signal.SIGTERM, lambda *_: app.controller.quit())

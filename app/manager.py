@@ -69,6 +69,9 @@ class WorkerManager(QObject):
             self.stopped.emit()
             return
         self._write(p.Stop())
+        # A worker still starting (no hello yet) has not been written to: end of input stops
+        # it just the same, as soon as it reads its first line.
+        self.process.closeWriteChannel()
         self._kill.start()
 
     def _write(self, command: p.Command) -> None:
@@ -105,6 +108,8 @@ class WorkerManager(QObject):
         self.pid = hello.pid
         if hello.version != p.VERSION:
             log.warning("the worker speaks protocol %d, the app %d", hello.version, p.VERSION)
+        if self._stopping:
+            return  # quit before it was up: nothing to start
         for kind in ("limits", "mode", "project"):
             command = self._replay.get(kind)
             if command is not None:

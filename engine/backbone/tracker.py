@@ -251,6 +251,13 @@ class Tracker:
     def _reachable(self, a: str, b: str, now: float) -> bool:
         return self._unreachable.get(frozenset((a, b)), 0.0) <= now
 
+    def _may_download(self, peer: PeerState, now: float) -> bool:
+        """Whether a syncing peer's download is worth holding rounds for: not from a donor
+        it is kept apart from, or whose last exchange with it failed."""
+        donor = peer.donor
+        return donor is None or (self._reachable(peer.peer_id, donor, now)
+                                 and not self._strikes.get(frozenset((peer.peer_id, donor))))
+
     def _answer_sync(self, peer: PeerState, patient: bool) -> list[Out]:
         """Tell ``peer`` where to get the state -- or, when ``patient`` and no peer it can
         reach holds the epoch yet but one is about to (a member of the round under way that
@@ -451,7 +458,7 @@ class Tracker:
         if not live or sum(p.samples for p in live) < self.project.target_batch_size:
             return []
         if any(p.syncing_since is not None and now - p.syncing_since < self.join_grace
-               for p in self.peers.values()):
+               and self._may_download(p, now) for p in self.peers.values()):
             # A joiner is downloading the current state. Opening the round now would make
             # that state stale on arrival; everyone keeps accumulating meanwhile, so
             # waiting costs a slightly larger batch, not wasted work.
@@ -476,11 +483,15 @@ class Tracker:
         return [Send(pid, start) for pid in group]
 
     def _connected_group(self, live: list[PeerState], now: float) -> list[str]:
-        """The largest set of peers that can all reach each other (greedily, most samples
-        first): a pair that just failed to exchange is kept apart for ``pair_cooldown``."""
+        """The largest set of peers that can all reach each other: a pair that just failed
+        to exchange is kept apart for ``pair_cooldown``. Greedily, the peers that reach the
+        most others first (then the most samples), so one cut-off peer never outranks a
+        connected majority."""
         self._unreachable = {pair: t for pair, t in self._unreachable.items() if t > now}
+        ids = [p.peer_id for p in live]
+        reach = {a: sum(frozenset((a, b)) not in self._unreachable for b in ids if b != a) for a in ids}
         group: list[str] = []
-        for peer in sorted(live, key=lambda p: (-p.samples, p.peer_id)):
+        for peer in sorted(live, key=lambda p: (-reach[p.peer_id], -p.samples, p.peer_id)):
             if all(frozenset((peer.peer_id, other)) not in self._unreachable for other in group):
                 group.append(peer.peer_id)
         return sorted(group)

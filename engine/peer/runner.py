@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from engine.averaging.allreduce import Averaged, RoundPlan, butterfly_allreduce
+from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan, butterfly_allreduce
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
 from engine.peer.client import BackboneClient, BackboneError
@@ -363,7 +363,14 @@ class Peer:
 
     async def _average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                        timeout: float) -> Averaged:
-        return await butterfly_allreduce(plan, vector, samples, loss_sum, self.mesh, timeout)
+        try:
+            return await butterfly_allreduce(plan, vector, samples, loss_sum, self.mesh, timeout)
+        except AveragingError as exc:
+            # A NAT that rebound or a relay that restarted leaves a link that looks open and
+            # carries nothing: renegotiate it through the backbone next time it is needed.
+            for peer in exc.suspects:
+                self._spawn(self.mesh.drop(peer))
+            raise
 
     async def _round(self, start: RoundStart) -> None:
         result = await self.optimizer.run_round(start)

@@ -87,6 +87,7 @@ class StateSync:
                     log.warning("getting the state failed: %s", exc)
                     if self._last_donor:
                         exclude.append(self._last_donor)
+                        await self.mesh.drop(self._last_donor)  # renegotiated if asked again
                     await asyncio.sleep(min(0.25 * 2 ** attempt, 5.0))
                     continue
                 opt = self.optimizer

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import time
 
 import pytest
 from keyring.backends import null
@@ -134,6 +136,23 @@ def test_a_second_instance_shows_the_first_one(qtbot, home):
     finally:
         server.server.close()
     assert not ask_running_instance()
+
+
+def test_a_socket_left_by_a_crashed_instance_is_taken_over_at_once(qtbot, home):
+    server = InstanceServer()
+    path = server.server.fullServerName()
+    server.server.close()
+    stale = socket.socket(socket.AF_UNIX)  # bound and never listening: what a crash leaves
+    stale.bind(path)
+    try:
+        began = time.monotonic()
+        assert not ask_running_instance()
+        assert time.monotonic() - began < 1
+        taken = InstanceServer()
+        assert taken.server.isListening()
+        taken.server.close()
+    finally:
+        stale.close()
 
 
 def test_protocol_messages_round_trip_and_bad_lines_are_refused():

@@ -69,3 +69,28 @@ async def test_peers_behind_cone_and_symmetric_nats_train_together_and_survive_a
         backbone.stop()
         if network.coturn.process.poll() is not None:
             network.start_coturn()
+
+
+async def test_a_peer_whose_nat_rebinds_reconnects_and_nobody_waits_beyond_a_round(network, tmp_path):
+    backbone, url = network.backbone(8475)
+    hosts = {"public": network.host, "neighbour": network.lan_host, "cone": network.cone}
+    peers = {name: await spawn_peer_in(host, url, PROJECT, name, tmp_path) for name, host in hosts.items()}
+    public, cone = peers["public"], peers["cone"]
+    try:
+        await until(lambda: all(sum(e["peers"] == 3 for e in p.epochs) >= 2 for p in peers.values()), 180,
+                    "two epochs in which all three peers took part")
+        network.topology.rebind(network.cone)  # the cone peer's public address changes under it
+        rebound, before = time.monotonic(), len(public.epochs)
+        await until(lambda: any(e["peers"] == 3 for e in public.epochs[before + 1:]), 180,
+                    "the rebound peer in a round with everyone again")
+        after = [t for t in public.arrivals if t > rebound]
+        gaps = [b - a for a, b in itertools.pairwise([rebound, *after])]
+        assert max(gaps) < ROUND_TIMEOUT + 5 + 4, gaps
+        await until(lambda: cone.epochs and cone.epochs[-1]["epoch"] >= public.epochs[-1]["epoch"], 60,
+                    "the rebound peer to catch up")
+        assert assert_same_parameters(peers.values())
+        # It really did talk to the others through new mappings of its router.
+        assert any(40000 <= port <= 49999 for port in network.topology.public_ports(network.cone))
+    finally:
+        await terminate(*peers.values())
+        backbone.stop()

@@ -53,6 +53,16 @@ async def test_relay_only_policy_relays_even_between_public_hosts(network, with_
     assert_connected(a, b, "relay")
 
 
+async def test_a_backbone_with_a_relay_only_policy_sends_every_peer_through_turn(network):
+    backbone, url = network.backbone(8474, "--relay-only")
+    try:
+        # Two hosts on one LAN, which would otherwise connect host to host; no flag on the peers.
+        a, b = await run_probes(network.host, network.lan_host, url, PROJECT, network.workdir)
+    finally:
+        backbone.stop()
+    assert_connected(a, b, "relay")
+
+
 async def test_peers_on_one_lan_connect_over_host_candidates_not_turn(network, with_turn):
     a, b = await run_probes(network.host, network.lan_host, with_turn, PROJECT, network.workdir)
     assert_connected(a, b, "host")

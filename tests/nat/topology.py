@@ -25,9 +25,9 @@ def missing_requirements() -> str | None:
     """Why NAT tests cannot run here, or None when they can."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces (CI runs as root)"
-    for tool in ("ip", "iptables", "turnserver"):
+    for tool in ("ip", "iptables", "turnserver", "conntrack"):
         if shutil.which(tool) is None:
-            return f"needs {tool} (apt-get install iproute2 iptables coturn)"
+            return f"needs {tool} (apt-get install iproute2 iptables coturn conntrack)"
     probe = f"ctprobe{uuid.uuid4().hex[:6]}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -61,6 +61,7 @@ class Host:
 class Topology:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
     namespaces: list[str] = field(default_factory=list)
+    routers: dict[str, str] = field(default_factory=dict)  # machine namespace -> its router's
     _next_public: int = 10
     _next_lan: int = 1
 
@@ -133,7 +134,28 @@ class Topology:
         self._ns(machine, "ip", "addr", "add", f"10.0.{lan}.2/24", "dev", "eth0")
         self._ns(machine, "ip", "link", "set", "eth0", "up")
         self._ns(machine, "ip", "route", "add", "default", "via", f"10.0.{lan}.1")
+        self.routers[machine] = router
         return Host(machine, f"10.0.{lan}.2")
+
+    def rebind(self, machine: Host) -> None:
+        """The router in front of ``machine`` forgets its mappings and makes new ones on other
+        ports, as a home router does after a reboot or when its table overflows: the peer's
+        address as the internet sees it changes under its open connections."""
+        router = self.routers[machine.namespace]
+        self._ns(router, "iptables", "-t", "nat", "-I", "POSTROUTING", "1", "-o", "wan", "-p", "udp",
+                 "-j", "MASQUERADE", "--to-ports", "40000-49999", "--random")
+        self._ns(router, "conntrack", "-F")
+
+    def public_ports(self, machine: Host) -> set[int]:
+        """The UDP ports ``machine``'s router shows the internet for it now."""
+        listing = self._ns(self.routers[machine.namespace], "conntrack", "-L", "-p", "udp")
+        ports = set()
+        for line in listing.splitlines():
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part and
+                          part.split("=", 1)[0] in ("src", "dport"))  # the last src/dport win
+            if fields.get("src") != machine.address and "dport" in fields:
+                ports.add(int(fields["dport"]))
+        return ports
 
     def close(self) -> None:
         for name in reversed(self.namespaces):

@@ -310,6 +310,16 @@ def test_a_joiner_that_never_finishes_downloading_stops_holding_rounds_back(cloc
     assert start.group == ["a", "b"]
 
 
+def test_rounds_do_not_wait_for_a_download_from_a_peer_the_joiner_cannot_reach(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    start = open_round(t, {"a": 60, "b": 60})
+    fail_pair(t, start, "a", "b")  # a's NAT rebound: the two cannot exchange
+    clock.now += 2
+    t.handle("a", SyncRequest())  # left out; its only donor is b, which it cannot reach
+    ((_, start), *_) = sent(t.handle("b", Progress(0, 120, 10.0)), RoundStart)
+    assert start.group == ["b"]
+
+
 def test_a_report_of_fewer_samples_during_the_round_does_not_shrink_a_members_credit(clock):
     t = ready_tracker(clock)
     t.handle("a", Progress(0, 8, 10.0))
@@ -351,6 +361,16 @@ def test_a_pair_that_cannot_connect_is_kept_apart_with_growing_backoff(clock):
     clock.now += 31  # the second failure doubled the wait
     start = open_round(t, {"a": 50, "b": 50, "c": 30})
     assert start.group == ["a", "b"]
+
+
+def test_a_peer_cut_off_from_the_others_never_outranks_them_however_much_it_computed(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    fail_pair(t, start, "a", "b")  # a's NAT rebound: it reaches neither b nor c
+    fail_pair(t, start, "a", "c")
+    clock.now += 2
+    start = open_round(t, {"a": 500, "b": 50, "c": 50})
+    assert start.group == ["b", "c"]
 
 
 def test_a_peer_resyncs_from_a_donor_it_can_reach(clock):
