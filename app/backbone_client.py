@@ -22,6 +22,7 @@ from engine.login import log_in, log_out, register
 
 log = logging.getLogger(__name__)
 TIMEOUT = 10.0
+THREADS = 8  # lookups in flight at once; more wait their turn
 DISCOVERY_SECONDS = 2.0
 
 
@@ -78,17 +79,36 @@ class BackboneClient(QObject):
     def __init__(self, pool: QThreadPool | None = None, credentials: CredentialStore | None = None,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.pool = pool or QThreadPool.globalInstance()
+        # Our own pool, never Qt's global one, and quitting drops what is still queued (see
+        # ``shutdown``). Periodic lookups are keyed, so a backbone that stops answering holds
+        # one thread per kind of lookup, however often the views refresh.
+        self.pool = pool or QThreadPool(self)
+        if pool is None:
+            self.pool.setMaxThreadCount(THREADS)
         self.credentials = credentials or CredentialStore()
         self._replies: set[_Reply] = set()
+        self._in_flight: set[str] = set()
+
+    def shutdown(self, wait_ms: int) -> bool:
+        """Drop queued lookups and wait up to ``wait_ms`` for running ones (each ends within
+        TIMEOUT); True if none is left."""
+        self.pool.clear()
+        return self.pool.waitForDone(wait_ms)
 
     def submit(self, fn: Callable[[], Any], on_done: Callable[[Any], None],
-               on_error: Callable[[str], None] | None = None) -> None:
+               on_error: Callable[[str], None] | None = None, key: str | None = None) -> None:
+        """With ``key``, a call while the same lookup is still running is dropped: its answer
+        is on the way."""
+        if key is not None:
+            if key in self._in_flight:
+                return
+            self._in_flight.add(key)
         reply = _Reply(self)
         self._replies.add(reply)
 
         def finish() -> None:
             self._replies.discard(reply)
+            self._in_flight.discard(key)
             reply.deleteLater()
 
         reply.done.connect(on_done)
@@ -103,7 +123,7 @@ class BackboneClient(QObject):
         """Backbones announcing themselves on the LAN (a list of engine.lan LanBackbone)."""
         from engine.lan.discover import discover
 
-        self.submit(lambda: asyncio.run(discover(seconds=DISCOVERY_SECONDS)), on_done, on_error)
+        self.submit(lambda: asyncio.run(discover(seconds=DISCOVERY_SECONDS)), on_done, on_error, "discover")
 
     def health(self, url: str, on_done, on_error) -> None:
         """Checks that ``url`` is a Cotrain backbone; answers with its normalised URL."""
@@ -132,7 +152,7 @@ class BackboneClient(QObject):
                     log.info("no totals from %s: %s", url, exc)
             return {"projects": projects, "me": me}
 
-        self.submit(fetch, on_done, on_error)
+        self.submit(fetch, on_done, on_error, f"projects {url}")
 
     def leaderboard(self, url: str, project: str, limit: int, offset: int, on_done, on_error) -> None:
         query = urllib.parse.urlencode({"limit": limit, "offset": offset})

@@ -65,10 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     app.start()
     code = qt.exec()
     # Queued lookups (a backbone that stopped answering, a LAN browse) must not hold Quit up.
-    from PySide6.QtCore import QThreadPool
-
-    QThreadPool.globalInstance().clear()
-    QThreadPool.globalInstance().waitForDone(3000)
+    if not app.controller.client.shutdown(3000):
+        log.info("quitting with backbone lookups still running")
     return code
 
 

@@ -1,21 +1,52 @@
-"""``cotrain`` without a display: what the app does on first run — host demo-lm on this
-computer and train it — with live text stats in the terminal, until Ctrl-C. No Qt here."""
+"""``cotrain`` without a display: what the app does — contribute to the project chosen in the
+app (on first run, demo-lm hosted on this computer) within the limits set in its Settings —
+with live text stats in the terminal, until Ctrl-C. No Qt widgets here: QtCore only reads the
+app's settings file, and without PySide6 the defaults apply."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
+import socket
+from dataclasses import dataclass, field
 
 from engine import aio
 from engine.console import bar
+from engine.credentials import CredentialStore
+from engine.governor.limits import Limits
 from engine.peer.events import Event as PeerEvent
 from engine.peer.events import StatusChanged
 from engine.peer.report import ConsoleReporter
 from engine.worker import protocol as p
 from engine.worker.session import LOCAL, Session
 
+log = logging.getLogger(__name__)
 PROJECT = "demo-lm"
+
+
+@dataclass
+class Choices:
+    """What the user chose in the app, as far as the terminal honours it."""
+
+    limits: Limits = field(default_factory=Limits)
+    backbone: str = LOCAL
+    project: str = PROJECT
+    note: str = ""
+
+
+def saved_choices() -> Choices:
+    try:
+        from app.settings_store import SettingsStore
+    except ImportError as exc:
+        return Choices(note=f"cannot read the app's settings ({exc}); using the default limits")
+    store = SettingsStore()
+    current = store.current()
+    if current is None:
+        return Choices(store.limits(), note=f"you left every project in the app; contributing to "
+                                            f"{PROJECT} on this computer")
+    return Choices(store.limits(), current.backbone, current.project)
 
 
 class TerminalView:
@@ -24,6 +55,7 @@ class TerminalView:
     def __init__(self) -> None:
         self.reporter = ConsoleReporter()
         self.line = self.reporter.line
+        self._state: tuple[bool, str] | None = None
 
     def peer_event(self, event: PeerEvent) -> None:
         if not isinstance(event, StatusChanged):  # the stats line below says more
@@ -31,7 +63,11 @@ class TerminalView:
 
     def __call__(self, event: p.Event) -> None:
         if isinstance(event, p.Hosting):
-            self.line.say(f"hosting {PROJECT} on this computer at {event.url} (Ctrl-C to stop)")
+            self.line.say(f"hosting the local backbone on this computer at {event.url} (Ctrl-C to stop)")
+        elif isinstance(event, p.State):
+            if (event.running, event.reason) != self._state:
+                self._state = (event.running, event.reason)
+                self.line.say("contributing" if event.running else f"paused: {event.reason}")
         elif isinstance(event, p.Error):
             self.line.say(f"problem: {event.message}")
         elif isinstance(event, p.Stats):
@@ -48,7 +84,16 @@ async def contribute() -> int:
     view = TerminalView()
     view.line.say("No display: contributing from the terminal. The desktop app opens when a display "
                   "is available (DISPLAY or WAYLAND_DISPLAY).")
+    choices = saved_choices()
+    if choices.note:
+        view.line.say(choices.note)
+    token = None
+    if choices.backbone != LOCAL:
+        login = await asyncio.to_thread(CredentialStore().load, choices.backbone)
+        token = login.token if login else None
+    view.line.say(f"limits from the app's Settings: {choices.limits.describe()}")
     session = Session(view, on_peer_event=view.peer_event)
+    await session.handle(p.SetLimits(choices.limits.to_dict()))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -56,7 +101,7 @@ async def contribute() -> int:
             loop.add_signal_handler(sig, stop.set)
     governing = asyncio.ensure_future(session.run_governor())
     try:
-        await session.start(p.Start(LOCAL, PROJECT))
+        await session.start(p.Start(choices.backbone, choices.project, token, socket.gethostname()))
         await stop.wait()
     finally:
         governing.cancel()

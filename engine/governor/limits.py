@@ -44,6 +44,29 @@ class Limits:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def describe(self) -> str:
+        """One line for people, naming only what differs from contributing without limits."""
+        parts = [f"{self.threads} threads" if self.threads else "all cores"]
+        if self.cpu_percent < 100:
+            parts.append(f"{self.cpu_percent}% of the time")
+        if self.max_memory_mb:
+            parts.append(f"at most {self.max_memory_mb} MB of memory")
+        if self.max_upload_kbps:
+            parts.append(f"upload at most {self.max_upload_kbps} KB/s")
+        if self.max_download_kbps:
+            parts.append(f"download at most {self.max_download_kbps} KB/s")
+        if not self.use_gpu:
+            parts.append("no graphics card")
+        if not self.run_on_battery:
+            parts.append("not on battery")
+        if self.only_when_idle:
+            parts.append(f"only after {self.idle_minutes:g} idle minutes")
+        if self.schedule != "always":
+            parts.append(f"only {self.schedule}")
+        if not self.low_priority:
+            parts.append("at normal priority")
+        return ", ".join(parts)
+
     @classmethod
     def from_dict(cls, data: dict) -> Limits:
         return from_dict(cls, data, "limits")

@@ -96,6 +96,18 @@ def test_the_dashboard_numbers_move(qtbot, running):
     assert "Tiny LM" in d.project.text() and "anonymously" in d.project.text()
 
 
+def test_the_tray_menu_opens_each_window(qtbot, running):
+    window, actions = running.app.window, {a.text(): a for a in running.app.tray.menu.actions()}
+    assert {"Contribute now", "Pause", "Snooze 1 hour", "Contribute only while idle", "Open Cotrain",
+            "Projects…", "Settings…", "Quit"} <= set(actions)
+    window.hide()
+    for text, page in (("Projects…", "projects"), ("Settings…", "settings"), ("Open Cotrain", "dashboard")):
+        actions[text].trigger()
+        wait_until(lambda p=page: window.isVisible() and window.current_page == p, 5, f"{text}: {page}")
+        window.hide()  # as the user closes it: back to the tray
+    assert running.app.controller.manager.running  # closing the window leaves the worker running
+
+
 def test_pause_and_resume_from_the_tray(qtbot, running):
     tray = running.app.tray
     tray.pause_action.trigger()
@@ -180,12 +192,15 @@ def _register_alice(running) -> None:
 
 
 def test_register_stores_the_token_and_the_worker_uses_it(qtbot, running):
+    notices = []
+    running.app.controller.notice.connect(lambda title, text, kind: notices.append(text))
     _register_alice(running)
     account = running.page("account")
     key = backbone_key(running.backbone.url)
     assert '"alice"' in keyring.get_password(SERVICE, key)
     # The worker joins again under the account: the dashboard says so.
     wait_until(lambda: "as alice" in running.dashboard.project.text(), 30)
+    assert "Joined Tiny LM as alice." in notices  # the tray says so too
     wait_until(lambda: "Logged in as <b>alice</b>" in account.status.text(), 10)
     assert account.where.text().startswith("Your login is kept in your system keyring")
     assert not account.no_keyring.isVisible()
@@ -253,6 +268,32 @@ def test_log_out_forgets_the_token(qtbot, running):
     wait_until(lambda: contributing(running), 30)
     assert keyring.get_password(SERVICE, key) is None  # the token is gone from the keyring
     assert "anonymously" in running.dashboard.project.text()  # and the worker no longer uses it
+
+
+def test_log_in_with_an_existing_account(qtbot, running):
+    bb = running.backbone
+    bb.call(register(bb.url, "carol", "carol's long password"))
+    account, key = running.page("account"), backbone_key(bb.url)
+    if running.app.controller.login is not None:  # run after the register test
+        account.log_out_button.click()
+        wait_until(lambda: account.log_in_button.isVisible(), 10)
+    account.username.setText("carol")
+    account.password.setText("not her password")
+    account.log_in_button.click()
+    wait_until(lambda: account.error.isVisible(), 10)
+    assert "password" in account.error.text().lower()
+    assert keyring.get_password(SERVICE, key) is None and account.password.text() != ""
+    account.password.setText("carol's long password")
+    account.log_in_button.click()
+    wait_until(lambda: keyring.get_password(SERVICE, key) is not None, 10)
+    assert '"carol"' in keyring.get_password(SERVICE, key)
+    assert account.password.text() == ""  # not kept in the form
+    wait_until(lambda: "as carol" in running.dashboard.project.text(), 30)
+    wait_until(lambda: "Logged in as <b>carol</b>" in account.status.text(), 10)
+    wait_until(lambda: contributing(running), 30)
+    account.log_out_button.click()
+    wait_until(lambda: "anonymously" in running.dashboard.project.text(), 30)
+    wait_until(lambda: contributing(running), 30)
 
 
 def test_a_worker_crash_is_shown_and_recovered(qtbot, running):

@@ -12,7 +12,8 @@ import time
 import pytest
 from keyring.backends import null
 
-from app import autostart
+from app import autostart, backbone_client
+from app.backbone_client import BackboneClient
 from app.controller import Controller
 from app.instance import InstanceServer, ask_running_instance
 from app.settings_store import LOCAL, Current, SettingsStore
@@ -99,6 +100,31 @@ def test_adding_a_backbone_validates_the_address(qtbot, home, tmp_path):
         join.click()
         assert controller.store.current() == Current(backbone.url, "tiny-lm")
         assert controller.state.reason == "Joining…"
+
+
+def test_a_backbone_that_never_answers_does_not_hold_up_another(qtbot, home, tmp_path, monkeypatch):
+    monkeypatch.setattr(backbone_client, "TIMEOUT", 4.0)
+    silent = socket.socket()  # accepts connections (the kernel does) and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    client = BackboneClient()
+    stuck, answered = [], []
+    try:
+        with threaded_backbone(tmp_path / "backbone", tiny()) as backbone:
+            for _ in range(backbone_client.THREADS * 2):  # the Projects page refreshing, again and again
+                client.projects(silent_url, None, stuck.append, stuck.append)
+            began = time.monotonic()
+            client.projects(backbone.url, None, answered.append, answered.append)
+            wait_until(lambda: answered, 3, "the answering backbone")
+            assert time.monotonic() - began < 3
+            assert [p["id"] for p in answered[0]["projects"]] == ["tiny-lm"]
+            assert not stuck  # still waiting on the silent one
+            assert client.shutdown(8000)  # quitting waits for lookups running, up to their timeout
+    finally:
+        silent.close()
+    wait_until(lambda: stuck, 2, "the silent backbone's answer")
+    assert len(stuck) == 1 and "cannot reach" in stuck[0] and "timed out" in stuck[0]
 
 
 @pytest.mark.parametrize("answer", ["background", "quit", "cancel"])
