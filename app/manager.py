@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Qt, QTimer, Signal
 
 from engine.paths import engine_command, user_data_dir
 from engine.wire import ProtocolError
@@ -42,7 +42,7 @@ class WorkerManager(QObject):
         self._failures = 0
         self._started_at = 0.0
         self._crashed = False
-        self._restart = QTimer(self, singleShot=True)
+        self._restart = QTimer(self, singleShot=True, timerType=Qt.TimerType.PreciseTimer)  # never early
         self._restart.timeout.connect(self._spawn)
         self._kill = QTimer(self, singleShot=True, interval=STOP_GRACE_MS)
         self._kill.timeout.connect(self._force_kill)

@@ -56,6 +56,9 @@ class MainWindow(QMainWindow):
             shortcut = QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self)
             shortcut.activated.connect(lambda k=key: self.show_page(k))
         self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
+        # The page in the title, as the taskbar and window switchers show it.
+        self.nav.currentRowChanged.connect(
+            lambda row: row >= 0 and self.setWindowTitle(f"{PAGES[row][1]} — Cotrain"))
         self.nav.setCurrentRow(0)
         QShortcut(QKeySequence(QKeySequence.StandardKey.Quit), self, activated=self.quit_requested.emit)
         body = QWidget()

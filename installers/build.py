@@ -81,10 +81,7 @@ def deb_arch() -> str:
 def system_libraries(bundle: Path) -> set[str]:
     """Shared libraries the bundle's binaries load from the system (not shipped inside)."""
     found: set[str] = set()
-    for path in bundle.rglob("*"):
-        if not path.is_file() or path.is_symlink() or not (path.suffix == ".so" or ".so." in path.name
-                                                           or path == bundle / "cotrain"):
-            continue
+    for path in elf_files(bundle):
         ldd = subprocess.run(["ldd", str(path)], capture_output=True, text=True)
         for line in ldd.stdout.splitlines():
             match = re.match(r"\s*\S+ => (/\S+)", line)
@@ -93,13 +90,30 @@ def system_libraries(bundle: Path) -> set[str]:
     return found
 
 
+def elf_files(bundle: Path) -> list[Path]:
+    return [path for path in bundle.rglob("*")
+            if path.is_file() and not path.is_symlink()
+            and (path.suffix == ".so" or ".so." in path.name or path == bundle / "cotrain")]
+
+
+def glibc_needed(bundle: Path) -> tuple[int, int]:
+    """The newest GLIBC symbol version any binary of the bundle asks for: the oldest C library
+    it runs on, so the .deb refuses a system too old instead of failing at start."""
+    newest = (2, 17)
+    for path in elf_files(bundle):
+        dump = subprocess.run(["objdump", "-p", str(path)], capture_output=True, text=True).stdout
+        for major, minor in re.findall(r"\bGLIBC_(\d+)\.(\d+)\b", dump):
+            newest = max(newest, (int(major), int(minor)))
+    return newest
+
+
 def debian_packages(libraries: set[str]) -> set[str]:
     packages: set[str] = set()
     for lib in sorted(libraries):
         owner = subprocess.run(["dpkg", "-S", lib], capture_output=True, text=True)
         if owner.returncode == 0:
             packages.add(owner.stdout.split(":", 1)[0].strip())
-    packages.discard("libc6")  # stated with a version below
+    packages.discard("libc6")  # stated with its version (glibc_needed)
     return packages
 
 
@@ -121,13 +135,14 @@ def build_deb(bundle: Path) -> Path:
         shutil.copy(png, apps / "cotrain.png")
     shutil.copy(icons / "cotrain.svg", _mkdir(stage / "usr/share/icons/hicolor/scalable/apps"))
     depends = sorted(debian_packages(system_libraries(bundle)) | set(RUNTIME_DEPENDS))
+    depends.insert(0, "libc6 (>= {}.{})".format(*glibc_needed(bundle)))
     control = _mkdir(stage / "DEBIAN")
     installed_kb = tree_size(stage) // 1024
     (control / "control").write_text(
         f"Package: cotrain\nVersion: {__version__}\nArchitecture: {arch}\n"
         "Maintainer: Cotrain developers <dev@cotrain.invalid>\n"
         f"Installed-Size: {installed_kb}\nSection: science\nPriority: optional\n"
-        f"Depends: libc6 (>= 2.31), {', '.join(depends)}\n"
+        f"Depends: {', '.join(depends)}\n"
         "Homepage: https://github.com/cotrain/cotrain\n"
         "Description: pool idle computers to train deep-learning models together\n"
         " Cotrain lets volunteers lend their computers' idle time to train a model together\n"

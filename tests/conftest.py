@@ -20,6 +20,25 @@ async def until(condition, timeout: float, what: str = "condition") -> None:
         await asyncio.sleep(0.02)
 
 
+FIGURES = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def report_figure(request):
+    """Figures a test measured (sizes, start-up times), printed at the end of the run so that
+    the CI log shows them; `-q` hides what passing tests print."""
+    figures = request.config.stash.setdefault(FIGURES, [])
+    return lambda text: figures.append(f"{request.node.name}: {text}")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    figures = config.stash.get(FIGURES, [])
+    if figures:
+        terminalreporter.section("figures measured by the tests")
+        for line in figures:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(autouse=True)
 def _loopback_only():
     """aioice never offers 127.0.0.1 by itself; tests keep every connection on loopback."""

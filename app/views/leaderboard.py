@@ -132,7 +132,11 @@ class LeaderboardPage(QWidget):
                     item.setToolTip("You")
                 self.table.setItem(row, column, item)
         first = self.offset + 1 if self.entries else 0
-        self.page.setText(f"{first}–{self.offset + len(self.entries)}" if self.entries else "nobody yet")
+        if self.entries:
+            self.page.setText(f"{first}–{self.offset + len(self.entries)}")
+        else:
+            self.page.setText("Nobody has been credited yet." if me else
+                              "Nobody has been credited yet: log in on the Account page to be the first.")
         self.previous.setEnabled(self.offset > 0)
         self.next.setEnabled(len(self.entries) == self.page_size)
 

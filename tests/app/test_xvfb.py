@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from app.window import PAGES
 from engine.paths import engine_command
 from tests.xserver import xdotool, xvfb
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "app"
-PAGES = ("dashboard", "projects", "leaderboard", "account", "settings")
 
 
 def poll(condition, timeout: float, what: str):
@@ -67,13 +67,17 @@ def docked_icon(display: str):
 
 
 def main_window(display: str) -> str | None:
-    """The id of the visible main window (the big one named Cotrain)."""
-    for win in x(display, "xdotool", "search", "--onlyvisible", "--name", "^Cotrain$").split():
+    """The id of the visible main window (the big one titled "<page> — Cotrain")."""
+    for win in x(display, "xdotool", "search", "--onlyvisible", "--name", " — Cotrain$").split():
         info = x(display, "xwininfo", "-id", win)
         size = re.search(r"Width: (\d+).*Height: (\d+)", info, re.S)
         if size and int(size[1]) >= 800 and int(size[2]) >= 500:
             return win
     return None
+
+
+def window_name(display: str, window: str) -> str:
+    return x(display, "xdotool", "getwindowname", window).strip()
 
 
 def click_open(display: str) -> str:
@@ -134,10 +138,13 @@ def test_the_tray_icon_docks_and_opens_the_dashboard(tmp_path):
             poll(lambda: _epoch(url) >= 1, 120, "the first step of the local collaboration")
             tray = shoot_when_changed(display, "root", "tray", crop=f"220x40+{1280 - 220}+0")
             window = click_open(display)
+            assert window_name(display, window) == "Dashboard — Cotrain"
             shot = shoot_when_changed(display, window, "dashboard")
-            for i, page in enumerate(PAGES[1:], start=2):
+            for i, (page, title) in enumerate(PAGES[1:], start=2):
                 xdotool(display, "windowfocus", "--sync", window)
                 xdotool(display, "key", f"ctrl+{i}")
+                # The title changes with the page: then the page is the one on screen.
+                poll(lambda t=f"{title} — Cotrain": window_name(display, window) == t, 10, f"the {page} page")
                 shot = shoot_when_changed(display, window, page, before=shot)
             xdotool(display, "key", "ctrl+1")
             menu_area = f"320x260+{1280 - 320}+0"
@@ -159,7 +166,7 @@ def test_the_tray_icon_docks_and_opens_the_dashboard(tmp_path):
             tray_host.wait(10)
             log.close()
         assert code == 0, (tmp_path / "cotrain.log").read_text()[-2000:]
-    for name in ("tray", "tray-menu", *PAGES):
+    for name in ("tray", "tray-menu", *(page for page, _ in PAGES)):
         assert (ARTIFACTS / f"{name}.png").exists()
 
 

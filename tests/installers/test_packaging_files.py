@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import plistlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,7 +20,7 @@ def test_the_windows_installer_script_compiles_against_the_bundle_layout(tmp_pat
         pytest.skip("makensis is not installed (apt-get install nsis); .ci/run installs it")
     bundle = tmp_path / "cotrain"  # what PyInstaller's COLLECT writes on Windows
     (bundle / "_internal" / "resources").mkdir(parents=True)
-    for exe in ("cotrain.exe", "Cotrain.exe"):
+    for exe in ("cotrain-cli.exe", "Cotrain.exe"):
         (bundle / exe).write_bytes(b"MZ" + bytes(100))
     (bundle / "_internal" / "resources" / "catalog.json").write_text("{}")
     setup = tmp_path / "Cotrain-Setup.exe"
@@ -34,9 +35,18 @@ def test_the_macos_bundle_and_login_agent_describe_cotrain():
     assert info["CFBundleIdentifier"] == "org.cotrain.Cotrain"
     assert info["CFBundleExecutable"] == "Cotrain"  # the windowed executable of cotrain.spec
     assert "_cotrain._tcp" in info["NSBonjourServices"]
+    assert "info_plist=INFO" in (INSTALLERS / "cotrain.spec").read_text()  # loaded, as BUNDLE wants
     agent = plistlib.loads((INSTALLERS / "macos" / f"{AGENT_LABEL}.plist").read_bytes())
     assert agent["Label"] == AGENT_LABEL  # the app's own start-at-login writes the same agent
     assert agent["ProgramArguments"][0].startswith("/Applications/Cotrain.app/")
+
+
+def test_the_launchers_names_differ_beyond_case():
+    """Windows and macOS file systems ignore case: `cotrain` and `Cotrain` would be one file."""
+    spec = (INSTALLERS / "cotrain.spec").read_text()
+    exes = spec.split("PYZ(")[1].split("COLLECT(")[0]
+    assert re.search(r'name="cotrain-cli" if GUI_SEPARATE else "cotrain"', exes)
+    assert re.findall(r'name="(\w+)", console=False', exes) == ["Cotrain"]
 
 
 def test_the_dmg_settings_file_runs_as_dmgbuild_would_run_it():
