@@ -90,6 +90,9 @@ class DashboardPage(QWidget):
             plot.showGrid(x=True, y=True, alpha=0.2)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
+        # Until there is something to draw, say what will be drawn rather than show empty axes.
+        self.hints = {self.loss_plot: _hint(self.loss_plot, "The loss appears after the first step"),
+                      self.mine_plot: _hint(self.mine_plot, "Your samples appear as you compute")}
         plots = QHBoxLayout()
         plots.addWidget(self.loss_plot)
         plots.addWidget(self.mine_plot)
@@ -158,6 +161,7 @@ class DashboardPage(QWidget):
         self._mine_n.append(s.my_samples_total)
         del self._mine_t[:-MAX_POINTS], self._mine_n[:-MAX_POINTS]
         self.mine_line.setData(self._mine_t, self._mine_n)
+        _show_data(self.mine_plot, self.hints[self.mine_plot], True)
 
     def add_epoch(self, e: p.Epoch) -> None:
         self.tiles["epoch"].set(count(e.epoch))
@@ -168,3 +172,20 @@ class DashboardPage(QWidget):
     def _draw_loss(self) -> None:
         epochs = sorted(self._loss)[-MAX_POINTS:]
         self.loss_line.setData(epochs, [self._loss[k] for k in epochs])
+        _show_data(self.loss_plot, self.hints[self.loss_plot], bool(epochs))
+
+
+def _hint(plot: pg.PlotWidget, text: str) -> pg.TextItem:
+    hint = pg.TextItem(text, anchor=(0.5, 0.5), color=plot.palette().placeholderText().color())
+    hint.setPos(0.5, 0.5)
+    plot.addItem(hint, ignoreBounds=True)
+    plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+    _show_data(plot, hint, False)
+    return hint
+
+
+def _show_data(plot: pg.PlotWidget, hint: pg.TextItem, shown: bool) -> None:
+    hint.setVisible(not shown)
+    for side in ("left", "bottom"):
+        plot.getAxis(side).setStyle(showValues=shown)
+    plot.enableAutoRange(enable=shown)

@@ -93,6 +93,7 @@ def test_the_dashboard_numbers_move(qtbot, running):
     assert d.progress.maximum() == 64
     wait_until(lambda: points(d.loss_line) >= 1, 10)
     assert points(d.mine_line) >= 2
+    assert not any(hint.isVisible() for hint in d.hints.values())  # "appears after the first step"
     assert "Tiny LM" in d.project.text() and "anonymously" in d.project.text()
 
 
