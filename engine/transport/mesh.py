@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
-from engine.transport.ice import enlarge_udp_buffers
+from engine.transport.ice import enlarge_udp_buffers, tolerate_late_consent
 from engine.transport.link import LinkClosed, LinkCounters, PeerLink
 from engine.transport.mailbox import Mailbox
 from engine.transport.shaping import RateLimiter
@@ -80,6 +80,7 @@ class PeerMesh:
         self.upload = upload or RateLimiter()
         self.download_cap: float | None = None
         enlarge_udp_buffers()
+        tolerate_late_consent()
 
     async def link(self, peer_id: str, timeout: float | None = None) -> PeerLink:
         """The open link to ``peer_id``, connecting first if there is none."""

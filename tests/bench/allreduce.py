@@ -31,7 +31,13 @@ def _free_port() -> int:
 # --- Cotrain peers ------------------------------------------------------------------------
 
 def _cotrain_peer(url: str, project: str, conn, numel: int, rounds: int, raw_bytes: int) -> None:
+    import logging
+
     from engine import aio
+
+    # Warnings say why a round failed; COTRAIN_BENCH_LOG=INFO (or DEBUG) says more.
+    logging.basicConfig(level=os.environ.get("COTRAIN_BENCH_LOG", "WARNING"),
+                        format="%(asctime)s %(process)d %(name)s: %(message)s")
 
     aio.run(_cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes))
 

@@ -5,11 +5,14 @@ import os
 import socket
 from pathlib import Path
 
+import aioice.ice
+import aioice.stun
 import pytest
 
 from engine.transport.ice import UDP_RECEIVE_BUFFER
 from engine.transport.link import HIGH_WATER, LinkClosed
 from engine.wire.framing import MAX_CHUNK
+from tests.conftest import until
 from tests.transport.mesh_pair import make_meshes
 
 
@@ -111,3 +114,33 @@ async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time():
         await meshes["a"].link("ghost")
     assert asyncio.get_running_loop().time() - began < 5
     await meshes["a"].close()
+
+
+async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypatch):
+    """A peer too busy to answer ICE consent checks within aioice's 0.5 s (averaging at full
+    load) keeps its links: late answers renew consent. Checks come every 0.3 s here, each
+    answered 0.8 s late; six failures in a row used to drop the link within seconds."""
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.3)
+        late = {"answers": 0}
+        send_stun = aioice.ice.StunProtocol.send_stun
+
+        def answer_late(protocol, message, addr):
+            if message.message_class == aioice.stun.Class.RESPONSE:
+                late["answers"] += 1
+                asyncio.get_running_loop().call_later(0.8, send_stun, protocol, message, addr)
+            else:
+                send_stun(protocol, message, addr)
+
+        monkeypatch.setattr(aioice.ice.StunProtocol, "send_stun", answer_late)
+        # The consent loops of the link already up wake on the new interval after their
+        # current wait (at most ~6 s); then both sides keep answering late.
+        await until(lambda: late["answers"] >= 16 or not link.is_open, 40, "sixteen late consent answers")
+        assert link.is_open and meshes["b"].connected() == ["a"]
+        await link.send({"type": "ping", "round_id": 7}, b"still here")
+        frame = await meshes["b"].mailbox.get(("ping", 7, "a"), timeout=10)
+        assert bytes(frame.payload) == b"still here"
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
