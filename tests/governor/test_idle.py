@@ -1,6 +1,7 @@
 """Idle detection for real: an X server, its screen-saver extension, and xdotool as the user."""
 
 import asyncio
+import contextlib
 import time
 
 import psutil
@@ -74,17 +75,36 @@ async def test_cotrain_peer_says_each_change_of_state_and_runs_at_the_lowest_pri
     project = tiny_project(target_batch_size=10_000)
     log = tmp_path / "volunteer.log"
     waiting, running = "paused: Waiting for the computer to be idle", "Contributing"
+    walked_away = asyncio.Event()
+
+    async def someone_uses_the_mouse() -> None:
+        """Input every second until the peer has said it waits: however long it takes to
+        start, it never sees the 3 s of idleness before it has seen someone at work."""
+        x = 10
+        while not walked_away.is_set():
+            await asyncio.to_thread(xdotool, display, "mousemove", str(x), "10")
+            x = 30 - x
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(walked_away.wait(), 1.0)
+
     async with running_backbone(tmp_path, project) as backbone:
-        await asyncio.to_thread(xdotool, display, "mousemove", "10", "10")  # someone is at the computer
+        user = asyncio.ensure_future(someone_uses_the_mouse())
         peer = await spawn_peer(backbone.url, project.id, "volunteer", tmp_path, "--only-when-idle", "0.05",
                                 env={"DISPLAY": display})
         try:
-            await until(lambda: waiting in log.read_text(), 60, "the peer to say it waits for idleness")
+            try:
+                await until(lambda: waiting in log.read_text(), 60, "the peer to say it waits for idleness")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; it said:\n{log.read_text()[-3000:]}") from None
+            walked_away.set()
+            await user
             await until(lambda: running in log.read_text().split(waiting, 1)[1], 30, "it to start")
             assert psutil.Process(peer.process.pid).nice() == 19  # any program the user runs comes first
             await asyncio.to_thread(xdotool, display, "mousemove", "300", "300")
             await until(lambda: log.read_text().count(waiting) == 2, 10, "the peer to say it paused again")
         finally:
+            walked_away.set()
+            await user
             await terminate(peer)
     said = [line for line in log.read_text().splitlines() if line in (waiting, running)]
     assert said[:3] == [waiting, running, waiting]
