@@ -160,8 +160,10 @@ def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninsta
                     app.kill()
                     app.wait()
     finally:
-        removed = subprocess.run(["dpkg", "-r", "cotrain"], capture_output=True, text=True, timeout=300)
+        removed = subprocess.run(["dpkg", "--purge", "cotrain"], capture_output=True, text=True, timeout=300)
     assert removed.returncode == 0, removed.stderr
+    left = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "cotrain"], capture_output=True, text=True)
+    assert left.returncode != 0, f"dpkg still lists cotrain: {left.stdout}"  # nor its state
     assert not Path("/usr/bin/cotrain").exists()
     assert not Path("/opt/cotrain").exists()
     assert not Path("/usr/share/applications/cotrain.desktop").exists()
