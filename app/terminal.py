@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import socket
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from engine.peer.report import ConsoleReporter
 from engine.worker import protocol as p
 from engine.worker.session import LOCAL, Session
 
-log = logging.getLogger(__name__)
 PROJECT = "demo-lm"
 
 
