@@ -7,10 +7,8 @@ credits are keyed by (project, round, peer), so a restart can neither lose nor r
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,16 +108,9 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """All of the block, or none of it."""
+    def _transaction(self):
         self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+        return self.db
 
     # --- accounts -------------------------------------------------------------------------
 
@@ -174,7 +165,8 @@ class Store:
                     owners: dict[str, int | None]) -> None:
         """The step, the collaboration's new epoch, and every member's credit — atomically."""
         now = time.time()
-        with self._transaction() as db:
+        db = self._transaction()
+        try:
             db.execute(
                 "INSERT OR IGNORE INTO steps VALUES (?,?,?,?,?,?,?,?,?)",
                 (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
@@ -202,6 +194,10 @@ class Store:
                     )
             db.execute("UPDATE collaborations SET credited_samples = credited_samples + ? WHERE project=?",
                        (credited, project))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def curve(self, project: str) -> list[dict]:
         """Loss per epoch (the latest step of each epoch, after any rewind)."""
@@ -334,13 +330,19 @@ class Store:
     def peers_seen(self, peer_ids: list[str]) -> None:
         # One transaction, not one commit per peer: 1000 peers took 37 ms of the event loop.
         now = time.time()
-        with self._transaction() as db:
+        db = self._transaction()
+        try:
             db.executemany("UPDATE peers SET last_seen=? WHERE peer_id=?", [(now, p) for p in peer_ids])
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def peer_left(self, peer_id: str, at: float | None = None) -> None:
         """Close the peer's session; its user's online time grows by the part of it that no
         other closed session of theirs covers (two peers for an hour are one hour online)."""
-        with self._transaction() as db:
+        db = self._transaction()
+        try:
             row = db.execute(
                 "SELECT project, user_id, connected_at FROM peers WHERE peer_id=? "
                 "AND connected_at IS NOT NULL AND left_at IS NULL", (peer_id,),
@@ -363,6 +365,10 @@ class Store:
                         "last_seen = MAX(last_seen, excluded.last_seen)",
                         (project, user_id, ended - started - _covered(started, ended, others), ended),
                     )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def close_stale_sessions(self) -> None:
         """After a crash: sessions that never ended count until their peer was last seen."""
