@@ -4,7 +4,8 @@ A member is credited with the samples every reducer confirmed receiving from it,
 more than its measured throughput makes plausible. Two bounds, the larger wins so that an
 honest peer is never cut:
 
-- its trajectory: what it had reported, plus one micro-batch (the one under way), plus
+- its trajectory: what it had reported (members report on taking their accumulator for
+  the round), plus one micro-batch (the one under way), plus
   what its rate allows between its last report and the round's first success (by then
   every member had stopped accumulating, or that success could not have had its parts);
 - its best throughput (samples per second of compute, the best it ever reported) times

@@ -1,0 +1,73 @@
+"""A peer's reports are the evidence its claim is judged by: a real optimizer reporting to a
+real tracker, with the tracker's clock in the test's hands."""
+
+import time
+
+import pytest
+
+from engine.averaging.allreduce import Averaged
+from engine.backbone.tracker import EpochRecord, Send, Tracker
+from engine.tasks import create_task, initial_model
+from engine.training.optimizer import CollaborativeOptimizer
+from engine.training.schedule import OptimizerSpec, ScheduleSpec, build_optimizer
+from engine.wire.messages import Progress, Ready, RoundStart, SyncRequest
+from tests.collab.harness import TINY
+from tests.unit.test_tracker import Clock, project
+
+
+@pytest.fixture(scope="module")
+def task():
+    return create_task("demo-lm", dict(TINY), None)
+
+
+async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_all_it_brought(task):
+    """Under load the first micro-batch of an epoch can be several times slower than the
+    rest. If that was the peer's only report before the round, its pace looks low; the
+    report it sends on taking its accumulator must keep its honest claim whole."""
+    clock = Clock()
+    tracker = Tracker(project(target_batch_size=100), clock=clock)
+    for peer in ("me", "other"):
+        tracker.join(peer, peer)
+        tracker.handle(peer, SyncRequest())
+        tracker.handle(peer, Ready(0, "h0"))
+    outs = []
+
+    async def send(message) -> None:
+        outs.extend(tracker.handle("me", message))
+
+    async def with_other(plan, vector, samples, loss_sum, timeout) -> Averaged:
+        return Averaged(vector / samples, samples + 100, loss_sum / samples, {"me": samples, "other": 100})
+
+    model = initial_model(task, 7)
+    opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
+                                 project_id="p", me="me", averager=with_other, send=send,
+                                 target_batch_size=100, report_interval=60.0)
+    await opt.mark_synced()
+
+    def micro_batch(index, slow=False):
+        def run():
+            if slow:
+                time.sleep(0.2)  # stands for a micro-batch that waited on a busy CPU
+            batch = task.batch(1, index)
+            loss_sum = task.loss(opt.compute_model, batch) * batch.size
+            loss_sum.backward()
+            return batch.size, float(loss_sum.detach())
+        return run
+
+    clock.now += 0.25
+    await opt.compute(micro_batch(0, slow=True), 0)
+    first_report = tracker.peers["me"].samples
+    assert first_report > 0, "the first micro-batch of the epoch is reported"
+    for i in range(1, 21):  # fast ones, unreported: the next report is a minute away
+        await opt.compute(micro_batch(i), i)
+    brought = opt.accumulator.samples
+    assert tracker.peers["me"].samples == first_report < brought / 10
+    clock.now += 0.2
+    (start,) = [o.msg for o in tracker.handle("other", Progress(0, 100, 400.0, 2.0, 0.25))
+                if isinstance(o, Send) and o.to == "me" and isinstance(o.msg, RoundStart)]
+    clock.now += 0.05
+    assert await opt.run_round(start) is not None
+    (record,) = [o for o in outs if isinstance(o, EpochRecord)]
+    assert record.credits["me"].samples == brought
+    assert sum(c.samples for c in record.credits.values()) == record.samples == brought + 100
+
