@@ -11,6 +11,7 @@ import os
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -42,7 +43,7 @@ def _stdlib_files(max_bytes: int):
     if not root.is_dir():
         raise ValueError(f"data folder {root} does not exist")
     total = 0
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted_py_files(root):
         if total >= max_bytes:
             return
         try:
@@ -52,6 +53,22 @@ def _stdlib_files(max_bytes: int):
         if path.is_file() and b"\0" not in data:
             total += len(data)
             yield path.relative_to(root).as_posix(), data
+
+
+def sorted_py_files(root: Path) -> Iterator[Path]:
+    """The ``.py`` files under ``root`` in the order of ``sorted(root.rglob("*.py"))``, found
+    as they are needed: the corpus wants the first megabytes, and sorting a listing of the
+    whole standard library (13,000 files) took a second and a half of every peer's start."""
+    try:
+        with os.scandir(root) as listing:
+            entries = sorted(listing, key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            yield from sorted_py_files(Path(entry.path))
+        elif entry.name.endswith(".py"):
+            yield Path(entry.path)
 
 
 def write_stdlib_zip(target: Path, max_bytes: int | None = None) -> Path:

@@ -108,12 +108,17 @@ def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninsta
         assert Path("/usr/share/applications/cotrain.desktop").exists()
         assert Path("/usr/share/icons/hicolor/256x256/apps/cotrain.png").exists()
 
+        # dpkg has just written 700 MB that the kernel is still flushing to disk; a user's
+        # first start does not race that. It is still the first start of the installed app.
+        os.sync()
+        load = os.getloadavg()[0]
         began = time.monotonic()
         check = subprocess.run(["/usr/bin/cotrain", "--self-test"], env=clean_env(tmp_path),
                                capture_output=True, text=True, timeout=120)
         cold = time.monotonic() - began
         print(check.stdout)
-        report_figure(f"cold start of the installed `cotrain --self-test`: {cold:.1f} s (target 5)")
+        report_figure(f"cold start of the installed `cotrain --self-test`: {cold:.1f} s (target 5; "
+                      f"load average {load:.1f} on {os.cpu_count()} cores before it)")
         assert check.returncode == 0, check.stdout + check.stderr[-3000:]
         lines = [line for line in check.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
         assert len(lines) == 6 and all(line.startswith("ok") for line in lines), check.stdout

@@ -22,3 +22,17 @@ def test_the_bundled_corpus_matches_the_stdlib_sources(tmp_path, monkeypatch):
 def test_a_missing_data_folder_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         corpus.load_corpus(str(tmp_path / "nope"), 1 << 20)
+
+
+def test_files_are_read_in_the_sorted_order_every_peer_agrees_on(tmp_path):
+    """Peers of one collaboration read the same corpus: the lazy walk must keep the order of
+    sorting every path, through names that sort around their folders."""
+    for name in ("a/z.py", "a.py", "a-b.py", "A.py", "a/b/c.py", "ab/x.py", "b.txt", "_/k.py", "a/b.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    (tmp_path / "link").symlink_to(tmp_path / "a")  # rglob does not follow it either
+    expected = [p for p in sorted(tmp_path.rglob("*.py")) if p.is_file()]
+    assert list(corpus.sorted_py_files(tmp_path)) == expected
+    stdlib = corpus.stdlib_dir()
+    assert [p for p in corpus.sorted_py_files(stdlib) if p.is_file()] == [
+        p for p in sorted(stdlib.rglob("*.py")) if p.is_file()]

@@ -6,7 +6,7 @@ import os
 import subprocess
 
 from engine.paths import engine_command
-from engine.selftest import CHECKS
+from engine.selftest import CHECKS, ChildCheck
 
 
 def test_the_self_test_runs_every_check_and_passes(tmp_path):
@@ -19,3 +19,19 @@ def test_the_self_test_runs_every_check_and_passes(tmp_path):
     assert [line.split()[0] for line in lines] == ["ok"] * len(CHECKS)
     assert [line[6:16].strip() for line in lines] == [name for name, _ in CHECKS]
     assert done.stdout.splitlines()[-1].startswith("all checks passed in ")
+
+
+def _raises() -> str:
+    raise RuntimeError("libtorch_cpu.so: cannot open shared object file")
+
+
+def _dies() -> str:
+    os._exit(3)
+
+
+def test_a_check_in_the_child_process_reports_its_failure_or_its_death():
+    failed = ChildCheck(_raises).outcome(timeout=60)
+    assert not failed.ok and failed.detail == "RuntimeError: libtorch_cpu.so: cannot open shared object file"
+    assert "Traceback" in failed.trace
+    died = ChildCheck(_dies).outcome(timeout=60)
+    assert not died.ok and died.detail == "the check's process died (exit status 3)"
