@@ -480,7 +480,11 @@ class Tracker:
         live = self.live_peers()
         if not live or sum(p.samples for p in live) < self.project.target_batch_size:
             return []
-        if any(p.syncing_since is not None and now - p.syncing_since < self.join_grace
+        # A download still under way after a round's timeout holds the others no longer: its
+        # donor may sit behind a link that died unnoticed (a NAT that rebound), and a
+        # failed round would not have cost them more.
+        hold = min(self.join_grace, self.project.round_timeout)
+        if any(p.syncing_since is not None and now - p.syncing_since < hold
                and self._may_download(p, now) for p in self.peers.values()):
             # A joiner is downloading the current state. Opening the round now would make
             # that state stale on arrival; everyone keeps accumulating meanwhile, so

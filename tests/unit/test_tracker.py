@@ -310,6 +310,21 @@ def test_a_joiner_that_never_finishes_downloading_stops_holding_rounds_back(cloc
     assert start.group == ["a", "b"]
 
 
+def test_a_download_holds_rounds_back_no_longer_than_a_round_could_take(clock):
+    """Its donor may be behind a link that died unnoticed: the others wait at most what a
+    failed round would have cost them, even when the join grace is longer."""
+    t = ready_tracker(clock)
+    t.join_grace = 60.0
+    t.join("c", "c")
+    t.handle("c", SyncRequest())
+    assert not sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    clock.now += t.project.round_timeout - 1
+    assert not sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    clock.now += 2
+    ((_, start), *_) = sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    assert start.group == ["a", "b"]
+
+
 def test_rounds_do_not_wait_for_a_download_from_a_peer_the_joiner_cannot_reach(clock):
     t = ready_tracker(clock, peers=("a", "b"))
     start = open_round(t, {"a": 60, "b": 60})
