@@ -55,7 +55,7 @@ def build_bundle() -> Path:
     return bundle
 
 
-def self_test(bundle: Path) -> float:
+def self_test(bundle: Path) -> None:
     """The bundle's first start, timed: a bundle that fails its self-test is not packaged."""
     launcher = bundle / ("cotrain" if sys.platform.startswith("linux") else "cotrain-cli")
     began = time.monotonic()
@@ -66,7 +66,6 @@ def self_test(bundle: Path) -> float:
     if done.returncode != 0:
         sys.exit(f"the bundle failed its self-test:\n{done.stderr[-4000:]}")
     print(f"self-test: cold start of the bundle {seconds:.1f} s (target 5 s)", flush=True)
-    return seconds
 
 
 def strip_symbols(bundle: Path) -> None:
