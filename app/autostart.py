@@ -19,8 +19,9 @@ RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
 
 
 def launch_command() -> list[str]:
-    """How the login session should start the app: the frozen app, or ``python -m engine``."""
-    return engine_command()
+    """How the login session should start the app: the frozen app, or ``python -m engine``, in
+    the background (in the tray, once the desktop's panel is up)."""
+    return [*engine_command(), "--background"]
 
 
 def _desktop_quote(arg: str) -> str:

@@ -8,35 +8,61 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from msgspec import structs
 from PySide6.QtCore import QObject, Signal
 
 from app import autostart
-from app.backbone_client import BackboneClient
+from app.backbone_calls import BackboneCalls
 from app.manager import WorkerManager
-from app.settings_store import LOCAL, Current, SettingsStore
+from app.settings_store import Current, SettingsStore
 from engine.credentials import Login
 from engine.governor.limits import Limits
+from engine.governor.policy import GovernorState
+from engine.peer.events import EpochCompleted
+from engine.wire.types import StrEnum
 from engine.worker import protocol as p
 
 log = logging.getLogger(__name__)
-PAUSED_CODES = {"paused", "snoozed", "battery", "schedule", "memory"}
-WAITING_CODES = {"waiting_idle", "idle_unknown"}
 MILESTONES = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+
+
+class TrayKind(StrEnum):
+    """Which icon the tray shows (resources/icons/tray-<kind>.svg)."""
+
+    CONTRIBUTING = "contributing"
+    PAUSED = "paused"
+    WAITING = "waiting"
+    ERROR = "error"
+
+
+class AppPhase(StrEnum):
+    STARTING = "starting"  # the worker has not spoken yet
+    JOINING = "joining"
+    NO_PROJECT = "no_project"  # the user left every project
+    GOVERNED = "governed"  # in a project: the governor's state says the rest
+    ERROR = "error"
 
 
 @dataclass
 class AppState:
     """What the tray shows: ``kind`` picks the icon, ``reason`` is the sentence."""
 
-    kind: str = "paused"  # contributing, paused, waiting, error
+    kind: TrayKind = TrayKind.PAUSED
     reason: str = "Starting…"
-    code: str = "starting"
+    phase: AppPhase = AppPhase.STARTING
+    governor: GovernorState | None = None  # the worker's last decision, while in a project
     project: str = ""  # the project's title, once joined
     project_id: str = ""
     backbone: str = ""  # the URL in use
     username: str | None = None
     limits: Limits = field(default_factory=Limits)
+
+    @property
+    def user_paused(self) -> bool:
+        """Paused or snoozed by the user: what Resume undoes."""
+        return self.governor is not None and self.governor.chosen_by_user
 
     @property
     def tooltip(self) -> str:
@@ -47,26 +73,26 @@ class AppState:
 class Controller(QObject):
     state_changed = Signal(object)  # AppState
     stats = Signal(object)  # protocol.Stats
-    epoch = Signal(object)  # protocol.Epoch
+    epoch = Signal(object)  # engine.peer.events.EpochCompleted
     notice = Signal(str, str, str)  # title, message, kind (info, error)
     login_changed = Signal(object, str, bool)  # Login or None, where it is kept, uses a keyring
     backbones_changed = Signal()
 
     def __init__(self, store: SettingsStore | None = None, manager: WorkerManager | None = None,
-                 client: BackboneClient | None = None, parent: QObject | None = None) -> None:
+                 client: BackboneCalls | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.store = store or SettingsStore()
         self.manager = manager or WorkerManager(parent=self)
-        self.client = client or BackboneClient(parent=self)
+        self.client = client or BackboneCalls(parent=self)
         self.state = AppState(limits=self.store.limits())
         self.local_url = self.store.local_url
         self.login: Login | None = None
         self.last_stats: p.Stats | None = None
-        self._worker_state: p.State | None = None
+        self._worker_state: p.GovernorDecided | None = None
         self._error = ""
         self._joined = False
         self._milestone: int | None = None  # the highest reached, once the first stats arrive
-        self.manager.event.connect(self._on_event)
+        self.manager.received.connect(self._on_event)
         self.manager.crashed.connect(self._on_crash)
         self.manager.restarted.connect(
             lambda: self.notice.emit("Cotrain", "The worker is running again.", "info"))
@@ -75,7 +101,7 @@ class Controller(QObject):
 
     def start(self) -> None:
         self.manager.start()
-        self.manager.send(p.SetLimits(self.store.limits().to_dict()))
+        self.manager.send(p.SetLimits(limits=self.store.limits()))
         if self.store.paused:
             self.manager.send(p.Pause())
         current = self.store.current()
@@ -84,7 +110,8 @@ class Controller(QObject):
         if current is not None:
             self.join(current)
         else:
-            self._set(reason="Not contributing to any project: choose one in Projects", code="no_project")
+            self._set(reason="Not contributing to any project: choose one in Projects",
+                      phase=AppPhase.NO_PROJECT)
 
     def quit(self) -> None:
         self.manager.stop()
@@ -96,16 +123,16 @@ class Controller(QObject):
         current = self.store.current()
         if current is None:
             return ""
-        return self.local_url if current.backbone == LOCAL else current.backbone
+        return self.url_of(current.backbone)
 
     def url_of(self, backbone: str) -> str:
-        return self.local_url if backbone == LOCAL else backbone
+        return self.local_url if backbone == p.LOCAL_BACKBONE else backbone
 
     def join(self, current: Current) -> None:
         """Contribute to ``current`` from now on (the worker leaves the previous project)."""
         self.store.set_current(current)
         self._joined, self._error = False, ""
-        self._set(reason="Joining…", code="joining", project="", project_id=current.project,
+        self._set(reason="Joining…", phase=AppPhase.JOINING, project="", project_id=current.project,
                   backbone=self.url_of(current.backbone))
         url = self.url_of(current.backbone)
 
@@ -113,8 +140,8 @@ class Controller(QObject):
             if self.store.current() != current:
                 return  # the user chose another project meanwhile
             self.login = login
-            self.manager.send(p.Start(current.backbone, current.project, login.token if login else None,
-                                      socket.gethostname()))
+            self.manager.send(p.Start(backbone=current.backbone, project=current.project,
+                                      token=login.token if login else None, name=socket.gethostname()))
 
         if url:
             self.client.load_login(url, lambda found: send(found[0]), lambda message: send(None))
@@ -125,8 +152,8 @@ class Controller(QObject):
         self.store.set_current(None)
         self.manager.send(p.Leave())
         self._joined = False
-        self._set(reason="Not contributing to any project: choose one in Projects", code="no_project",
-                  project="", project_id="")
+        self._set(reason="Not contributing to any project: choose one in Projects",
+                  phase=AppPhase.NO_PROJECT, project="", project_id="")
 
     def refresh_login(self) -> None:
         url = self.backbone_url
@@ -171,14 +198,14 @@ class Controller(QObject):
 
     def snooze(self, seconds: float) -> None:
         self.store.paused = False
-        self.manager.send(p.Snooze(time.time() + seconds))
+        self.manager.send(p.Snooze(until=time.time() + seconds))
 
     def set_limits(self, limits: Limits) -> None:
         self.store.set_limits(limits)
-        self.manager.send(p.SetLimits(limits.to_dict()))
+        self.manager.send(p.SetLimits(limits=limits))
 
     def set_only_when_idle(self, enabled: bool) -> None:
-        self.set_limits(replace(self.store.limits(), only_when_idle=enabled))
+        self.set_limits(structs.replace(self.store.limits(), only_when_idle=enabled))
 
     def set_start_at_login(self, enabled: bool) -> None:
         self.store.start_at_login = enabled
@@ -187,41 +214,36 @@ class Controller(QObject):
 
     # --- what the worker says --------------------------------------------------------------
 
-    def _on_event(self, event: p.Event) -> None:
-        if isinstance(event, p.State):
+    def _on_event(self, event: p.WorkerEvent) -> None:
+        if isinstance(event, p.GovernorDecided):
             self._worker_state = event
-            limits = self.state.limits
-            try:
-                limits = Limits.from_dict(event.limits)
-            except ValueError as exc:
-                log.warning("the worker reports odd limits: %s", exc)
-            self.state.limits = limits
+            self.state.limits = event.limits
             self._refresh()
         elif isinstance(event, p.Stats):
             self.last_stats = event
             self.stats.emit(event)
             self._milestones(event.my_samples_total)
-        elif isinstance(event, p.Epoch):
+        elif isinstance(event, EpochCompleted):
             self.epoch.emit(event)
         elif isinstance(event, p.Hosting):
             self.local_url = event.url
             self.store.local_url = event.url
             current = self.store.current()
-            if current is not None and current.backbone == LOCAL:
+            if current is not None and current.backbone == p.LOCAL_BACKBONE:
                 self._set(backbone=event.url)
                 self.refresh_login()
-        elif isinstance(event, p.Joined):
+        elif isinstance(event, p.ProjectJoined):
             self._joined, self._error = True, ""
             self._set(project=event.title, project_id=event.project, backbone=event.backbone,
                       username=event.username)
             self._refresh()
             who = f" as {event.username}" if event.username else ""
             self.notice.emit("Cotrain", f"Joined {event.title}{who}.", "info")
-        elif isinstance(event, p.Left):
+        elif isinstance(event, p.ProjectLeft):
             self._joined = False
             if self.store.current() is None:
                 self._refresh()
-        elif isinstance(event, p.Error):
+        elif isinstance(event, p.Problem):
             if event.fatal:
                 self._error = event.message
                 self._refresh()
@@ -236,18 +258,20 @@ class Controller(QObject):
     def _refresh(self) -> None:
         """Derive the tray's state from the worker's last word and what we know."""
         if self._error:
-            self._set(kind="error", reason=self._error, code="error")
+            self._set(kind=TrayKind.ERROR, reason=self._error, phase=AppPhase.ERROR, governor=None)
         elif self.store.current() is None:
-            self._set(kind="paused", reason="Not contributing to any project: choose one in Projects",
-                      code="no_project")
+            self._set(kind=TrayKind.PAUSED, reason="Not contributing to any project: choose one in Projects",
+                      phase=AppPhase.NO_PROJECT, governor=None)
         elif self._worker_state is None or not self._joined:
-            self._set(kind="paused", reason="Joining…" if self._worker_state else "Starting…", code="joining")
+            self._set(kind=TrayKind.PAUSED, reason="Joining…" if self._worker_state else "Starting…",
+                      phase=AppPhase.JOINING, governor=None)
         else:
             s = self._worker_state
-            kind = "contributing" if s.running else "waiting" if s.code in WAITING_CODES else "paused"
-            self._set(kind=kind, reason=s.reason, code=s.code)
+            kind = TrayKind.CONTRIBUTING if s.running else TrayKind.WAITING if s.state.waiting \
+                else TrayKind.PAUSED
+            self._set(kind=kind, reason=s.reason, phase=AppPhase.GOVERNED, governor=s.state)
 
-    def _set(self, **changes) -> None:
+    def _set(self, **changes: Any) -> None:
         self.state = replace(self.state, **changes)
         self.state_changed.emit(self.state)
 

@@ -1,5 +1,5 @@
 """``cotrain`` with no arguments: the desktop app, or — with no display — the same
-collaboration in the terminal (app/terminal.py).
+collaboration in the terminal (engine/worker/terminal.py), with the choices made in the app.
 
 The GUI process holds windows and the tray only; the engine runs in the worker child
 process (app/manager.py), and an embedded backbone, when used, lives in that worker.
@@ -23,29 +23,25 @@ def has_display() -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, background: bool = False) -> int:
     import multiprocessing
 
     multiprocessing.freeze_support()
     logging.basicConfig(level=logging.INFO if os.environ.get("COTRAIN_DEBUG") else logging.WARNING,
                         stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not has_display():
-        from app.terminal import run
-
-        return run()
+        return _in_terminal()
     try:
         from PySide6.QtWidgets import QApplication
     except ImportError as exc:
         log.warning("the desktop app needs PySide6 (%s); contributing from the terminal instead", exc)
-        from app.terminal import run
-
-        return run()
+        return _in_terminal()
 
     from app.application import CotrainApp
     from app.instance import NotAnswering, ask_running_instance
 
     # argv[0] names the X11 window class: "cotrain", not "__main__.py".
-    qt = QApplication(["cotrain", *(argv if argv is not None else sys.argv)[1:]])
+    qt = QApplication(["cotrain", *(argv or [])])
     qt.setApplicationName("Cotrain")
     qt.setDesktopFileName("cotrain")
     qt.setQuitOnLastWindowClosed(False)
@@ -56,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except NotAnswering as exc:
         print(f"cotrain: {exc}", file=sys.stderr)
         return 1
-    app = CotrainApp()
+    app = CotrainApp(background=background)
     signal.signal(signal.SIGINT, lambda *_: app.controller.quit())
     signal.signal(signal.SIGTERM, lambda *_: app.controller.quit())
     # exit(), not quit(): Qt 6's quit() first asks every window to close, and the main window
@@ -68,6 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     if not app.controller.client.shutdown(3000):
         log.info("quitting with backbone lookups still running")
     return code
+
+
+def _in_terminal() -> int:
+    from engine.worker.terminal import Choices, run
+
+    try:
+        from app.settings_store import SettingsStore
+    except ImportError as exc:
+        return run(Choices(note=f"cannot read the app's settings ({exc}); using the default limits"))
+    store = SettingsStore()
+    current = store.current()
+    if current is None:
+        return run(Choices(store.limits(), note="you left every project in the app; contributing to "
+                                                "demo-lm on this computer"))
+    return run(Choices(store.limits(), current.backbone, current.project))
 
 
 if __name__ == "__main__":

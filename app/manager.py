@@ -4,12 +4,15 @@ The GUI only ever writes commands and reads event lines as they arrive (both non
 A worker that dies unexpectedly is restarted after a growing pause (1 s, 2 s, 4 s ... 60 s;
 back to 1 s once it has run for a minute) and told again what it was doing: the last
 limits, the pause/snooze/contribute-now choice and the project. The user is told each time.
+What the worker writes to stderr goes to worker.log, which rotates: a worker left running
+for weeks keeps a few megabytes of log, not gigabytes.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Qt, QTimer, Signal
@@ -22,10 +25,40 @@ log = logging.getLogger(__name__)
 BACKOFF = (1, 2, 4, 8, 16, 30, 60)
 HEALTHY_AFTER = 60.0
 STOP_GRACE_MS = 15_000
+LOG_BYTES = 5 * 1024 * 1024  # per file
+LOG_BACKUPS = 3  # worker.log.1 .. worker.log.3
+
+
+class WorkerLog:
+    """The worker's stderr, line by line, into a log file that rotates at ``max_bytes``."""
+
+    def __init__(self, path: Path, max_bytes: int = LOG_BYTES, backups: int = LOG_BACKUPS) -> None:
+        self.path = path
+        self._handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8",
+                                            delay=True)
+        self._pending = b""
+
+    def write(self, data: bytes) -> None:
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        for line in lines:
+            self._line(line)
+
+    def flush(self) -> None:
+        """The rest of an unfinished line (the worker has exited)."""
+        if self._pending:
+            self._line(self._pending)
+            self._pending = b""
+
+    def _line(self, line: bytes) -> None:
+        self._handler.handle(logging.makeLogRecord({"msg": line.decode("utf-8", "replace").rstrip("\r")}))
+
+    def close(self) -> None:
+        self.flush()
+        self._handler.close()
 
 
 class WorkerManager(QObject):
-    event = Signal(object)  # a protocol event
+    received = Signal(object)  # an event the worker sent
     crashed = Signal(str, int)  # what happened, seconds until the restart
     restarted = Signal()  # a restarted worker said hello
     stopped = Signal()  # the worker exited after stop()
@@ -35,9 +68,10 @@ class WorkerManager(QObject):
         super().__init__(parent)
         self.command = command or [*engine_command(), "worker", "-v"]
         self.log_path = log_path or user_data_dir() / "worker.log"
+        self.log: WorkerLog | None = None
         self.process: QProcess | None = None
         self.pid = 0
-        self._replay: dict[str, object] = {}
+        self._replay: dict[str, p.Command] = {}
         self._stopping = False
         self._failures = 0
         self._started_at = 0.0
@@ -71,21 +105,24 @@ class WorkerManager(QObject):
         self._write(p.Stop())
         # A worker still starting (no hello yet) has not been written to: end of input stops
         # it just the same, as soon as it reads its first line.
-        self.process.closeWriteChannel()
+        if self.process is not None:
+            self.process.closeWriteChannel()
         self._kill.start()
 
     def _write(self, command: p.Command) -> None:
-        if self.running and self.pid:
-            self.process.write(p.encode(command).encode())
+        if self.process is not None and self.running and self.pid:
+            self.process.write(p.encode_line(command))
 
     def _spawn(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.log is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log = WorkerLog(self.log_path)
         process = QProcess(self)
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONUNBUFFERED", "1")
         process.setProcessEnvironment(env)
-        process.setStandardErrorFile(str(self.log_path), QProcess.OpenModeFlag.Append)
         process.readyReadStandardOutput.connect(lambda: self._read(process))
+        process.readyReadStandardError.connect(lambda: self._log(process))
         process.finished.connect(lambda code, status: self._finished(process, code, status))
         process.errorOccurred.connect(lambda error: self._error(process, error))
         self.process, self.pid = process, 0
@@ -96,18 +133,26 @@ class WorkerManager(QObject):
         while process.canReadLine():
             line = bytes(process.readLine().data())
             try:
-                event = p.decode_event(line)
+                event = p.events.decode(line)
             except ProtocolError as exc:
                 log.warning("unreadable line from the worker (%s): %r", exc, line[:200])
                 continue
             if isinstance(event, p.Hello):
                 self._hello(event)
-            self.event.emit(event)
+            self.received.emit(event)
+
+    def _log(self, process: QProcess) -> None:
+        if self.log is not None:
+            self.log.write(bytes(process.readAllStandardError().data()))
 
     def _hello(self, hello: p.Hello) -> None:
         self.pid = hello.pid
         if hello.version != p.VERSION:
-            log.warning("the worker speaks protocol %d, the app %d", hello.version, p.VERSION)
+            self.received.emit(p.Problem(
+                message=f"the worker speaks protocol v{hello.version} and the app v{p.VERSION}: this "
+                        "installation of Cotrain is broken; please install it again", fatal=True))
+            self.stop()
+            return
         if self._stopping:
             return  # quit before it was up: nothing to start
         for kind in ("limits", "mode", "project"):
@@ -125,6 +170,9 @@ class WorkerManager(QObject):
     def _finished(self, process: QProcess, code: int, status: QProcess.ExitStatus) -> None:
         if process is not self.process:
             return
+        self._log(process)
+        if self.log is not None:
+            self.log.flush()
         self._kill.stop()
         process.deleteLater()
         self.process, self.pid = None, 0

@@ -12,15 +12,15 @@ from PySide6.QtCore import QSettings
 
 from engine.governor.limits import Limits
 from engine.paths import user_data_dir
+from engine.worker.protocol import LOCAL_BACKBONE
 
 log = logging.getLogger(__name__)
-LOCAL = "local"  # the backbone the worker hosts on this computer
 DEFAULT_PROJECT = "demo-lm"
 
 
 @dataclass
 class Current:
-    backbone: str  # LOCAL or a URL
+    backbone: str  # LOCAL_BACKBONE or a URL
     project: str
 
 
@@ -40,17 +40,17 @@ class SettingsStore:
         raw = self._get("limits", "")
         if raw:
             try:
-                return Limits.from_dict(json.loads(str(raw)))
+                return Limits.from_json(str(raw))
             except ValueError as exc:
                 log.warning("ignoring saved limits: %s", exc)
         return Limits()
 
     def set_limits(self, limits: Limits) -> None:
-        self.qsettings.setValue("limits", json.dumps(limits.to_dict()))
+        self.qsettings.setValue("limits", limits.to_json())
 
     def current(self) -> Current | None:
         """The project to contribute to, or None when the user left every project."""
-        backbone = str(self._get("current/backbone", LOCAL))
+        backbone = str(self._get("current/backbone", LOCAL_BACKBONE))
         project = str(self._get("current/project", DEFAULT_PROJECT))
         return Current(backbone, project) if backbone and project else None
 

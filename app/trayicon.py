@@ -9,11 +9,10 @@ from collections.abc import Callable
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from app.controller import AppState, Controller
+from app.controller import AppState, Controller, TrayKind
 from app.icons import icon
 
 SNOOZE_SECONDS = 3600
-USER_PAUSED = ("paused", "snoozed")  # the user's own choice, which "Resume" undoes
 
 
 class TrayIcon(QSystemTrayIcon):
@@ -21,7 +20,7 @@ class TrayIcon(QSystemTrayIcon):
         super().__init__(icon("tray-paused"))
         self.controller = controller
         self.open_page = open_page
-        self.kind = ""
+        self.kind: TrayKind | None = None
         menu = QMenu()
         self.status_action = menu.addAction("Starting…")
         self.status_action.setEnabled(False)
@@ -41,6 +40,9 @@ class TrayIcon(QSystemTrayIcon):
         self.menu = menu
         self.setContextMenu(menu)
         self.activated.connect(self._activated)
+        # A notification is drawn right over the icon (its arrow points at the icon's middle):
+        # clicking it must do what clicking the icon does, or the click is lost.
+        self.messageClicked.connect(lambda: open_page("dashboard"))
         controller.state_changed.connect(self.show_state)
         controller.notice.connect(self.notify)
         self.show_state(controller.state)
@@ -50,7 +52,7 @@ class TrayIcon(QSystemTrayIcon):
             self.open_page("dashboard")
 
     def _pause_or_resume(self) -> None:
-        if self.controller.state.code in USER_PAUSED:
+        if self.controller.state.user_paused:
             self.controller.resume()
         else:
             self.controller.pause()
@@ -65,7 +67,7 @@ class TrayIcon(QSystemTrayIcon):
             self.setIcon(icon(f"tray-{state.kind}"))
         self.setToolTip(state.tooltip)
         self.status_action.setText(state.reason)
-        self.pause_action.setText("Resume" if state.code in USER_PAUSED else "Pause")
+        self.pause_action.setText("Resume" if state.user_paused else "Pause")
         self.idle_action.blockSignals(True)
         self.idle_action.setChecked(state.limits.only_when_idle)
         self.idle_action.blockSignals(False)

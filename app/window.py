@@ -56,16 +56,19 @@ class MainWindow(QMainWindow):
             shortcut = QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self)
             shortcut.activated.connect(lambda k=key: self.show_page(k))
         self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
-        # The page in the title, as the taskbar and window switchers show it.
-        self.nav.currentRowChanged.connect(
-            lambda row: row >= 0 and self.setWindowTitle(f"{PAGES[row][1]} — Cotrain"))
+        self.nav.currentRowChanged.connect(self._titled)
         self.nav.setCurrentRow(0)
-        QShortcut(QKeySequence(QKeySequence.StandardKey.Quit), self, activated=self.quit_requested.emit)
+        QShortcut(QKeySequence(QKeySequence.StandardKey.Quit), self, self.quit_requested.emit)
         body = QWidget()
         layout = QHBoxLayout(body)
         layout.addWidget(self.nav)
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(body)
+
+    def _titled(self, row: int) -> None:
+        """The page in the title, as the taskbar and window switchers show it."""
+        if row >= 0:
+            self.setWindowTitle(f"{PAGES[row][1]} — Cotrain")
 
     def show_page(self, key: str) -> None:
         self.nav.setCurrentRow([k for k, _ in PAGES].index(key))

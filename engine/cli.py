@@ -1,17 +1,23 @@
-"""``cotrain`` command line: backbone, peer and demo (the desktop app comes with its own issue)."""
+"""``cotrain`` command line: the desktop app (no arguments), backbone, peer, demo, accounts,
+and the app's worker process."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import __version__, aio
 from engine.paths import user_data_dir
+
+if TYPE_CHECKING:
+    from engine.governor.limits import Limits
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:
@@ -49,10 +55,10 @@ def _add_limit_options(parser: argparse.ArgumentParser) -> None:
                         help="compute on the CPU even when a CUDA graphics card is present")
 
 
-def limits_from_args(args: argparse.Namespace):
+def limits_from_args(args: argparse.Namespace) -> Limits:
     from engine.governor.limits import Limits
 
-    return Limits(
+    return Limits.checked(
         threads=args.threads, cpu_percent=args.cpu_percent, max_memory_mb=args.max_memory,
         max_upload_kbps=args.max_upload, max_download_kbps=args.max_download,
         run_on_battery=not args.no_battery, only_when_idle=args.only_when_idle is not None,
@@ -65,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cotrain", description=__doc__)
     parser.add_argument("--self-test", action="store_true",
                         help="check that this installation has everything it needs, then exit")
+    parser.add_argument("--background", action="store_true",
+                        help="start the desktop app in the tray, waiting for the desktop's tray to "
+                             "come up (what start at login runs)")
     parser.add_argument("--version", action="version", version=f"cotrain {__version__}")
     sub = parser.add_subparsers(dest="command")
 
@@ -135,18 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if not (sys.argv[1:] if argv is None else argv):
-        from app.main import main as app_main
-
-        return app_main()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.self_test:
         from engine.selftest import main as self_test
 
-        return self_test()
+        return self_test(_app_checks())
     if args.command is None:
-        parser.error("choose a command (or run cotrain with no arguments for the app)")
+        from app.main import main as app_main
+
+        return app_main(background=args.background)
     _setup_logging(args.verbose)
     try:
         if args.command == "backbone":
@@ -168,6 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 2
+
+
+def _app_checks() -> list:
+    """The desktop app's self-test checks, where the app's libraries are installed."""
+    if importlib.util.find_spec("PySide6") is None:
+        print("skip  qt         the desktop app is not installed here (cotrain[app])", flush=True)
+        return []
+    from app.selftest import CHECKS
+
+    return CHECKS
 
 
 def _run(coro) -> int:

@@ -2,43 +2,58 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import aiohttp
 
 from engine.credentials import Login
+from engine.wire import ProtocolError
+from engine.wire.api import ErrorReply, LoginReply, LoginRequest, RegisterRequest, Revoked, reply_codec
+from engine.wire.codec import Codec, encode
+
+T = TypeVar("T")
+_session: Codec[LoginReply] = reply_codec(LoginReply)
+_revoked: Codec[Revoked] = reply_codec(Revoked)
+_error: Codec[ErrorReply] = reply_codec(ErrorReply)
 
 
 class AccountError(RuntimeError):
     """The backbone refused; the message is the backbone's reason."""
 
 
-async def _call(method: str, url: str, json: dict | None = None, token: str | None = None) -> dict:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+async def _call(method: str, url: str, reply: Codec[T], body: Any = None, token: str | None = None) -> T:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http, \
-                http.request(method, url, json=json, headers=headers) as resp:
-            try:
-                body = await resp.json(content_type=None)
-            except ValueError:
-                body = {}
+                http.request(method, url, data=encode(body) if body is not None else None,
+                             headers=headers) as resp:
+            raw = await resp.read()
             if resp.status >= 400:
-                reason = body.get("error") if isinstance(body, dict) else None
-                raise AccountError(reason or f"the backbone answered {resp.status}")
-            return body if isinstance(body, dict) else {}
+                try:
+                    reason = _error.decode(raw).error
+                except ProtocolError:
+                    reason = f"the backbone answered {resp.status}"
+                raise AccountError(reason)
+            return reply.decode(raw)
     except aiohttp.ClientError as exc:
         raise AccountError(f"cannot reach the backbone: {exc}") from None
+    except ProtocolError as exc:
+        raise AccountError(f"the backbone's answer makes no sense: {exc}") from None
 
 
 async def register(backbone: str, username: str, password: str) -> Login:
-    body = await _call("POST", f"{backbone.rstrip('/')}/api/accounts",
-                       {"username": username, "password": password})
-    return Login(body["username"], body["token"])
+    body = await _call("POST", f"{backbone.rstrip('/')}/api/accounts", _session,
+                       RegisterRequest(username, password))
+    return Login(body.username, body.token)
 
 
 async def log_in(backbone: str, username: str, password: str) -> Login:
-    body = await _call("POST", f"{backbone.rstrip('/')}/api/sessions",
-                       {"username": username, "password": password})
-    return Login(body["username"], body["token"])
+    body = await _call("POST", f"{backbone.rstrip('/')}/api/sessions", _session,
+                       LoginRequest(username, password))
+    return Login(body.username, body.token)
 
 
 async def log_out(backbone: str, token: str) -> None:
-    await _call("DELETE", f"{backbone.rstrip('/')}/api/sessions", token=token)
+    await _call("DELETE", f"{backbone.rstrip('/')}/api/sessions", _revoked, token=token)

@@ -1,55 +1,83 @@
-"""A project: what a collaboration trains and how (shared by backbone and peers)."""
+"""A project: what a collaboration trains and how (shared by backbone and peers).
+
+The backbone reads projects from its catalog file and hands them to peers at join; peers
+build the task, the optimizer and the schedule from them. Torch-free, like the backbone.
+"""
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
-from engine.training.schedule import OptimizerSpec, ScheduleSpec
-from engine.wire.schema import from_dict
+from msgspec import Meta, Struct, field
 
-PROJECT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+from engine.wire import ProtocolError
+from engine.wire.codec import Codec
+from engine.wire.types import Name, ProjectId, Text
+
+OptimizerName = Literal["sgd", "adam", "adamw"]
+ScheduleType = Literal["constant", "linear", "cosine"]
+Fraction = Annotated[float, Meta(ge=0, lt=1)]
+# A task's parameters are flat: names to numbers, flags or short strings.
+TaskParams = Annotated[dict[Name, int | float | bool | Name | None], Meta(max_length=64)]
 
 
-@dataclass
-class ProjectSpec:
-    id: str
-    title: str
-    task: str
-    description: str = ""
-    task_params: dict = field(default_factory=dict)
-    target_batch_size: int = 128
+class OptimizerSpec(Struct, kw_only=True):
+    name: OptimizerName = "adamw"
+    lr: Annotated[float, Meta(gt=0, lt=10)] = 1e-3
+    weight_decay: Annotated[float, Meta(ge=0, le=10)] = 0.01
+    betas: Annotated[list[Fraction], Meta(min_length=2, max_length=2)] = field(
+        default_factory=lambda: [0.9, 0.999])
+    eps: Annotated[float, Meta(gt=0, le=1)] = 1e-8
+    momentum: Fraction = 0.0
+    clip_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] | None = 1.0
+
+
+class ScheduleSpec(Struct, kw_only=True):
+    """Linear warm-up over ``warmup_epochs``, then constant, linear or cosine decay to
+    ``min_ratio`` of the base LR at ``total_epochs``."""
+
+    type: ScheduleType = "linear"
+    warmup_epochs: Annotated[int, Meta(ge=0, le=10**9)] = 0
+    total_epochs: Annotated[int, Meta(ge=1, le=10**9)] = 1000
+    min_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.1
+
+
+class ProjectSpec(Struct, kw_only=True):
+    id: ProjectId
+    title: Annotated[str, Meta(min_length=1, max_length=200)]
+    task: Name
+    description: Text = ""
+    task_params: TaskParams = field(default_factory=dict)
+    target_batch_size: Annotated[int, Meta(ge=1, le=10**9)] = 128
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
-    seed: int = 0
-    round_timeout: float = 60.0
-    checkpoint_every: int = 5
-    keep_checkpoints: int = 3
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
+    round_timeout: Annotated[float, Meta(ge=1, le=3600)] = 60.0
+    checkpoint_every: Annotated[int, Meta(ge=1, le=10**6)] = 5
+    keep_checkpoints: Annotated[int, Meta(ge=1, le=100)] = 3
     allow_anonymous: bool = True
 
+
+class Catalog(Struct):
+    projects: Annotated[list[ProjectSpec], Meta(max_length=1000)]
+
     def __post_init__(self) -> None:
-        if not PROJECT_ID.match(self.id):
-            raise ValueError("project id must be lowercase letters, digits and dashes")
-        if not 1 <= self.target_batch_size <= 10**9:
-            raise ValueError("target_batch_size out of range")
-        if not 1 <= self.round_timeout <= 3600:
-            raise ValueError("round_timeout must be between 1 and 3600 seconds")
-        if self.checkpoint_every < 1 or not 1 <= self.keep_checkpoints <= 100:
-            raise ValueError("checkpoint settings out of range")
+        ids = [p.id for p in self.projects]
+        if len(set(ids)) != len(ids):
+            raise ValueError("the catalog lists a project id twice")
+
+
+_catalog: Codec[Catalog] = Codec(Catalog, "catalog", 16 * 1024 * 1024)
 
 
 def load_catalog(path: str | Path) -> list[ProjectSpec]:
     """Projects from a JSON file ``{"projects": [...]}``; raises ValueError naming the problem."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         raise ValueError(f"cannot read catalog {path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("projects"), list):
-        raise ValueError(f"catalog {path} must be an object with a 'projects' list")
-    projects = [from_dict(ProjectSpec, p, "project") for p in data["projects"]]
-    ids = [p.id for p in projects]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"catalog {path} lists a project id twice")
-    return projects
+    try:
+        return _catalog.decode(data).projects
+    except ProtocolError as exc:
+        raise ValueError(f"catalog {path}: {exc}") from None

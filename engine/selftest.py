@@ -53,49 +53,44 @@ def check_webrtc() -> str:
 
 async def _webrtc_round_trip() -> str:
     from engine.aio import spawn
-    from engine.transport.ice import ice_configuration, restrict_host_addresses
+    from engine.transport.ice import ice_configuration
     from engine.transport.mailbox import Mailbox
     from engine.transport.mesh import PeerMesh
+    from engine.transport.patches import restrict_host_addresses
+    from engine.wire.control import SignalData
+    from engine.wire.frames import Part
+    from engine.wire.framing import Frame
 
     restrict_host_addresses(["127.0.0.1"])
     meshes: dict[str, PeerMesh] = {}
     boxes = {name: Mailbox() for name in ("a", "b")}
 
     def relay(sender: str):
-        async def send(target: str, data: dict) -> None:
+        async def send(target: str, data: SignalData) -> None:
             spawn(meshes[target].handle_signal(sender, data))
         return send
 
+    def deliver(box: Mailbox) -> Callable[[str, Frame], None]:
+        return lambda sender, frame: box.put(("echo", 0, sender), frame)
+
     for name, box in boxes.items():
-        meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), box,
-                                lambda sender, frame, box=box: box.put((frame.type, sender), frame),
+        meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), box, deliver(box),
                                 connect_timeout=15)
     try:
         began = time.monotonic()
         link = await meshes["a"].link("b")
         payload = os.urandom(300_000)  # more than one 256 KiB chunk
-        await link.send({"type": "ping"}, payload)
-        got = await boxes["b"].get(("ping", "a"), timeout=15)
+        await link.send(Part(round_id=1, epoch=0, index=0, samples=1, loss_sum=0.0), payload)
+        got = await boxes["b"].get(("echo", 0, "a"), timeout=15)
         back = await meshes["b"].link("a")
-        await back.send({"type": "pong"}, bytes(got.payload))
-        echoed = await boxes["a"].get(("pong", "b"), timeout=15)
+        await back.send(Part(round_id=1, epoch=0, index=1, samples=1, loss_sum=0.0), bytes(got.payload))
+        echoed = await boxes["a"].get(("echo", 0, "b"), timeout=15)
         if bytes(echoed.payload) != payload:
             raise RuntimeError("the echoed bytes differ")
         media = "PyAV present" if media_codecs_loaded() else "data channels only, no PyAV"
         return f"loopback data channel round trip of 300 kB in {time.monotonic() - began:.2f} s ({media})"
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
-
-
-def check_lp() -> str:
-    from scipy.optimize import linprog
-
-    # Split 10 units over two links of capacity 4 and 8, minimising the slower one's time.
-    result = linprog(c=[0, 0, 1], A_ub=[[1 / 4, 0, -1], [0, 1 / 8, -1]], b_ub=[0, 0],
-                     A_eq=[[1, 1, 0]], b_eq=[10], bounds=[(0, None)] * 3, method="highs")
-    if not result.success or abs(result.x[2] - 10 / 12) > 1e-6:
-        raise RuntimeError(f"unexpected solution: {result.message}")
-    return f"HiGHS solved a load-balancing LP (scipy {__import__('scipy').__version__})"
 
 
 def check_keyring() -> str:
@@ -113,27 +108,6 @@ def check_keyring() -> str:
     return f"{name} answers"
 
 
-def check_qt() -> str:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import pyqtgraph
-    from PySide6 import __version__ as pyside_version
-    from PySide6.QtWidgets import QApplication, QLabel
-
-    app = QApplication.instance() or QApplication([])
-    label = QLabel("Cotrain self-test")
-    plot = pyqtgraph.PlotWidget()
-    plot.plot([0, 1, 2], [3, 1, 2])
-    label.show()
-    plot.show()
-    app.processEvents()
-    image = plot.grab()
-    label.close()
-    plot.close()
-    if image.isNull() or image.width() == 0:
-        raise RuntimeError("the window could not be drawn")
-    return f"{app.platformName()} window and plot drawn (PySide6 {pyside_version})"
-
-
 def check_zeroconf() -> str:
     import zeroconf
     from zeroconf import ServiceInfo
@@ -149,9 +123,7 @@ def check_zeroconf() -> str:
 
 CHECKS: list[tuple[str, Check]] = [
     ("webrtc", check_webrtc),
-    ("lp solver", check_lp),
     ("keyring", check_keyring),
-    ("qt", check_qt),
     ("zeroconf", check_zeroconf),
     ("training", check_training),
 ]
@@ -197,7 +169,8 @@ class ChildCheck:
     def __init__(self, check: Check) -> None:
         # fork is cheap and safe this early (no threads yet); elsewhere spawn, which the
         # frozen app supports through freeze_support in its entry point.
-        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        context = multiprocessing.get_context("fork") if sys.platform.startswith("linux") \
+            else multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe(duplex=False)
         self._process = context.Process(target=_child, args=(check, child_conn), daemon=True)
         self._began = time.monotonic()
@@ -226,16 +199,17 @@ def report(name: str, outcome: Outcome) -> None:
         print(outcome.trace, file=sys.stderr, flush=True)
 
 
-def main() -> int:
+def main(more: list[tuple[str, Check]] | None = None) -> int:
+    """Run the engine's checks and ``more`` (the desktop app's, where it is installed)."""
     began = time.monotonic()
     os.environ.setdefault("COTRAIN_CORPUS_BYTES", str(SELF_TEST_CORPUS_BYTES))
-    checks = dict(CHECKS)
-    child = ChildCheck(checks[IN_CHILD])
+    checks = [*CHECKS, *(more or [])]
+    child = ChildCheck(dict(checks)[IN_CHILD])
     outcomes = {}
-    for name, check in CHECKS:
+    for name, check in checks:
         outcomes[name] = child.outcome(CHILD_TIMEOUT) if name == IN_CHILD else run_check(check)
         report(name, outcomes[name])
     failures = sum(not o.ok for o in outcomes.values())
-    verdict = "all checks passed" if not failures else f"{failures} of {len(CHECKS)} checks failed"
+    verdict = "all checks passed" if not failures else f"{failures} of {len(checks)} checks failed"
     print(f"{verdict} in {time.monotonic() - began:.1f} s", flush=True)
     return 1 if failures else 0

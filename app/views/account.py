@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 from app.controller import AppState, Controller
 from app.views.common import count, duration, heading, help_text, message, show_message
 from engine.credentials import Login
+from engine.wire.api import Me
 
 
 class AccountPage(QWidget):
@@ -96,16 +97,16 @@ class AccountPage(QWidget):
         else:
             self.status.setText(f"Logged in as <b>{login.username}</b>.")
 
-    def _me(self, body: dict) -> None:
+    def _me(self, me: Me) -> None:
         project = self.controller.state.project_id
-        mine = next((p for p in body.get("projects", []) if p.get("project") == project), None)
+        mine = next((p for p in me.projects if p.project == project), None)
         if mine is None:
             self.totals.setText("No credited samples yet: they appear after the next step you take part in.")
             return
-        rank = f", rank {mine['rank']}" if mine.get("rank") else ""
-        self.totals.setText(f"{count(int(mine.get('samples', 0)))} samples credited{rank}; "
-                            f"{duration(mine.get('compute_seconds'))} of compute, "
-                            f"{duration(mine.get('online_seconds'))} online.")
+        rank = f", rank {mine.rank}" if mine.rank else ""
+        self.totals.setText(f"{count(mine.samples)} samples credited{rank}; "
+                            f"{duration(mine.compute_seconds)} of compute, "
+                            f"{duration(mine.online_seconds)} online.")
 
     def _account(self, action: str) -> None:
         url = self.controller.backbone_url

@@ -16,14 +16,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.controller import AppState, Controller
+from app.controller import AppPhase, AppState, Controller, TrayKind
 from app.icons import icon
-from app.trayicon import SNOOZE_SECONDS, USER_PAUSED
+from app.trayicon import SNOOZE_SECONDS
 from app.views.common import Tile, count, duration, heading, help_text, rate
+from engine.peer.events import EpochCompleted
+from engine.wire.api import Curve
 from engine.worker import protocol as p
 
-TITLES = {"contributing": "Contributing", "paused": "Paused", "waiting": "Waiting for idle time",
-          "error": "Something went wrong"}
+TITLES = {TrayKind.CONTRIBUTING: "Contributing", TrayKind.PAUSED: "Paused",
+          TrayKind.WAITING: "Waiting for idle time", TrayKind.ERROR: "Something went wrong"}
 MAX_POINTS = 3600
 
 
@@ -114,14 +116,15 @@ class DashboardPage(QWidget):
 
     def show_state(self, state: AppState) -> None:
         self.state_icon.setPixmap(icon(f"tray-{state.kind}").pixmap(48, 48))
-        self.title.setText(TITLES[state.kind] if state.code not in ("starting", "joining") else state.reason)
+        self.title.setText(TITLES[state.kind] if state.phase not in (AppPhase.STARTING, AppPhase.JOINING)
+                           else state.reason)
         self.reason.setText(state.reason if state.reason != self.title.text() else "")
         if state.project:
             who = f"as {state.username}" if state.username else "anonymously"
             self.project.setText(f"{state.project} at {state.backbone}, {who}")
         else:
             self.project.setText(state.backbone)
-        self.pause.setText("Resume" if state.code in USER_PAUSED else "Pause")
+        self.pause.setText("Resume" if state.user_paused else "Pause")
         if state.project_id and state.backbone and self._curve_for != f"{state.backbone} {state.project_id}" \
                 and state.project:
             self._curve_for = f"{state.backbone} {state.project_id}"
@@ -129,15 +132,15 @@ class DashboardPage(QWidget):
             self.controller.client.curve(state.backbone, state.project_id, self._curve_loaded, lambda m: None)
 
     def _pause_or_resume(self) -> None:
-        if self.controller.state.code in USER_PAUSED:
+        if self.controller.state.user_paused:
             self.controller.resume()
         else:
             self.controller.pause()
 
-    def _curve_loaded(self, body: dict) -> None:
-        for row in body.get("epochs", []) if isinstance(body, dict) else []:
-            if isinstance(row.get("epoch"), int) and isinstance(row.get("loss"), (int, float)):
-                self._loss.setdefault(row["epoch"], float(row["loss"]))
+    def _curve_loaded(self, curve: Curve) -> None:
+        for point in curve.epochs:
+            if point.loss is not None:
+                self._loss.setdefault(point.epoch, point.loss)
         self._draw_loss()
 
     def show_stats(self, s: p.Stats) -> None:
@@ -163,10 +166,11 @@ class DashboardPage(QWidget):
         self.mine_line.setData(self._mine_t, self._mine_n)
         _show_data(self.mine_plot, self.hints[self.mine_plot], True)
 
-    def add_epoch(self, e: p.Epoch) -> None:
-        self.tiles["epoch"].set(count(e.epoch))
-        if e.loss is not None:
-            self._loss[e.epoch] = e.loss
+    def add_epoch(self, completed: EpochCompleted) -> None:
+        step = completed.step
+        self.tiles["epoch"].set(count(step.epoch))
+        if step.loss is not None:
+            self._loss[step.epoch] = step.loss
             self._draw_loss()
 
     def _draw_loss(self) -> None:

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app.controller import AppState, Controller
 from app.views.common import count, duration, heading, help_text, message, show_message
+from engine.wire.api import Leaderboard, LeaderboardEntry
 
 PAGE_SIZE = 25
 COLUMNS = ("Rank", "Volunteer", "Samples", "Share", "Compute time", "Online")
@@ -30,7 +31,7 @@ class LeaderboardPage(QWidget):
         self.page_size = PAGE_SIZE
         self.offset = 0
         self.total_samples = 0
-        self.entries: list[dict] = []
+        self.entries: list[LeaderboardEntry] = []
         self.subtitle = help_text("")
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -98,14 +99,14 @@ class LeaderboardPage(QWidget):
         self.refresh_button.setEnabled(True)
         show_message(self.error, f"Could not load the leaderboard: {why}")
 
-    def _loaded(self, request: int, offset: int, body: dict) -> None:
+    def _loaded(self, request: int, offset: int, board: Leaderboard) -> None:
         if request != self._latest:
             return
         self.refresh_button.setEnabled(True)
         show_message(self.error, "")
         self.offset = offset
-        self.entries = [e for e in body.get("entries", []) if isinstance(e, dict)]
-        self.total_samples = int(body.get("total_samples", 0))
+        self.entries = board.entries
+        self.total_samples = board.total_samples
         self._draw()
 
     @property
@@ -117,11 +118,9 @@ class LeaderboardPage(QWidget):
         me = self.my_username
         self.table.setRowCount(len(self.entries))
         for row, entry in enumerate(self.entries):
-            cells = (str(entry.get("rank", "")), str(entry.get("username", "")),
-                     count(int(entry.get("samples", 0))),
-                     f"{100 * float(entry.get('share', 0)):.1f} %", duration(entry.get("compute_seconds")),
-                     "yes" if entry.get("online") else "")
-            mine = me is not None and entry.get("username") == me
+            cells = (str(entry.rank), entry.username, count(entry.samples), f"{100 * entry.share:.1f} %",
+                     duration(entry.compute_seconds), "yes" if entry.online else "")
+            mine = me is not None and entry.username == me
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if mine:
@@ -142,4 +141,4 @@ class LeaderboardPage(QWidget):
 
     def my_row(self) -> int | None:
         me = self.my_username
-        return next((i for i, e in enumerate(self.entries) if me and e.get("username") == me), None)
+        return next((i for i, e in enumerate(self.entries) if me and e.username == me), None)

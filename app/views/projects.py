@@ -3,6 +3,8 @@ with live peers, progress and my contribution; join or leave; add a backbone by 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -16,12 +18,24 @@ from PySide6.QtWidgets import (
 )
 
 from app.controller import Controller
-from app.settings_store import LOCAL, Current
+from app.settings_store import Current
 from app.views.common import count, duration, heading, help_text, message, show_message
+from engine.credentials import Login
 from engine.lan.records import LanBackbone
+from engine.wire.api import Me, ProjectSummary, ProjectTotals
+from engine.worker.protocol import LOCAL_BACKBONE
 
 REFRESH_MS = 10_000
 COLUMNS = ("Project", "Peers online", "Progress", "My contribution", "")
+
+
+@dataclass
+class BackboneRow:
+    """What one backbone answered: its projects and my totals there, or why it did not."""
+
+    projects: list[ProjectSummary] = field(default_factory=list)
+    me: Me | None = None
+    error: str = ""
 
 
 class ProjectsPage(QWidget):
@@ -69,7 +83,7 @@ class ProjectsPage(QWidget):
         layout.addLayout(adding)
         layout.addWidget(self.error)
 
-        self.rows: dict[str, dict] = {}  # backbone -> {"projects": [...], "me": ..., "error": str}
+        self.rows: dict[str, BackboneRow] = {}
         self.on_lan: list[LanBackbone] = []  # announced on the LAN, as last browsed
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self.refresh)
@@ -86,14 +100,14 @@ class ProjectsPage(QWidget):
         self._timer.stop()
 
     def backbones(self) -> list[str]:
-        return [LOCAL, *self.controller.store.backbones()]
+        return [LOCAL_BACKBONE, *self.controller.store.backbones()]
 
     def refresh(self) -> None:
         self.controller.client.discover(self._discovered, lambda why: self._discovered([], why))
         for backbone in self.backbones():
             url = self.controller.url_of(backbone)
             if not url:
-                self.rows[backbone] = {"projects": [], "me": None, "error": "starting…"}
+                self.rows[backbone] = BackboneRow(error="starting…")
                 continue
             self.controller.client.load_login(
                 url, lambda found, b=backbone, u=url: self._fetch(b, u, found[0]),
@@ -104,7 +118,8 @@ class ProjectsPage(QWidget):
         known = {self.controller.url_of(b).rstrip("/") for b in self.backbones()}
         self.on_lan = [b for b in found if b.url not in known]
         while self.lan_buttons.count() > 1:
-            widget = self.lan_buttons.takeAt(0).widget()
+            item = self.lan_buttons.takeAt(0)
+            widget = item.widget() if item is not None else None
             if widget is not None:
                 widget.deleteLater()
         for backbone in self.on_lan:
@@ -121,13 +136,13 @@ class ProjectsPage(QWidget):
             text = "No other backbone announces itself on your network."
         self.lan_status.setText(text)
 
-    def _fetch(self, backbone: str, url: str, login) -> None:
+    def _fetch(self, backbone: str, url: str, login: Login | None) -> None:
         self.controller.client.projects(
             url, login.token if login else None,
-            lambda body: self._loaded(backbone, {**body, "error": ""}),
-            lambda error: self._loaded(backbone, {"projects": [], "me": None, "error": error}))
+            lambda found: self._loaded(backbone, BackboneRow(found[0].projects, found[1])),
+            lambda error: self._loaded(backbone, BackboneRow(error=error)))
 
-    def _loaded(self, backbone: str, row: dict) -> None:
+    def _loaded(self, backbone: str, row: BackboneRow) -> None:
         self.rows[backbone] = row
         self._draw()
 
@@ -136,51 +151,49 @@ class ProjectsPage(QWidget):
         current = self.controller.store.current()
         for backbone in self.backbones():
             row = self.rows.get(backbone)
-            name = "This computer" if backbone == LOCAL else backbone
+            name = "This computer" if backbone == LOCAL_BACKBONE else backbone
             group = QTreeWidgetItem([name])
             font = group.font(0)
             font.setBold(True)
             group.setFont(0, font)
             self.tree.addTopLevelItem(group)
-            if backbone != LOCAL:
+            if backbone != LOCAL_BACKBONE:
                 remove = QPushButton("Remove")
                 remove.clicked.connect(lambda _=False, b=backbone: self.controller.remove_backbone(b))
                 self.tree.setItemWidget(group, 4, remove)
             if row is None:
                 group.setText(1, "loading…")
                 continue
-            if row["error"]:
-                group.setText(1, row["error"])
-                group.setToolTip(1, row["error"])
+            if row.error:
+                group.setText(1, row.error)
+                group.setToolTip(1, row.error)
                 continue
-            mine = {p.get("project"): p for p in (row["me"] or {}).get("projects", [])}
-            for spec in row["projects"]:
-                self._project_row(backbone, spec, mine.get(spec.get("id")), current)
+            mine = {p.project: p for p in row.me.projects} if row.me else {}
+            for spec in row.projects:
+                self._project_row(backbone, spec, mine.get(spec.id), current)
 
-    def _project_row(self, backbone: str, spec: dict, mine: dict | None, current: Current | None) -> None:
-        joined = current is not None and current == Current(backbone, spec.get("id", ""))
-        title = spec.get("title", spec.get("id", "?"))
-        eta = spec.get("eta_seconds")
-        progress = (f"epoch {spec.get('epoch', 0)} · {count(spec.get('samples', 0))}/"
-                    f"{count(spec.get('target_batch_size', 0))}"
+    def _project_row(self, backbone: str, spec: ProjectSummary, mine: ProjectTotals | None,
+                     current: Current | None) -> None:
+        joined = current is not None and current == Current(backbone, spec.id)
+        eta = spec.eta_seconds
+        progress = (f"epoch {spec.epoch} · {count(spec.samples)}/{count(spec.target_batch_size)}"
                     + (f" · next step in {duration(eta)}" if eta is not None else ""))
         if mine is not None:
-            rank = f", rank {mine['rank']}" if mine.get("rank") else ""
-            contribution = f"{count(mine.get('samples', 0))} samples{rank}"
+            rank = f", rank {mine.rank}" if mine.rank else ""
+            contribution = f"{count(mine.samples)} samples{rank}"
         elif joined and self.controller.last_stats is not None:
             contribution = f"{count(self.controller.last_stats.my_samples_total)} samples (this computer)"
         else:
-            contribution = "log in to see" if backbone != LOCAL or not joined else "–"
-        item = QTreeWidgetItem([f"{title}\n{spec.get('description', '')}", str(spec.get("peers", 0)),
-                                progress, contribution])
-        item.setToolTip(0, spec.get("description", ""))
-        item.setData(0, Qt.ItemDataRole.UserRole, (backbone, spec.get("id")))
+            contribution = "log in to see" if backbone != LOCAL_BACKBONE or not joined else "–"
+        item = QTreeWidgetItem([f"{spec.title}\n{spec.description}", str(spec.peers), progress, contribution])
+        item.setToolTip(0, spec.description)
+        item.setData(0, Qt.ItemDataRole.UserRole, (backbone, spec.id))
         self.tree.addTopLevelItem(item)
         button = QPushButton("Leave" if joined else "Join")
         if joined:
             button.clicked.connect(self.controller.leave)
         else:
-            choice = Current(backbone, spec["id"])
+            choice = Current(backbone, spec.id)
             button.clicked.connect(lambda _=False: self.join(choice))
         self.tree.setItemWidget(item, 4, button)
 

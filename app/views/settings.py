@@ -6,7 +6,6 @@ confirms them."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
@@ -24,6 +23,7 @@ from PySide6.QtWidgets import (
 from app.controller import AppState, Controller
 from app.views.common import heading, help_text, message, show_message
 from engine.governor.limits import Limits
+from engine.worker import protocol as p
 
 APPLY_DELAY_MS = 400
 
@@ -100,8 +100,8 @@ class SettingsPage(QWidget):
             ("Download speed", self.max_download,
              "How fast other volunteers may send data to you."),
             ("Graphics card", self.use_gpu,
-             "Cotrain trains on the processor today; this choice is kept for when graphics cards are "
-             "supported."),
+             "With an NVIDIA graphics card (CUDA), Cotrain computes on it: much faster, and every "
+             "volunteer's results stay identical. Untick to keep the graphics card for yourself."),
             ("Battery", self.run_on_battery,
              "When unticked, Cotrain pauses while a laptop runs on battery and continues once it has been "
              "plugged in for a little while."),
@@ -118,11 +118,14 @@ class SettingsPage(QWidget):
             ("Start at login", self.start_at_login,
              "Open Cotrain quietly in the tray when you log in to this computer."),
         ]
+        self.device = help_text("")
         for label, widget, text in rows:
             box = QVBoxLayout()
             box.setSpacing(2)
             box.addWidget(widget)
             box.addWidget(help_text(text))
+            if widget is self.use_gpu:
+                box.addWidget(self.device)
             form.addRow(f"<b>{label}</b>", box)
 
         inner = QWidget()
@@ -154,6 +157,9 @@ class SettingsPage(QWidget):
         self.schedule.textChanged.connect(self._changed)
         self.start_at_login.toggled.connect(controller.set_start_at_login)
         controller.state_changed.connect(self._state)
+        controller.stats.connect(self._stats)
+        if controller.last_stats is not None:
+            self._stats(controller.last_stats)
 
     def load(self, limits: Limits) -> None:
         widgets = (self.threads, self.cpu_percent, self.max_memory.check, self.max_memory.spin,
@@ -179,8 +185,7 @@ class SettingsPage(QWidget):
 
     def limits(self) -> Limits:
         """The limits the form shows; raises ValueError naming what is wrong."""
-        return replace(
-            self.controller.store.limits(),
+        return Limits.checked(
             threads=self.threads.value() or None, cpu_percent=self.cpu_percent.value(),
             max_memory_mb=self.max_memory.value(), max_upload_kbps=self.max_upload.value(),
             max_download_kbps=self.max_download.value(), use_gpu=self.use_gpu.isChecked(),
@@ -204,6 +209,10 @@ class SettingsPage(QWidget):
         show_message(self.error, "")
         self._pending = limits
         self.controller.set_limits(limits)
+
+    def _stats(self, stats: p.Stats) -> None:
+        if stats.device:
+            self.device.setText(f"Right now Cotrain computes on {stats.device}.")
 
     def _state(self, state: AppState) -> None:
         if self._pending is not None and state.limits == self._pending:

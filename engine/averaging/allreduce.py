@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.averaging.partition import part_bounds, weighted_average
-from engine.transport.link import LinkClosed
+from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
+from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
-from engine.wire.messages import Part, Result, from_wire, to_wire
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class AveragingError(RuntimeError):
     """The round could not complete on this peer (a peer vanished, a deadline passed).
     ``suspects``: the peers it could not exchange with, for the tracker to keep apart."""
 
-    def __init__(self, message: str, suspects: set[str] | list[str] = ()) -> None:
+    def __init__(self, message: str, suspects: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.suspects = sorted(suspects)
 
@@ -54,16 +55,6 @@ class Averaged:
     confirmed: dict[str, int]  # sender -> samples that every reducer received from it
 
 
-def _as_floats(frame: Frame, expected: int, what: str) -> torch.Tensor | None:
-    if frame.header.get("dtype") != "float32":
-        raise ProtocolError(f"{what}: unsupported dtype {frame.header.get('dtype')!r}")
-    if len(frame.payload) == 0:
-        return None
-    if len(frame.payload) != expected * 4:
-        raise ProtocolError(f"{what}: {len(frame.payload)} bytes, expected {expected * 4}")
-    return torch.frombuffer(frame.payload, dtype=torch.float32)
-
-
 async def butterfly_allreduce(
     plan: RoundPlan,
     local_sum: torch.Tensor,
@@ -73,122 +64,141 @@ async def butterfly_allreduce(
     timeout: float,
 ) -> Averaged:
     """Average ``local_sum`` (gradient x samples, flat fp32) with the group's; raise AveragingError."""
-    waiting = _Waiting()
+    round_ = _Round(plan, local_sum.detach().contiguous().view(-1), samples, loss_sum, mesh)
     try:
-        return await asyncio.wait_for(
-            _round(plan, local_sum, samples, loss_sum, mesh, waiting), timeout
-        )
+        return await asyncio.wait_for(round_.run(), timeout)
     except asyncio.TimeoutError:
         raise AveragingError(f"round {plan.round_id} did not finish within {timeout:.0f}s",
-                             waiting.suspects()) from None
+                             round_.suspects()) from None
     except LinkClosed as exc:
-        suspects = {exc.peer} if exc.peer else waiting.suspects()
+        suspects = {exc.peer} if exc.peer else round_.suspects()
         raise AveragingError(f"round {plan.round_id}: {exc}", suspects) from None
     except ProtocolError as exc:
-        raise AveragingError(f"round {plan.round_id}: {exc}", waiting.suspects()) from None
+        raise AveragingError(f"round {plan.round_id}: {exc}", round_.suspects()) from None
 
 
 @dataclass
-class _Waiting:
-    """Whom a round still waits for. A missing link or part points at that peer; a missing
-    result does not: its reducer may itself be waiting on someone else, and blaming it would
-    keep apart peers that reach each other fine (the reducer's own report names the culprit)."""
+class _Round:
+    """One round as this peer lives it: connect, send parts, reduce its own part, collect
+    the others' results, check that the reducers agree."""
 
-    links: set[str] = field(default_factory=set)
-    parts: set[str] = field(default_factory=set)
+    plan: RoundPlan
+    flat: torch.Tensor
+    samples: int
+    loss_sum: float
+    mesh: PeerMesh
+    links: dict[str, PeerLink] = field(default_factory=dict)
+    # Whom the round still waits for. A missing link or part points at that peer; a missing
+    # result does not: its reducer may itself be waiting on someone else, and blaming it would
+    # keep apart peers that reach each other fine (the reducer's own report names the culprit).
+    missing_links: set[str] = field(default_factory=set)
+    missing_parts: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.bounds = part_bounds(self.flat.numel(), self.plan.shares)
+        self.me = self.plan.my_index
+        self.others = [(j, p) for j, p in enumerate(self.plan.group) if j != self.me]
+        self.averaged = torch.empty_like(self.flat, dtype=torch.float32)
 
     def suspects(self) -> set[str]:
-        return self.links | self.parts
+        return self.missing_links | self.missing_parts
 
+    def size(self, j: int) -> int:
+        lo, hi = self.bounds[j]
+        return hi - lo
 
-async def _round(
-    plan: RoundPlan, local_sum: torch.Tensor, samples: int, loss_sum: float, mesh: PeerMesh,
-    waiting: _Waiting,
-) -> Averaged:
-    me, group, rid = plan.my_index, plan.group, plan.round_id
-    bounds = part_bounds(local_sum.numel(), plan.shares)
-    others = [(j, p) for j, p in enumerate(group) if j != me]
-    waiting.links = {p for _, p in others}
+    async def run(self) -> Averaged:
+        await self.connect()
+        reducers = [(j, p) for j, p in self.others if self.size(j)]
+        results = asyncio.gather(*(self.receive_result(j, p) for j, p in reducers))
+        sends = asyncio.gather(*(self.send_part(j, p) for j, p in self.others))
+        try:
+            mine = await self.reduce_my_part() if self.size(self.me) else None
+            await sends
+            received = list(await results)
+        except BaseException:
+            for task in (results, sends):
+                task.cancel()
+                task.add_done_callback(_quiet)
+            raise
+        return self.outcome(received if mine is None else [*received, mine])
 
-    async def connect(peer: str):
-        link = await mesh.link(peer)
-        waiting.links.discard(peer)
-        return link
+    async def connect(self) -> None:
+        self.missing_links = {p for _, p in self.others}
 
-    links = dict(zip([p for _, p in others],
-                     await asyncio.gather(*(connect(p) for _, p in others)), strict=True))
-    waiting.parts = {p for _, p in others} if bounds[me][1] > bounds[me][0] else set()
-    flat = local_sum.detach().contiguous().view(-1)
+        async def connect(peer: str) -> None:
+            self.links[peer] = await self.mesh.link(peer)
+            self.missing_links.discard(peer)
 
-    async def send_part(j: int, peer: str) -> None:
-        lo, hi = bounds[j]
-        if hi == lo:
+        await asyncio.gather(*(connect(p) for _, p in self.others))
+        self.missing_parts = {p for _, p in self.others} if self.size(self.me) else set()
+
+    async def send_part(self, j: int, peer: str) -> None:
+        if not self.size(j):
             return
-        header = to_wire(Part(rid, plan.epoch, j, samples, loss_sum))
-        payload = flat[lo:hi].numpy().data if samples > 0 else b""
-        await links[peer].send(header, payload)
+        lo, hi = self.bounds[j]
+        header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
+                      loss_sum=self.loss_sum)
+        payload = self.flat[lo:hi].numpy().data if self.samples > 0 else b""
+        await self.links[peer].send(header, payload)
 
-    async def receive_part(j: int, peer: str) -> tuple[torch.Tensor | None, int, float]:
-        frame = await mesh.mailbox.get(("part", rid, peer), timeout=1e9)
-        waiting.parts.discard(peer)
-        part = from_wire(frame.header, {"part": Part})
-        if part.epoch != plan.epoch or part.index != me:
-            raise ProtocolError(f"part from {peer} is for epoch {part.epoch} index {part.index}")
-        values = _as_floats(frame, bounds[me][1] - bounds[me][0], f"part from {peer}")
+    async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float]:
+        frame = await self.mesh.mailbox.get(("part", self.plan.round_id, peer), timeout=1e9)
+        self.missing_parts.discard(peer)
+        part = frame.header
+        if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != self.me:
+            raise ProtocolError(f"part from {peer} is not for this epoch's part {self.me}")
+        values = _as_floats(frame, self.size(self.me), f"part from {peer}")
         if (values is None) != (part.samples == 0):
             raise ProtocolError(f"part from {peer} has samples={part.samples} but no values")
         return values, part.samples, part.loss_sum
 
-    async def receive_result(j: int, peer: str) -> Result:
-        frame = await mesh.mailbox.get(("result", rid, peer), timeout=1e9)
-        result = from_wire(frame.header, {"result": Result})
-        if result.epoch != plan.epoch or result.index != j:
-            raise ProtocolError(f"result from {peer} is for epoch {result.epoch} index {result.index}")
-        lo, hi = bounds[j]
-        values = _as_floats(frame, hi - lo, f"result from {peer}")
+    async def reduce_my_part(self) -> Result:
+        """Add everyone's part of mine in group order (so every reducer handed the same
+        inputs gets the same bits), divide by the samples, send the result to everyone."""
+        received = await asyncio.gather(*(self.receive_part(p) for _, p in self.others))
+        lo, hi = self.bounds[self.me]
+        contributions = dict(zip([j for j, _ in self.others], received, strict=True))
+        contributions[self.me] = (self.flat[lo:hi] if self.samples > 0 else None, self.samples, self.loss_sum)
+        ordered = [contributions[j] for j in range(len(self.plan.group))]
+        total = sum(c[1] for c in ordered)
+        reduced = weighted_average([c[0] for c in ordered], [c[1] for c in ordered])
+        self.averaged[lo:hi] = reduced
+        mine = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.me, samples=total,
+                      loss=sum(c[2] for c in ordered) / total,
+                      received={self.plan.group[j]: c[1] for j, c in enumerate(ordered)})
+        payload = reduced.numpy().data
+        await asyncio.gather(*(self.links[p].send(mine, payload) for _, p in self.others))
+        return mine
+
+    async def receive_result(self, j: int, peer: str) -> Result:
+        frame = await self.mesh.mailbox.get(("result", self.plan.round_id, peer), timeout=1e9)
+        result = frame.header
+        if not isinstance(result, Result) or result.epoch != self.plan.epoch or result.index != j:
+            raise ProtocolError(f"result from {peer} is not for this epoch's part {j}")
+        values = _as_floats(frame, self.size(j), f"result from {peer}")
         if values is None:
             raise ProtocolError(f"result from {peer} is empty")
-        averaged[lo:hi] = values
+        lo, hi = self.bounds[j]
+        self.averaged[lo:hi] = values
         return result
 
-    averaged = torch.empty_like(flat, dtype=torch.float32)
-    my_lo, my_hi = bounds[me]
-    results_task = asyncio.gather(
-        *(receive_result(j, p) for j, p in others if bounds[j][1] > bounds[j][0])
-    )
-    sends = asyncio.gather(*(send_part(j, p) for j, p in others))
-    try:
-        mine: Result | None = None
-        if my_hi > my_lo:
-            received = await asyncio.gather(*(receive_part(j, p) for j, p in others))
-            contributions = {j: r for (j, _), r in zip(others, received, strict=True)}
-            local_part = flat[my_lo:my_hi] if samples > 0 else None
-            contributions[me] = (local_part, samples, loss_sum)
-            ordered = [contributions[j] for j in range(len(group))]
-            total = sum(c[1] for c in ordered)
-            reduced = weighted_average([c[0] for c in ordered], [c[1] for c in ordered])
-            loss = sum(c[2] for c in ordered) / total
-            averaged[my_lo:my_hi] = reduced
-            received = {group[j]: c[1] for j, c in enumerate(ordered)}
-            mine = Result(rid, plan.epoch, me, total, loss, received=received)
-            header = to_wire(mine)
-            payload = reduced.numpy().data
-            await asyncio.gather(*(links[p].send(header, payload) for _, p in others))
-        await sends
-        results = list(await results_task)
-    except BaseException:
-        for task in (results_task, sends):
-            task.cancel()
-            task.add_done_callback(_quiet)
-        raise
-    if mine is not None:
-        results.append(mine)
-    if not results:
-        raise AveragingError("nobody reduced anything")
-    totals = {r.samples for r in results}
-    if len(totals) != 1:
-        raise ProtocolError(f"reducers disagree on the round's samples: {sorted(totals)}")
-    return Averaged(averaged, results[0].samples, results[0].loss, _confirmed(group, results))
+    def outcome(self, results: list[Result]) -> Averaged:
+        if not results:
+            raise AveragingError("nobody reduced anything")
+        totals = {r.samples for r in results}
+        if len(totals) != 1:
+            raise ProtocolError(f"reducers disagree on the round's samples: {sorted(totals)}")
+        return Averaged(self.averaged, results[0].samples, results[0].loss,
+                        _confirmed(self.plan.group, results))
+
+
+def _as_floats(frame: Frame, expected: int, what: str) -> torch.Tensor | None:
+    if len(frame.payload) == 0:
+        return None
+    if len(frame.payload) != expected * 4:
+        raise ProtocolError(f"{what}: {len(frame.payload)} bytes, expected {expected * 4}")
+    return torch.frombuffer(frame.payload, dtype=torch.float32)
 
 
 def _quiet(future: asyncio.Future) -> None:
@@ -202,6 +212,7 @@ def _confirmed(group: list[str], results: list[Result]) -> dict[str, int]:
     confirmed = {}
     for sender in group:
         counts = [r.received.get(sender) for r in results]
-        if all(c is not None for c in counts):
-            confirmed[sender] = min(counts)  # type: ignore[type-var]
+        present = [c for c in counts if c is not None]
+        if len(present) == len(counts):
+            confirmed[sender] = min(present)
     return confirmed

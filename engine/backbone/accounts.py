@@ -8,27 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass
 
-USERNAME = re.compile(r"^[A-Za-z0-9_.-]{3,32}$")
-MIN_PASSWORD, MAX_PASSWORD = 8, 1024
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
-
-
-@dataclass
-class Credentials:
-    username: str
-    password: str
-
-    def __post_init__(self) -> None:
-        if not USERNAME.match(self.username):
-            raise ValueError("username must be 3-32 letters, digits, '.', '_' or '-'")
-        if not MIN_PASSWORD <= len(self.password) <= MAX_PASSWORD:
-            raise ValueError(f"password must be {MIN_PASSWORD} to {MAX_PASSWORD} characters")
 
 
 def hash_password(password: str, salt: bytes | None = None) -> tuple[bytes, bytes]:

@@ -1,37 +1,111 @@
-"""The backbone's routes. Every input is validated; errors are JSON ``{"error": "..."}``
-with a 4xx status, and nothing a client sends can take the server down."""
+"""The backbone's routes, in one table from which both aiohttp's router and
+/api/openapi.json are built, so the published API is the one served.
+
+Every input is validated; errors are JSON ``{"error": "..."}`` (ErrorReply) with a 4xx
+status, and nothing a client sends can take the server down.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
 
 from aiohttp import web
 
 from engine import __version__
 from engine.backbone import api_accounts, api_checkpoints, api_projects, openapi
+from engine.backbone.api_projects import LIMIT, OFFSET, QueryInt
+from engine.backbone.http import Handler, json_reply
+from engine.backbone.openapi import RawBody
 from engine.wire import WIRE_VERSION
+from engine.wire.api import (
+    CheckpointList,
+    Curve,
+    ErrorReply,
+    Health,
+    JoinReply,
+    JoinRequest,
+    Leaderboard,
+    LoginReply,
+    LoginRequest,
+    Me,
+    ProjectList,
+    ProjectSummary,
+    RegisterRequest,
+    Revoked,
+)
+from engine.wire.control import CheckpointInfo
+
+STATE_FILE = RawBody("application/octet-stream", "a state file (engine/wire/tensors.py)")
+
+
+class Auth(Enum):
+    NONE = "none"
+    USER = "user"  # Authorization: Bearer <token of a log-in>
+    OPTIONAL_USER = "optional user"  # anonymous, or a user
+    PEER = "peer"  # X-Cotrain-Peer-Id and X-Cotrain-Peer-Token from the join
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    replies: dict[int, type | RawBody | str]  # status -> the Struct answered, a raw body, or what happens
+    body: type | RawBody | None = None
+    auth: Auth = Auth.NONE
+    query: tuple[QueryInt, ...] = ()
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "version": __version__, "wire_version": WIRE_VERSION})
+    return json_reply(Health(True, __version__, WIRE_VERSION))
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.json_response(openapi.spec())
+    return web.json_response(openapi.spec(ROUTES))
+
+
+_PROJECT = "/api/projects/{project}"
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/api/health", health, "Liveness and versions", {200: Health}),
+    Route("GET", "/api/openapi.json", openapi_json, "This description (OpenAPI 3.1)",
+          {200: RawBody("application/json", "the OpenAPI document")}),
+    Route("POST", "/api/accounts", api_accounts.register, "Create an account and log in",
+          {201: LoginReply, 400: ErrorReply, 409: ErrorReply}, body=RegisterRequest),
+    Route("POST", "/api/sessions", api_accounts.login, "Log in: a new token",
+          {200: LoginReply, 400: ErrorReply, 401: ErrorReply, 429: ErrorReply}, body=LoginRequest),
+    Route("DELETE", "/api/sessions", api_accounts.logout, "Log out: revoke the presented token",
+          {200: Revoked, 401: ErrorReply}, auth=Auth.USER),
+    Route("GET", "/api/me", api_accounts.me, "My totals per project and contribution per hour",
+          {200: Me, 401: ErrorReply}, auth=Auth.USER),
+    Route("GET", "/api/projects", api_projects.list_projects, "The catalog with live progress",
+          {200: ProjectList}),
+    Route("GET", _PROJECT, api_projects.get_project, "One project with live progress",
+          {200: ProjectSummary, 404: ErrorReply}),
+    Route("POST", f"{_PROJECT}/peers", api_projects.join,
+          "Join as a peer: peer id, peer token, project and ICE servers",
+          {201: JoinReply, 400: ErrorReply, 401: ErrorReply, 404: ErrorReply}, body=JoinRequest,
+          auth=Auth.OPTIONAL_USER),
+    Route("GET", f"{_PROJECT}/peers/{{peer}}/ws", api_projects.peer_socket,
+          "The peer's control WebSocket (engine/wire/control.py)",
+          {101: "switching to the WebSocket", 401: ErrorReply, 404: ErrorReply, 409: ErrorReply},
+          auth=Auth.PEER),
+    Route("GET", f"{_PROJECT}/curve", api_projects.curve, "Loss per epoch", {200: Curve, 404: ErrorReply}),
+    Route("GET", f"{_PROJECT}/leaderboard", api_projects.leaderboard, "Credited samples per user, best first",
+          {200: Leaderboard, 400: ErrorReply, 404: ErrorReply}, query=(LIMIT, OFFSET)),
+    Route("GET", f"{_PROJECT}/checkpoints", api_checkpoints.list_checkpoints, "Stored checkpoints",
+          {200: CheckpointList, 404: ErrorReply}),
+    Route("GET", f"{_PROJECT}/checkpoints/{{epoch}}", api_checkpoints.get_checkpoint,
+          "Download a checkpoint (peers)",
+          {200: STATE_FILE, 400: ErrorReply, 401: ErrorReply, 404: ErrorReply}, auth=Auth.PEER),
+    Route("PUT", f"{_PROJECT}/checkpoints/{{epoch}}", api_checkpoints.put_checkpoint,
+          "Upload a checkpoint the backbone asked for (peers)",
+          {201: CheckpointInfo, 400: ErrorReply, 401: ErrorReply, 404: ErrorReply, 409: ErrorReply,
+           413: ErrorReply}, body=STATE_FILE, auth=Auth.PEER),
+)
 
 
 def add_routes(app: web.Application) -> None:
-    r = app.router
-    r.add_get("/api/health", health)
-    r.add_get("/api/openapi.json", openapi_json)
-    r.add_post("/api/accounts", api_accounts.register)
-    r.add_post("/api/sessions", api_accounts.login)
-    r.add_delete("/api/sessions", api_accounts.logout)
-    r.add_get("/api/me", api_accounts.me)
-    r.add_get("/api/projects", api_projects.list_projects)
-    r.add_get("/api/projects/{project}", api_projects.get_project)
-    r.add_post("/api/projects/{project}/peers", api_projects.join)
-    r.add_get("/api/projects/{project}/peers/{peer}/ws", api_projects.peer_socket)
-    r.add_get("/api/projects/{project}/curve", api_projects.curve)
-    r.add_get("/api/projects/{project}/leaderboard", api_projects.leaderboard)
-    r.add_get("/api/projects/{project}/checkpoints", api_checkpoints.list_checkpoints)
-    r.add_get("/api/projects/{project}/checkpoints/{epoch}", api_checkpoints.get_checkpoint)
-    r.add_put("/api/projects/{project}/checkpoints/{epoch}", api_checkpoints.put_checkpoint)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, route.handler)

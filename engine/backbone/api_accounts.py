@@ -8,17 +8,21 @@ import time
 
 from aiohttp import web
 
-from engine.backbone.accounts import Credentials, hash_password, new_token, password_matches, token_digest
-from engine.backbone.http import backbone_of, bearer_token, read_json, required_user
+from engine.backbone.accounts import hash_password, new_token, password_matches, token_digest
+from engine.backbone.http import backbone_of, bearer_token, json_reply, read_json, required_user
 from engine.backbone.store import UsernameTaken
+from engine.wire.api import LoginReply, LoginRequest, Me, ProjectTotals, RegisterRequest, Revoked
+from engine.wire.codec import Codec
 
 log = logging.getLogger(__name__)
 TIMELINE_DAYS = 7
 _DUMMY_SALT, _DUMMY_HASH = b"\0" * 16, b"\0" * 32
+_registration: Codec[RegisterRequest] = Codec(RegisterRequest, "registration", 64 * 1024)
+_login: Codec[LoginRequest] = Codec(LoginRequest, "login", 64 * 1024)
 
 
 async def register(request: web.Request) -> web.Response:
-    body = await read_json(request, Credentials)
+    body = await read_json(request, _registration)
     backbone = backbone_of(request)
     salt, digest = await asyncio.to_thread(hash_password, body.password)
     try:
@@ -28,11 +32,11 @@ async def register(request: web.Request) -> web.Response:
     token, stored = new_token()
     backbone.store.add_token(user, stored)
     log.info("account %s created", user.username)
-    return web.json_response({"username": user.username, "token": token}, status=201)
+    return json_reply(LoginReply(user.username, token), status=201)
 
 
 async def login(request: web.Request) -> web.Response:
-    body = await read_json(request, Credentials)
+    body = await read_json(request, _login)
     backbone = backbone_of(request)
     account, address = body.username.lower(), request.remote or "unknown"
     wait = max(backbone.login_failures_by_account.retry_after(account),
@@ -50,23 +54,22 @@ async def login(request: web.Request) -> web.Response:
     backbone.login_failures_by_account.succeeded(account)
     token, stored = new_token()
     backbone.store.add_token(found[0], stored)
-    return web.json_response({"username": found[0].username, "token": token})
+    return json_reply(LoginReply(found[0].username, token))
 
 
 async def logout(request: web.Request) -> web.Response:
     required_user(request)
     backbone_of(request).store.revoke_token(token_digest(bearer_token(request) or ""))
-    return web.json_response({"revoked": True})
+    return json_reply(Revoked(True))
 
 
 async def me(request: web.Request) -> web.Response:
     user = required_user(request)
     backbone = backbone_of(request)
-    projects = []
+    projects: list[ProjectTotals] = []
     for totals in backbone.store.user_totals(user.id):
-        project = totals["project"]
-        projects.append({**totals, "rank": backbone.store.rank(project, user.id),
-                         "online": user.id in backbone.online_users(project)})
+        totals.rank = backbone.store.rank(totals.project, user.id)
+        totals.online = user.id in backbone.online_users(totals.project)
+        projects.append(totals)
     since = time.time() - TIMELINE_DAYS * 86400
-    return web.json_response({"username": user.username, "projects": projects,
-                              "timeline": backbone.store.timeline(user.id, since)})
+    return json_reply(Me(user.username, projects, backbone.store.timeline(user.id, since)))

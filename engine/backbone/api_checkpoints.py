@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from aiohttp import web
 
 from engine.backbone.checkpoints import CheckpointRejected
-from engine.backbone.http import authenticate_peer, backbone_of, project_of
-from engine.peer.client import PEER_ID_HEADER
-from engine.wire.messages import CheckpointInfo
+from engine.backbone.http import authenticate_peer, backbone_of, json_reply, project_of
+from engine.backbone.store import checkpoint_url
+from engine.wire.api import CONTENT_SHA256_HEADER, PARAMS_SHA256_HEADER, PEER_ID_HEADER, CheckpointList
+from engine.wire.control import CheckpointInfo
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -25,7 +25,7 @@ def _epoch(request: web.Request) -> int:
 async def list_checkpoints(request: web.Request) -> web.Response:
     spec = project_of(request)
     saved = backbone_of(request).store.checkpoints(spec.id)
-    return web.json_response({"checkpoints": [dataclasses.asdict(info) for info in saved]})
+    return json_reply(CheckpointList(saved))
 
 
 async def get_checkpoint(request: web.Request) -> web.StreamResponse:
@@ -36,7 +36,7 @@ async def get_checkpoint(request: web.Request) -> web.StreamResponse:
     for info in backbone.store.checkpoints(spec.id):
         if info.epoch == epoch:
             return web.FileResponse(backbone.files.path(spec.id, epoch),
-                                    headers={"X-Content-SHA256": info.sha256})
+                                    headers={CONTENT_SHA256_HEADER: info.sha256})
     raise web.HTTPNotFound(text=f"no checkpoint of epoch {epoch}")
 
 
@@ -48,10 +48,11 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     epoch = _epoch(request)
     if not backbone.trackers[spec.id].expects_checkpoint(peer_id, epoch):
         raise web.HTTPConflict(text=f"no checkpoint of epoch {epoch} was requested from you")
-    sha = request.headers.get("X-Content-SHA256", "")
-    params_sha = request.headers.get("X-Params-SHA256", "")
+    sha = request.headers.get(CONTENT_SHA256_HEADER, "")
+    params_sha = request.headers.get(PARAMS_SHA256_HEADER, "")
     if not SHA256.match(sha) or not SHA256.match(params_sha):
-        raise web.HTTPBadRequest(text="X-Content-SHA256 and X-Params-SHA256 must be sha256 hex digests")
+        raise web.HTTPBadRequest(text=f"{CONTENT_SHA256_HEADER} and {PARAMS_SHA256_HEADER} must be sha256 "
+                                      "hex digests")
     if backbone.store.epoch_params(spec.id, epoch) != params_sha:
         raise web.HTTPConflict(text="parameter hash is not the collaboration's at that epoch")
     limit = backbone.config.max_checkpoint_bytes
@@ -65,6 +66,6 @@ async def put_checkpoint(request: web.Request) -> web.Response:
         )
     except CheckpointRejected as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
-    info = CheckpointInfo(epoch, digest, params_sha, size, f"/api/projects/{spec.id}/checkpoints/{epoch}")
+    info = CheckpointInfo(epoch, digest, params_sha, size, checkpoint_url(spec.id, epoch))
     backbone.checkpoint_stored(spec.id, peer_id, info)
-    return web.json_response(dataclasses.asdict(info), status=201)
+    return json_reply(info, status=201)

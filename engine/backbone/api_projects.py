@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
 import time
@@ -14,60 +13,35 @@ from engine.backbone.accounts import token_digest
 from engine.backbone.http import (
     authenticate_peer,
     backbone_of,
+    json_reply,
     optional_user,
     project_of,
     read_json,
 )
 from engine.backbone.ice import ice_servers_for
 from engine.backbone.sessions import PeerSession
+from engine.backbone.store import User
 from engine.project import ProjectSpec
-from engine.wire import ProtocolError
-from engine.wire.messages import (
-    CONTROL_TYPES,
-    MAX_CONTROL_MESSAGE,
-    Availability,
-    Ping,
-    Pong,
-    Progress,
-    Ready,
-    RoundDone,
-    Signal,
-    SyncRequest,
-    decode,
-    encode,
-)
+from engine.wire import WIRE_VERSION, ProtocolError
+from engine.wire.api import Curve, JoinReply, JoinRequest, Leaderboard, LeaderboardEntry, ProjectList
+from engine.wire.codec import Codec, encode_text
+from engine.wire.control import MAX_CONTROL_MESSAGE, Ping, Pong, Signal, from_peer, version_mismatch
+from engine.wire.types import IcePolicy
 
 log = logging.getLogger(__name__)
-PEER_MESSAGES = (Progress, SyncRequest, Ready, RoundDone, Signal, Ping, Availability)
-MAX_PAGE = 500
-
-
-def project_json(spec: ProjectSpec) -> dict:
-    return dataclasses.asdict(spec)
+_join: Codec[JoinRequest] = Codec(JoinRequest, "join request", 64 * 1024)
 
 
 async def list_projects(request: web.Request) -> web.Response:
     backbone = backbone_of(request)
-    return web.json_response(
-        {"projects": [backbone.project_summary(p) for p in backbone.projects.values()]}
-    )
+    return json_reply(ProjectList([backbone.project_summary(p) for p in backbone.projects.values()]))
 
 
 async def get_project(request: web.Request) -> web.Response:
-    return web.json_response(backbone_of(request).project_summary(project_of(request)))
+    return json_reply(backbone_of(request).project_summary(project_of(request)))
 
 
-@dataclass
-class JoinRequest:
-    name: str = ""
-    version: str = ""
-
-    def __post_init__(self) -> None:
-        if len(self.name) > 64 or not self.name.isprintable():
-            raise ValueError("name must be at most 64 printable characters")
-
-
-def _member(request: web.Request, spec: ProjectSpec):
+def _member(request: web.Request, spec: ProjectSpec) -> User | None:
     user = optional_user(request)
     if user is None and not spec.allow_anonymous:
         raise web.HTTPUnauthorized(
@@ -79,23 +53,22 @@ def _member(request: web.Request, spec: ProjectSpec):
 async def join(request: web.Request) -> web.Response:
     spec = project_of(request)
     user = _member(request, spec)
-    body = await read_json(request, JoinRequest)
+    body = await read_json(request, _join)
+    if body.wire != WIRE_VERSION:
+        raise web.HTTPBadRequest(text=version_mismatch(peer=body.wire, backbone=WIRE_VERSION))
     backbone = backbone_of(request)
     peer_id, token = secrets.token_hex(8), secrets.token_urlsafe(32)
     name = body.name or f"peer-{peer_id[:6]}"
     backbone.store.add_peer(peer_id, spec.id, name, token_digest(token), user.id if user else None)
     log.info("%s: peer %s (%s) joined%s", spec.id, peer_id, name, f" for {user.username}" if user else "")
-    return web.json_response(
-        {
-            "peer_id": peer_id,
-            "token": token,
-            "username": user.username if user else None,
-            "project": project_json(spec),
-            "ice_servers": ice_servers_for(backbone.config.ice, peer_id),
-            "ice_policy": "relay" if backbone.config.ice.relay_only else "all",
-            "report_interval": backbone.config.report_interval,
-            "max_checkpoint_bytes": backbone.config.max_checkpoint_bytes,
-        },
+    return json_reply(
+        JoinReply(
+            peer_id=peer_id, token=token, project=spec, username=user.username if user else None,
+            ice_servers=ice_servers_for(backbone.config.ice, peer_id),
+            ice_policy=IcePolicy.RELAY if backbone.config.ice.relay_only else IcePolicy.ALL,
+            report_interval=backbone.config.report_interval,
+            max_checkpoint_bytes=backbone.config.max_checkpoint_bytes, wire_version=WIRE_VERSION,
+        ),
         status=201,
     )
 
@@ -141,17 +114,15 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
 def _on_peer_message(backbone, session: PeerSession, text: str) -> str | None:
     """Handle one control message; returns why the socket must close, or None."""
     try:
-        msg = decode(text, CONTROL_TYPES)
+        msg = from_peer.decode(text)
     except ProtocolError as exc:
         return f"bad message: {exc}"
-    if not isinstance(msg, PEER_MESSAGES):
-        return f"peers may not send {msg.TYPE!r}"
     if isinstance(msg, Ping):
-        session.send(encode(Pong(msg.nonce)))
+        session.send(encode_text(Pong(msg.nonce)))
     elif isinstance(msg, Signal):
         target = backbone.sessions.get(msg.peer)
         if target is not None and target.project == session.project and msg.peer != session.peer_id:
-            target.send(encode(Signal(session.peer_id, msg.data)))
+            target.send(encode_text(Signal(session.peer_id, msg.data)))
     else:
         backbone.execute(session.project, backbone.trackers[session.project].handle(session.peer_id, msg))
     return None
@@ -159,34 +130,46 @@ def _on_peer_message(backbone, session: PeerSession, text: str) -> str | None:
 
 async def curve(request: web.Request) -> web.Response:
     spec = project_of(request)
-    return web.json_response({"project": spec.id, "epochs": backbone_of(request).store.curve(spec.id)})
+    return json_reply(Curve(spec.id, backbone_of(request).store.curve(spec.id)))
 
 
-def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise web.HTTPBadRequest(text=f"{name} must be an integer from {low} to {high}")
-    return int(text)
+@dataclass(frozen=True)
+class QueryInt:
+    """An integer query parameter: its bounds are checked here and published in the API."""
+
+    name: str
+    low: int
+    high: int
+    default: int
+    description: str
+
+    def read(self, request: web.Request) -> int:
+        text = request.query.get(self.name)
+        if text is None:
+            return self.default
+        if not text.isdigit() or not self.low <= int(text) <= self.high:
+            raise web.HTTPBadRequest(text=f"{self.name} must be an integer from {self.low} to {self.high}")
+        return int(text)
+
+
+LIMIT = QueryInt("limit", 1, 500, 50, "entries per page")
+OFFSET = QueryInt("offset", 0, 10**9, 0, "entries to skip")
 
 
 async def leaderboard(request: web.Request) -> web.Response:
     spec = project_of(request)
     backbone = backbone_of(request)
-    limit = _query_int(request, "limit", 50, 1, MAX_PAGE)
-    offset = _query_int(request, "offset", 0, 0, 10**9)
+    limit, offset = LIMIT.read(request), OFFSET.read(request)
     total, rows = backbone.store.leaderboard(spec.id, limit, offset)
     online = backbone.online_users(spec.id)
     entries = [
-        {"rank": offset + i + 1, "username": username, "samples": samples,
-         "share": round(samples / total, 6) if total else 0.0,
-         "compute_seconds": round(seconds, 1), "last_seen": _iso(last_seen),
-         "online": user_id in online}
+        LeaderboardEntry(rank=offset + i + 1, username=username, samples=samples,
+                         share=min(round(samples / total, 6), 1.0) if total else 0.0,
+                         compute_seconds=round(seconds, 1), last_seen=_iso(last_seen),
+                         online=user_id in online)
         for i, (username, user_id, samples, seconds, last_seen) in enumerate(rows)
     ]
-    return web.json_response({"project": spec.id, "total_samples": total, "limit": limit,
-                              "offset": offset, "entries": entries})
+    return json_reply(Leaderboard(spec.id, total, limit, offset, entries))
 
 
 def _iso(timestamp: float) -> str | None:

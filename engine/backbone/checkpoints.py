@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from engine.training.state import bundle_params_sha256
 from engine.wire import ProtocolError
 from engine.wire.tensors import decode_file
 
@@ -64,12 +63,12 @@ class CheckpointFiles:
 
 def _verify(path: Path, epoch: int, params_sha256: str) -> None:
     try:
-        bundle = decode_file(path.read_bytes())
+        state = decode_file(path.read_bytes())
     except ProtocolError as exc:
         raise CheckpointRejected(f"not a valid state file: {exc}") from None
-    if bundle.meta.get("epoch") != epoch:
-        raise CheckpointRejected(f"file holds epoch {bundle.meta.get('epoch')!r}, not {epoch}")
-    if bundle_params_sha256(bundle) != params_sha256:
+    if state.meta.epoch != epoch:
+        raise CheckpointRejected(f"file holds epoch {state.meta.epoch}, not {epoch}")
+    if state.params_sha256() != params_sha256:
         raise CheckpointRejected("parameters differ from the collaboration's at that epoch")
 
 

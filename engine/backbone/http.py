@@ -3,33 +3,39 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
 from engine.backbone.accounts import token_digest
 from engine.backbone.store import User
-from engine.peer.client import PEER_TOKEN_HEADER
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
-from engine.wire.schema import from_dict
+from engine.wire.api import MAX_JSON_BODY, PEER_TOKEN_HEADER, ErrorReply
+from engine.wire.codec import Codec, encode
 
 if TYPE_CHECKING:
     from engine.backbone.server import Backbone
 
 log = logging.getLogger(__name__)
-MAX_JSON_BODY = 64 * 1024
-BACKBONE: web.AppKey = web.AppKey("backbone")
+BACKBONE: web.AppKey[Backbone] = web.AppKey("backbone")
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def json_error(status: int, message: str, headers: dict | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+def json_reply(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """``body`` (one of engine.wire.api's Structs) as the JSON answer."""
+    return web.Response(body=encode(body), status=status, headers=headers, content_type="application/json")
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return json_reply(ErrorReply(message), status, headers)
 
 
 @web.middleware
-async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -55,21 +61,17 @@ def project_of(request: web.Request) -> ProjectSpec:
     return spec
 
 
-async def read_json(request: web.Request, cls: type):
-    """The body as ``cls``, or 413/400 with the reason."""
+async def read_json(request: web.Request, codec: Codec[T]) -> T:
+    """The body as ``codec`` reads it, or 413/400 with the reason."""
     too_big = web.HTTPRequestEntityTooLarge(
         max_size=MAX_JSON_BODY, actual_size=request.content_length or MAX_JSON_BODY + 1,
         text=f"request body larger than {MAX_JSON_BODY} bytes")
     if request.content_length is not None and request.content_length > MAX_JSON_BODY:
         raise too_big
-    raw = await request.content.read(MAX_JSON_BODY + 1)
+    raw = await request.read()  # bounded by the application's client_max_size without a length
     if len(raw) > MAX_JSON_BODY:
         raise too_big
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request body is not JSON: {exc}") from None
-    return from_dict(cls, data, "request")
+    return codec.decode(raw)
 
 
 def bearer_token(request: web.Request) -> str | None:

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.wire.control import IceServer
+
 
 @dataclass
 class IceConfig:
@@ -58,11 +60,11 @@ def turn_credentials(secret: str, peer_id: str, ttl: int, now: float | None = No
     return username, base64.b64encode(digest).decode()
 
 
-def ice_servers_for(config: IceConfig, peer_id: str, now: float | None = None) -> list[dict]:
-    servers: list[dict] = []
+def ice_servers_for(config: IceConfig, peer_id: str, now: float | None = None) -> list[IceServer]:
+    servers: list[IceServer] = []
     if config.stun_urls:
-        servers.append({"urls": list(config.stun_urls)})
+        servers.append(IceServer(urls=list(config.stun_urls)))
     if config.turn_urls and config.turn_secret:
         username, credential = turn_credentials(config.turn_secret, peer_id, config.turn_ttl, now)
-        servers.append({"urls": list(config.turn_urls), "username": username, "credential": credential})
+        servers.append(IceServer(urls=list(config.turn_urls), username=username, credential=credential))
     return servers

@@ -11,20 +11,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 from aiohttp import web
 
 from engine.backbone import api
 from engine.backbone.accounts import AttemptLimiter
-from engine.backbone.api_projects import project_json
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
 from engine.backbone.sessions import PeerSession
-from engine.backbone.store import Step, Store
-from engine.backbone.tracker import Broadcast, CollaborationState, EpochRecord, Out, Send, Tracker
+from engine.backbone.store import Store
+from engine.backbone.tracker import Broadcast, CollaborationState, Out, Record, Send, Tracker
 from engine.project import ProjectSpec, load_catalog
 from engine.resources import default_catalog
-from engine.wire.messages import CheckpointInfo, IceServers, encode
+from engine.wire.api import ProjectSummary
+from engine.wire.codec import encode_text
+from engine.wire.control import CheckpointInfo, IceServers
 
 log = logging.getLogger(__name__)
 SEEN_INTERVAL = 10.0
@@ -111,7 +113,7 @@ class Backbone:
                 self.execute(pid, tracker.tick())
             part = tick % slices
             for pid, tracker in self.trackers.items():
-                text = encode(tracker.status())
+                text = encode_text(tracker.status())
                 for session in self.sessions.values():
                     if session.project == pid and hash(session.peer_id) % slices == part:
                         session.send(text)
@@ -127,7 +129,7 @@ class Backbone:
         live on); they are renewed at half their life."""
         now = now if now is not None else time.time()
         ice = self.config.ice
-        session.send(encode(IceServers(ice_servers_for(ice, session.peer_id, now))))
+        session.send(encode_text(IceServers(ice_servers_for(ice, session.peer_id, now))))
         session.ice_renew_at = now + ice.turn_ttl / 2 if ice.turn_urls else float("inf")
 
     def renew_ice_credentials(self, now: float) -> None:
@@ -141,16 +143,14 @@ class Backbone:
             if isinstance(out, Send):
                 session = self.sessions.get(out.to)
                 if session is not None:
-                    session.send(encode(out.msg))
+                    session.send(encode_text(out.msg))
             elif isinstance(out, Broadcast):
-                text = encode(out.msg)
+                text = encode_text(out.msg)
                 for session in self.sessions.values():
                     if session.project == project:
                         session.send(text)
-            elif isinstance(out, EpochRecord):
-                step = Step(out.round_id, out.epoch, out.loss, out.samples, out.peers,
-                            out.round_seconds, out.params_sha256)
-                self.store.record_step(project, step, out.credits, self._owners(project, out.credits))
+            elif isinstance(out, Record):
+                self.store.record_step(project, out.step, out.credits, self._owners(project, out.credits))
             elif isinstance(out, CollaborationState):
                 self.store.set_collaboration(project, out.epoch, out.params_sha256)
 
@@ -178,11 +178,11 @@ class Backbone:
             self.files.remove(self.files.path(project, old.epoch))
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 
-    def project_summary(self, spec: ProjectSpec) -> dict:
+    def project_summary(self, spec: ProjectSpec) -> ProjectSummary:
         status = self.trackers[spec.id].status()
-        return {**project_json(spec), "epoch": status.epoch, "peers": status.peers,
-                "samples": status.samples, "samples_per_second": round(status.samples_per_second, 2),
-                "eta_seconds": status.eta_seconds}
+        return ProjectSummary(**msgspec.structs.asdict(spec), epoch=status.epoch, peers=status.peers,
+                              samples=status.samples, samples_per_second=round(status.samples_per_second, 2),
+                              eta_seconds=status.eta_seconds)
 
 
 def raise_open_file_limit() -> None:

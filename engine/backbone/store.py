@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.backbone.ledger import Credit
-from engine.wire.messages import CheckpointInfo
+from engine.wire.api import CurvePoint, HourTotals, ProjectTotals
+from engine.wire.control import CheckpointInfo, Step
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -74,19 +75,6 @@ class User:
     username: str
 
 
-@dataclass
-class Step:
-    """A completed global step, as the tracker recorded it."""
-
-    round_id: int
-    epoch: int
-    loss: float | None
-    samples: int
-    peers: int
-    round_seconds: float
-    params_sha256: str
-
-
 class UsernameTaken(ValueError):
     pass
 
@@ -122,6 +110,7 @@ class Store:
             )
         except sqlite3.IntegrityError:
             raise UsernameTaken(username) from None
+        assert cur.lastrowid is not None
         return User(cur.lastrowid, username)
 
     def user_secret(self, username: str) -> tuple[User, bytes, bytes] | None:
@@ -199,22 +188,22 @@ class Store:
             db.execute("ROLLBACK")
             raise
 
-    def curve(self, project: str) -> list[dict]:
+    def curve(self, project: str) -> list[CurvePoint]:
         """Loss per epoch (the latest step of each epoch, after any rewind)."""
         rows = self.db.execute(
             "SELECT epoch, loss, samples, peers, round_seconds, finished_at FROM steps s "
             "WHERE project=? AND round_id = (SELECT MAX(round_id) FROM steps WHERE project=s.project "
             "AND epoch=s.epoch) ORDER BY epoch", (project,),
         ).fetchall()
-        keys = ("epoch", "loss", "samples", "peers", "round_seconds", "finished_at")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        return [CurvePoint(*row) for row in rows]
 
     def steps(self, project: str) -> list[Step]:
         rows = self.db.execute(
             "SELECT round_id, epoch, loss, samples, peers, round_seconds, params_sha256 FROM steps "
             "WHERE project=? ORDER BY round_id", (project,),
         ).fetchall()
-        return [Step(*row) for row in rows]
+        return [Step(round_id=r, epoch=e, loss=loss, samples=n, peers=peers, round_seconds=seconds,
+                     params_sha256=digest) for r, e, loss, n, peers, seconds, digest in rows]
 
     def epoch_params(self, project: str, epoch: int) -> str | None:
         row = self.db.execute(
@@ -255,21 +244,20 @@ class Store:
         ).fetchone()[0]
         return ahead + 1
 
-    def user_totals(self, user_id: int) -> list[dict]:
+    def user_totals(self, user_id: int) -> list[ProjectTotals]:
         rows = self.db.execute(
             "SELECT project, samples, compute_seconds, online_seconds, last_seen FROM user_totals "
             "WHERE user_id=? ORDER BY project", (user_id,),
         ).fetchall()
-        keys = ("project", "samples", "compute_seconds", "online_seconds", "last_seen")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        return [ProjectTotals(*row) for row in rows]
 
-    def timeline(self, user_id: int, since: float) -> list[dict]:
+    def timeline(self, user_id: int, since: float) -> list[HourTotals]:
         rows = self.db.execute(
             "SELECT project, CAST(credited_at / 3600 AS INTEGER) * 3600 AS hour, SUM(samples), "
             "SUM(compute_seconds) FROM contributions WHERE user_id=? AND credited_at >= ? "
             "GROUP BY project, hour ORDER BY hour, project", (user_id, since),
         ).fetchall()
-        return [{"project": p, "hour": h, "samples": s, "compute_seconds": c} for p, h, s, c in rows]
+        return [HourTotals(*row) for row in rows]
 
     def credited_by_user(self, project: str) -> dict[str, int]:
         rows = self.db.execute(
@@ -297,10 +285,7 @@ class Store:
             "SELECT epoch, sha256, params_sha256, size FROM checkpoints WHERE project=? "
             "ORDER BY epoch DESC", (project,),
         ).fetchall()
-        return [
-            CheckpointInfo(e, sha, psha, size, f"/api/projects/{project}/checkpoints/{e}")
-            for e, sha, psha, size in rows
-        ]
+        return [CheckpointInfo(e, sha, psha, size, checkpoint_url(project, e)) for e, sha, psha, size in rows]
 
     def remove_checkpoint(self, project: str, epoch: int) -> None:
         self.db.execute("DELETE FROM checkpoints WHERE project=? AND epoch=?", (project, epoch))
@@ -377,6 +362,10 @@ class Store:
         ).fetchall()
         for peer_id, last_seen in rows:
             self.peer_left(peer_id, at=last_seen)
+
+
+def checkpoint_url(project: str, epoch: int) -> str:
+    return f"/api/projects/{project}/checkpoints/{epoch}"
 
 
 def _covered(start: float, end: float, intervals: list[tuple[float, float]]) -> float:

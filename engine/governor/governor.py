@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 INTERVAL = 0.2
 
 
-class Governed(Protocol):
+class Governable(Protocol):
     def set_running(self, run: bool, reason: str) -> None: ...
 
     def apply_limits(self, limits: Limits) -> None: ...
@@ -43,7 +43,7 @@ class Governor:
         self.user_paused = False
         self.snoozed_until: datetime | None = None
         self.contribute_now = False
-        self._target: Governed | None = None
+        self._target: Governable | None = None
         self._poke = asyncio.Event()
 
     # --- what the user asks for -----------------------------------------------------------
@@ -96,7 +96,7 @@ class Governor:
             self._on_change(decision)
         return decision
 
-    async def run(self, target: Governed) -> None:
+    async def run(self, target: Governable) -> None:
         self._target = target
         target.apply_limits(self.limits)
         while True:

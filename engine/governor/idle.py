@@ -40,9 +40,10 @@ class WindowsIdle(IdleSource):
             _fields_ = [("cbSize", ctypes.c_uint), ("dwTime", ctypes.c_uint)]
 
         info = LastInputInfo(ctypes.sizeof(LastInputInfo), 0)
-        if not ctypes.windll.user32.GetLastInputInfo(ctypes.byref(info)):  # type: ignore[attr-defined]
+        windll = getattr(ctypes, "windll")  # noqa: B009 (Windows only: not in typeshed elsewhere)
+        if not windll.user32.GetLastInputInfo(ctypes.byref(info)):
             raise IdleUnavailable("GetLastInputInfo failed")
-        ticks = ctypes.windll.kernel32.GetTickCount()  # type: ignore[attr-defined]
+        ticks = windll.kernel32.GetTickCount()
         return ((ticks - info.dwTime) & 0xFFFFFFFF) / 1000.0
 
 
@@ -160,24 +161,24 @@ class XScreenSaverIdle(IdleSource):
                     ("eventMask", ctypes.c_ulong)]
 
     def __init__(self) -> None:
-        self._display = None
-        self._x11 = self._xss = None
+        self._opened: tuple[ctypes.CDLL, ctypes.CDLL, int] | None = None  # libX11, libXss, display
 
     def idle_seconds(self) -> float:
         if not sys.platform.startswith("linux"):
             raise IdleUnavailable("not Linux")
-        if self._display is None:
-            self._open()
-        info = self._xss.XScreenSaverAllocInfo()
+        if self._opened is None:
+            self._opened = self._open()
+        x11, xss, display = self._opened
+        info = xss.XScreenSaverAllocInfo()
         try:
-            root = self._x11.XDefaultRootWindow(self._display)
-            if not self._xss.XScreenSaverQueryInfo(self._display, root, info):
+            root = x11.XDefaultRootWindow(display)
+            if not xss.XScreenSaverQueryInfo(display, root, info):
                 raise IdleUnavailable("XScreenSaverQueryInfo failed")
             return info.contents.idle / 1000.0
         finally:
-            self._x11.XFree(info)
+            x11.XFree(info)
 
-    def _open(self) -> None:
+    def _open(self) -> tuple[ctypes.CDLL, ctypes.CDLL, int]:
         x11_path, xss_path = ctypes.util.find_library("X11"), ctypes.util.find_library("Xss")
         if not x11_path or not xss_path:
             raise IdleUnavailable("libX11 or libXss is not installed")
@@ -192,7 +193,7 @@ class XScreenSaverIdle(IdleSource):
         display = x11.XOpenDisplay(None)
         if not display:
             raise IdleUnavailable("cannot open the X display (is DISPLAY set?)")
-        self._x11, self._xss, self._display = x11, xss, display
+        return x11, xss, display
 
 
 def default_sources() -> list[IdleSource]:

@@ -1,48 +1,50 @@
-"""What a volunteer allows: one validated, serialisable dataclass, changeable while running."""
+"""What a volunteer allows: one validated Struct, changeable while running, sent from the app
+to its worker and kept in the app's settings."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+from msgspec import Meta, Struct
 
 from engine.governor.schedule import WeeklySchedule
-from engine.wire.schema import from_dict
+from engine.wire.codec import Codec, convert, encode_text
+
+KilobytesPerSecond = Annotated[int, Meta(ge=1, le=10**9)]
 
 
-@dataclass
-class Limits:
-    threads: int | None = None  # compute threads; None: all cores
-    cpu_percent: int = 100  # duty cycle: compute this share of the time, rest the remainder
-    max_memory_mb: int | None = None  # pause when the worker uses more
-    max_upload_kbps: int | None = None  # kilobytes per second, None: unlimited
-    max_download_kbps: int | None = None
+class Limits(Struct, kw_only=True):
+    threads: Annotated[int, Meta(ge=1, le=1024)] | None = None  # compute threads; None: all cores
+    cpu_percent: Annotated[int, Meta(ge=1, le=100)] = 100  # duty cycle: compute this share of the time
+    max_memory_mb: Annotated[int, Meta(ge=64, le=10**8)] | None = None  # pause when the worker uses more
+    max_upload_kbps: KilobytesPerSecond | None = None  # None: unlimited
+    max_download_kbps: KilobytesPerSecond | None = None
     use_gpu: bool = True  # when CUDA is present
     run_on_battery: bool = True
     only_when_idle: bool = False
-    idle_minutes: float = 5.0  # after this long without input, when only_when_idle
-    schedule: str = "always"  # see WeeklySchedule
+    idle_minutes: Annotated[float, Meta(ge=0, le=24 * 60)] = 5.0  # without input, when only_when_idle
+    schedule: Annotated[str, Meta(max_length=1000)] = "always"  # see WeeklySchedule
     low_priority: bool = True  # nice 19 / the idle priority class
 
     def __post_init__(self) -> None:
-        if self.threads is not None and not 1 <= self.threads <= 1024:
-            raise ValueError("threads must be between 1 and 1024")
-        if not 1 <= self.cpu_percent <= 100:
-            raise ValueError("cpu_percent must be between 1 and 100")
-        if self.max_memory_mb is not None and self.max_memory_mb < 64:
-            raise ValueError("max_memory_mb must be at least 64")
-        for name in ("max_upload_kbps", "max_download_kbps"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1")
-        if not 0 <= self.idle_minutes <= 24 * 60:
-            raise ValueError("idle_minutes must be between 0 and 1440")
         WeeklySchedule.parse(self.schedule)  # raises ValueError naming the problem
+
+    @classmethod
+    def checked(cls, **fields: Any) -> Limits:
+        """Limits from a person's input (command-line options, a form), every bound checked:
+        building a Struct directly checks none of them."""
+        return convert(fields, cls, "limits")
 
     @property
     def weekly(self) -> WeeklySchedule:
         return WeeklySchedule.parse(self.schedule)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_json(self) -> str:
+        return encode_text(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Limits:
+        return _codec.decode(text)
 
     def describe(self) -> str:
         """One line for people, naming only what differs from contributing without limits."""
@@ -67,6 +69,5 @@ class Limits:
             parts.append("at normal priority")
         return ", ".join(parts)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> Limits:
-        return from_dict(cls, data, "limits")
+
+_codec: Codec[Limits] = Codec(Limits, "limits", 64 * 1024)

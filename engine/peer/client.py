@@ -8,21 +8,38 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aiohttp
 
 from engine import __version__
-from engine.project import ProjectSpec
 from engine.transport.shaping import RateLimiter
-from engine.wire import ProtocolError
-from engine.wire.messages import CONTROL_TYPES, CheckpointInfo, decode, encode
-from engine.wire.schema import from_dict
+from engine.wire import WIRE_VERSION, ProtocolError
+from engine.wire.api import (
+    CONTENT_SHA256_HEADER,
+    PARAMS_SHA256_HEADER,
+    PEER_ID_HEADER,
+    PEER_TOKEN_HEADER,
+    ErrorReply,
+    JoinReply,
+    JoinRequest,
+    reply_codec,
+)
+from engine.wire.codec import Codec, encode, encode_text
+from engine.wire.control import (
+    BackboneMessage,
+    CheckpointInfo,
+    ControlMessage,
+    from_backbone,
+    version_mismatch,
+)
 
 log = logging.getLogger(__name__)
-PEER_TOKEN_HEADER = "X-Cotrain-Peer-Token"
-PEER_ID_HEADER = "X-Cotrain-Peer-Id"
-Progress = Callable[[int, int], None]
+DownloadProgress = Callable[[int, int], None]
+T = TypeVar("T")
+_join_reply: Codec[JoinReply] = reply_codec(JoinReply)
+_checkpoint: Codec[CheckpointInfo] = reply_codec(CheckpointInfo)
+_error: Codec[ErrorReply] = reply_codec(ErrorReply)
 
 
 class BackboneError(RuntimeError):
@@ -34,19 +51,9 @@ class BackboneError(RuntimeError):
         self.fatal = fatal
 
 
-@dataclass
-class JoinReply:
-    peer_id: str
-    token: str
-    project: ProjectSpec
-    ice_servers: list[dict] = field(default_factory=list)
-    ice_policy: str = "all"  # "relay": connect through TURN only
-    report_interval: float = 0.5
-    max_checkpoint_bytes: int = 1 << 30
-    username: str | None = None
+class ControlClient:
+    """One peer's line to its backbone: joining, the control socket, checkpoints."""
 
-
-class BackboneClient:
     def __init__(self, base_url: str, project_id: str, name: str,
                  user_token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
@@ -55,12 +62,12 @@ class BackboneClient:
         self.user_token = user_token
         self.join_reply: JoinReply | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ws: aiohttp.ClientWebSocketResponse[bool] | None = None
         self.upload = RateLimiter()
         self.download = RateLimiter()
 
     def _headers(self) -> dict[str, str]:
-        headers = {"User-Agent": f"cotrain/{__version__}"}
+        headers = {"User-Agent": f"cotrain/{__version__}", "Content-Type": "application/json"}
         if self.user_token:
             headers["Authorization"] = f"Bearer {self.user_token}"
         if self.join_reply:
@@ -72,18 +79,17 @@ class BackboneClient:
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"{self.base_url}/api/projects/{self.project_id}/peers"
+        request = JoinRequest(name=self.name, version=__version__, wire=WIRE_VERSION)
         try:
-            async with self._http.post(url, json={"name": self.name, "version": __version__},
-                                       headers=self._headers()) as resp:
-                body = await _json_or_error(resp)
+            async with self._http.post(url, data=encode(request), headers=self._headers()) as resp:
+                reply = await _answer(resp, _join_reply)
         except aiohttp.ClientError as exc:
             raise BackboneError(f"cannot reach the backbone at {self.base_url}: {exc}") from None
-        try:
-            self.join_reply = from_dict(JoinReply, body, "join reply")
-        except ProtocolError as exc:
-            raise BackboneError(f"the backbone's answer makes no sense: {exc}") from None
+        if reply.wire_version != WIRE_VERSION:
+            raise BackboneError(version_mismatch(peer=WIRE_VERSION, backbone=reply.wire_version), fatal=True)
+        self.join_reply = reply
         await self.connect()
-        return self.join_reply
+        return reply
 
     async def connect(self) -> None:
         """Open the control socket of the peer we joined as."""
@@ -116,27 +122,27 @@ class BackboneClient:
                 raise BackboneError("stopped while reconnecting")
             delay = min(delay * 2, 10.0)
 
-    async def send(self, msg: object) -> bool:
+    async def send(self, msg: ControlMessage) -> bool:
         """Send a control message; False (and nothing raised) while disconnected: what a peer
         reports is state that it reports again once reconnected."""
         if self._ws is None or self._ws.closed:
             log.debug("not connected; dropping %s", type(msg).__name__)
             return False
         try:
-            await self._ws.send_str(encode(msg))
+            await self._ws.send_str(encode_text(msg))
         except (ConnectionError, RuntimeError) as exc:
             log.debug("could not send %s: %s", type(msg).__name__, exc)
             return False
         return True
 
-    async def messages(self) -> AsyncIterator[object]:
+    async def messages(self) -> AsyncIterator[BackboneMessage]:
         """Control messages from the backbone until the connection ends; bad ones are logged."""
         assert self._ws is not None
         async for raw in self._ws:
             if raw.type != aiohttp.WSMsgType.TEXT:
                 break
             try:
-                yield decode(raw.data, CONTROL_TYPES)
+                yield from_backbone.decode(raw.data)
             except ProtocolError as exc:
                 log.warning("ignoring a bad message from the backbone: %s", exc)
 
@@ -150,8 +156,8 @@ class BackboneClient:
     async def upload_checkpoint(self, epoch: int, data: bytes, params_sha256: str) -> None:
         assert self._http is not None
         url = f"{self.base_url}/api/projects/{self.project_id}/checkpoints/{epoch}"
-        headers = {**self._headers(), "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
-                   "X-Params-SHA256": params_sha256, "Content-Type": "application/octet-stream"}
+        headers = {**self._headers(), CONTENT_SHA256_HEADER: hashlib.sha256(data).hexdigest(),
+                   PARAMS_SHA256_HEADER: params_sha256, "Content-Type": "application/octet-stream"}
         async def chunks():
             for start in range(0, len(data), 1 << 16):
                 piece = data[start : start + (1 << 16)]
@@ -159,9 +165,10 @@ class BackboneClient:
                 yield piece
 
         async with self._http.put(url, data=chunks(), headers=headers) as resp:
-            await _json_or_error(resp)
+            await _answer(resp, _checkpoint)
 
-    async def download_checkpoint(self, info: CheckpointInfo, progress: Progress | None = None) -> bytes:
+    async def download_checkpoint(self, info: CheckpointInfo,
+                                  progress: DownloadProgress | None = None) -> bytes:
         """The checkpoint's bytes, verified against its sha256."""
         assert self._http is not None and self.join_reply is not None
         if info.size > self.join_reply.max_checkpoint_bytes:
@@ -171,7 +178,7 @@ class BackboneClient:
         digest = hashlib.sha256()
         async with self._http.get(url, headers=self._headers()) as resp:
             if resp.status != 200:
-                await _json_or_error(resp)
+                await _answer(resp, _error)
             async for chunk in resp.content.iter_chunked(1 << 16):
                 await self.download.acquire(len(chunk))  # reading slower slows the sender
                 buffer += chunk
@@ -191,14 +198,16 @@ class BackboneClient:
             await self._http.close()
 
 
-async def _json_or_error(resp: aiohttp.ClientResponse) -> dict:
-    try:
-        body = await resp.json(content_type=None)
-    except ValueError:
-        body = None
+async def _answer(resp: aiohttp.ClientResponse, codec: Codec[T]) -> T:
+    """The answer as ``codec`` reads it, or BackboneError with the backbone's reason."""
+    raw = await resp.content.read(16 * 1024 * 1024)
     if resp.status >= 400:
-        reason = body.get("error") if isinstance(body, dict) else None
-        raise BackboneError(f"backbone said {resp.status}: {reason or resp.reason}")
-    if not isinstance(body, dict):
-        raise BackboneError("backbone sent something that is not a JSON object")
-    return body
+        try:
+            reason = _error.decode(raw).error
+        except ProtocolError:
+            reason = resp.reason or ""
+        raise BackboneError(f"backbone said {resp.status}: {reason}")
+    try:
+        return codec.decode(raw)
+    except ProtocolError as exc:
+        raise BackboneError(f"the backbone's answer makes no sense: {exc}") from None

@@ -1,47 +1,48 @@
-"""What a running peer tells its front end (the CLI, the demo, the desktop app's worker)."""
+"""What a running peer tells its front end (the CLI, the demo, the desktop app's worker).
+
+``EpochCompleted`` is also the worker protocol's ``epoch`` event: the app is told of a step
+in the very shape the peer saw it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated
+
+from msgspec import Meta, Struct, field
 
 from engine.project import ProjectSpec
-from engine.training.optimizer import EpochResult
-from engine.transport.link import LinkCounters
-from engine.wire.messages import Status
+from engine.transport.counters import LinkCounters
+from engine.wire.control import Status, Step
+from engine.wire.types import MAX_GROUP, Count, EpochNumber, LinkPath, PeerId
 
 
-@dataclass
-class Joined:
-    peer_id: str
+class Joined(Struct):
+    peer_id: PeerId
     project: ProjectSpec
     username: str | None = None
 
 
-@dataclass
-class Connection:
+class Connection(Struct):
     """The control connection to the backbone was lost or is back."""
 
     connected: bool
     message: str
 
 
-@dataclass
-class Governed:
+class Governed(Struct):
     """The governor let the peer compute, or paused it; ``reason`` is for people."""
 
     running: bool
     reason: str
 
 
-@dataclass
-class ComputingOn:
+class ComputingOn(Struct):
     """Where micro-batches run (the CPU or a graphics card), in words for people."""
 
     description: str
 
 
-@dataclass
-class SyncProgress:
+class SyncProgress(Struct):
     """Downloading the collaboration's state: ``received`` of ``total`` bytes."""
 
     source: str
@@ -49,35 +50,35 @@ class SyncProgress:
     total: int
 
 
-@dataclass
-class Synced:
+class Synced(Struct):
     epoch: int
     source: str
     params_sha256: str
 
 
-@dataclass
-class EpochCompleted:
-    result: EpochResult
-    paths: dict[str, str | None] = field(default_factory=dict)  # peer -> host, srflx or relay
+class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):
+    """A global step this peer took part in, and its own share of it."""
+
+    step: Step
+    my_samples: Count
+    my_batches: Annotated[list[int], Meta(max_length=10**6)] = field(default_factory=list)
+    paths: Annotated[dict[PeerId, LinkPath | None], Meta(max_length=MAX_GROUP)] = \
+        field(default_factory=dict)  # peer -> how its link connects
 
 
-@dataclass
-class RoundFailed:
-    epoch: int
+class RoundFailed(Struct):
+    epoch: EpochNumber
     reason: str
 
 
-@dataclass
-class StatusChanged:
+class StatusChanged(Struct):
     status: Status
     traffic: LinkCounters
 
 
-@dataclass
-class Stopped:
+class Stopped(Struct):
     reason: str
 
 
-Event = (Joined | Connection | Governed | ComputingOn | SyncProgress | Synced | EpochCompleted
-         | RoundFailed | StatusChanged | Stopped)
+PeerEvent = (Joined | Connection | Governed | ComputingOn | SyncProgress | Synced | EpochCompleted
+             | RoundFailed | StatusChanged | Stopped)

@@ -10,9 +10,9 @@ from engine.peer.events import (
     ComputingOn,
     Connection,
     EpochCompleted,
-    Event,
     Governed,
     Joined,
+    PeerEvent,
     RoundFailed,
     StatusChanged,
     Stopped,
@@ -27,7 +27,7 @@ class ConsoleReporter:
         self.line = StatusLine()
         self._sync_shown = -1
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: PeerEvent) -> None:
         if isinstance(event, Joined):
             who = f" for {event.username}" if event.username else " anonymously"
             self.line.say(f"joined '{event.project.title}' as peer {event.peer_id}{who}")
@@ -51,15 +51,17 @@ class ConsoleReporter:
             self.line.say(f"in sync at epoch {event.epoch} (state from {event.source}, "
                           f"params {event.params_sha256[:12]})")
         elif isinstance(event, EpochCompleted):
-            r = event.result
+            r = event.step
             loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
             self.line.say(f"epoch {r.epoch}: loss {loss}, {r.samples} samples from {r.peers} peers "
-                          f"(mine {r.my_samples}), averaged in {r.round_seconds:.1f}s")
+                          f"(mine {event.my_samples}), averaged in {r.round_seconds:.1f}s")
             if self.json_lines:
                 print(json.dumps({"epoch": r.epoch, "loss": r.loss, "samples": r.samples,
                                   "peers": r.peers, "params_sha256": r.params_sha256,
                                   "round_seconds": round(r.round_seconds, 3),
-                                  "my_samples": r.my_samples, "paths": event.paths}), flush=True)
+                                  "my_samples": event.my_samples,
+                                  "paths": {p: str(v) if v else None for p, v in event.paths.items()}}),
+                      flush=True)
         elif isinstance(event, RoundFailed):
             self.line.say(f"round for epoch {event.epoch} failed: {event.reason}")
         elif isinstance(event, StatusChanged):

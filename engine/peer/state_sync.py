@@ -11,25 +11,18 @@ from collections.abc import Callable
 
 import torch
 
-from engine.peer.client import BackboneClient, BackboneError
-from engine.peer.events import Event, Synced, SyncProgress
+from engine.peer.client import BackboneError, ControlClient
+from engine.peer.events import PeerEvent, Synced, SyncProgress
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.transport.link import LinkClosed
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
+from engine.wire.control import Ready, SyncPlan, SyncRequest
+from engine.wire.frames import StateFrame, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
-from engine.wire.messages import (
-    Ready,
-    StateReply,
-    StateRequest,
-    StateUnavailable,
-    SyncPlan,
-    SyncRequest,
-    from_wire,
-    to_wire,
-)
 from engine.wire.tensors import decode_file, encode_file
+from engine.wire.types import StateSource
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +37,9 @@ class SyncError(RuntimeError):
 
 
 class StateSync:
-    def __init__(self, client: BackboneClient, mesh: PeerMesh, mailbox: Mailbox,
+    def __init__(self, client: ControlClient, mesh: PeerMesh, mailbox: Mailbox,
                  optimizer: CollaborativeOptimizer, fresh_model: Callable[[], torch.nn.Module],
-                 emit: Callable[[Event], None]) -> None:
+                 emit: Callable[[PeerEvent], None]) -> None:
         self.client = client
         self.mesh = mesh
         self.mailbox = mailbox
@@ -101,14 +94,14 @@ class StateSync:
     async def _ask(self, exclude: list[str]) -> SyncPlan:
         self._last_donor = None
         self._plan = asyncio.get_running_loop().create_future()
-        await self.client.send(SyncRequest(exclude))
+        await self.client.send(SyncRequest(list(exclude)))
         return await asyncio.wait_for(self._plan, PLAN_TIMEOUT)
 
     async def _fetch(self, plan: SyncPlan) -> str:
         opt = self.optimizer
-        if plan.source == "init":
+        if plan.source is StateSource.INIT:
             digest = await opt.reset(self.fresh_model())
-        elif plan.source == "checkpoint":
+        elif plan.source is StateSource.CHECKPOINT:
             assert plan.checkpoint is not None
             self.emit(SyncProgress("checkpoint", 0, plan.checkpoint.size))
             data = await self.client.download_checkpoint(
@@ -125,7 +118,7 @@ class StateSync:
     async def _from_peer(self, donor: str) -> str:
         request_id = next(self._requests)
         link = await self.mesh.link(donor)
-        await link.send(to_wire(StateRequest(request_id)))
+        await link.send(StateRequest(request_id=request_id))
         source = f"peer {donor[:8]}"
         self.emit(SyncProgress(source, 0, 0))
         self._activity = time.monotonic()
@@ -136,9 +129,11 @@ class StateSync:
             except asyncio.TimeoutError:
                 if time.monotonic() - self._activity > STALL_TIMEOUT:
                     raise SyncError(f"state download from {donor} stalled") from None
-        if frame.type == StateUnavailable.TYPE:
-            raise SyncError(f"{donor} cannot serve state: {frame.header.get('reason')}")
-        reply = from_wire(frame.header, {StateReply.TYPE: StateReply})
+        reply = frame.header
+        if isinstance(reply, StateUnavailable):
+            raise SyncError(f"{donor} cannot serve state: {reply.reason}")
+        if not isinstance(reply, StateReply):
+            raise SyncError(f"{donor} answered a state request with {type(reply).__name__}")
         self.emit(SyncProgress(source, len(frame.payload), len(frame.payload)))
         digest = await self.optimizer.load(await asyncio.to_thread(decode_file, frame.payload))
         if digest != reply.params_sha256:
@@ -147,22 +142,15 @@ class StateSync:
 
     # --- serving --------------------------------------------------------------------------
 
-    def on_frame(self, sender: str, frame: Frame) -> asyncio.Task | None:
+    def on_frame(self, sender: str, frame: Frame, header: StateFrame) -> asyncio.Task | None:
         """Handle state frames; returns the task serving a request, if one was started."""
-        if frame.type == StateRequest.TYPE:
-            try:
-                request = from_wire(frame.header, {StateRequest.TYPE: StateRequest})
-            except ProtocolError as exc:
-                log.warning("bad state request from %s: %s", sender, exc)
-                return None
-            return asyncio.ensure_future(self._serve(sender, request.request_id))
-        ident = frame.header.get("request_id")
-        if isinstance(ident, int) and not isinstance(ident, bool):
-            self.mailbox.put(("state", ident, sender), frame)
+        if isinstance(header, StateRequest):
+            return asyncio.ensure_future(self._serve(sender, header.request_id))
+        self.mailbox.put(("state", header.request_id, sender), frame)
         return None
 
     def on_incoming(self, sender: str, incoming: Incoming) -> None:
-        if incoming.header.get("type") == StateReply.TYPE:
+        if isinstance(incoming.header, StateReply):
             self._activity = time.monotonic()
             self.emit(SyncProgress(f"peer {sender[:8]}", incoming.received, incoming.expected))
 
@@ -171,14 +159,15 @@ class StateSync:
         try:
             if not opt.synced or opt.paused or self._serving.locked():
                 reason = "not in sync" if not opt.synced else "paused" if opt.paused else "busy"
-                await (await self.mesh.link(peer)).send(to_wire(StateUnavailable(request_id, reason)))
+                refusal = StateUnavailable(request_id=request_id, reason=reason)
+                await (await self.mesh.link(peer)).send(refusal)
                 return
             async with self._serving:
                 index, payload = await opt.snapshot()
                 data = await asyncio.to_thread(encode_file, index, payload)
-                meta = index["meta"]
-                header = to_wire(StateReply(request_id, meta["epoch"], meta["params_sha256"]))
+                meta = index.meta
+                header = StateReply(request_id=request_id, epoch=meta.epoch, params_sha256=meta.params_sha256)
                 await (await self.mesh.link(peer)).send(header, data)
-                log.info("served state of epoch %d to %s (%.1f MB)", meta["epoch"], peer, len(data) / 1e6)
+                log.info("served state of epoch %d to %s (%.1f MB)", meta.epoch, peer, len(data) / 1e6)
         except (LinkClosed, asyncio.TimeoutError) as exc:
             log.info("could not serve state to %s: %s", peer, exc)

@@ -8,33 +8,30 @@ which is what volunteer bandwidth needs.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from msgspec import Meta, Struct
 from torch import nn
 
 from engine.tasks.base import Batch, Task
 from engine.tasks.corpus import corpus_bytes_limit, load_corpus
-from engine.wire.schema import from_dict
+from engine.wire.codec import convert
 
 VOCAB = 256
+Size = Annotated[int, Meta(ge=1, le=4096)]
 
 
-@dataclass
-class DemoLMParams:
-    d_model: int = 512
-    heads: int = 8
-    ff: int = 2048
-    layers: int = 4
-    embedding: int = 128
-    seq_len: int = 64
-    micro_batch: int = 8
+class DemoLMParams(Struct, forbid_unknown_fields=True):
+    d_model: Size = 512
+    heads: Size = 8
+    ff: Size = 2048
+    layers: Size = 4
+    embedding: Size = 128
+    seq_len: Size = 64
+    micro_batch: Size = 8
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "heads", "ff", "layers", "embedding", "seq_len", "micro_batch"):
-            value = getattr(self, name)
-            if not 1 <= value <= 4096:
-                raise ValueError(f"{name} must be between 1 and 4096")
         if self.d_model % self.heads:
             raise ValueError("d_model must be a multiple of heads")
 
@@ -54,6 +51,7 @@ class SharedLayerLM(nn.Module):
         self.project_out = nn.Linear(p.d_model, p.embedding)
         self.bias = nn.Parameter(torch.zeros(VOCAB))
         self.apply(_init_weights)
+        self.mask: torch.Tensor
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(p.seq_len),
                              persistent=False)
 
@@ -84,7 +82,7 @@ class DemoLM(Task):
 
     @classmethod
     def create(cls, params: dict, data_dir: str | None) -> DemoLM:
-        p = from_dict(DemoLMParams, params, "demo-lm parameters")
+        p = convert(params, DemoLMParams, "demo-lm parameters")
         return cls(p, load_corpus(data_dir, corpus_bytes_limit()))
 
     def build_model(self) -> nn.Module:

@@ -17,45 +17,31 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 
 import torch
+from msgspec.structs import replace
 
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
-from engine.training.accumulator import GradientAccumulator
+from engine.project import ScheduleSpec
+from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.params import params_sha256, set_grads, trainable
-from engine.training.schedule import ScheduleSpec, lr_at
+from engine.training.schedule import lr_at
 from engine.training.state import load_state, pack_state
 from engine.training.throughput import Throughput
-from engine.wire.messages import Progress, RoundDone, RoundStart, Status
-from engine.wire.tensors import Bundle
+from engine.wire.control import ControlMessage, Progress, RoundDone, RoundStart, Status, Step
+from engine.wire.tensors import StateFile, StateIndex
 
 log = logging.getLogger(__name__)
 
 Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Averaged]]
-Send = Callable[[object], Awaitable[None]]
+Send = Callable[[ControlMessage], Awaitable[object]]
 MicroBatch = Callable[[], tuple[int, float]]
 MIN_REPORT_GAP = 0.05
 # A round waits for the micro-batch under way only while the rest of it fits in this share
 # of the round's timeout; a slower device drops that micro-batch instead of stalling everyone.
 ROUND_WAIT_SHARE = 0.2
 SNAPSHOT_WAIT = 5.0  # the same for a state snapshot a joiner or a checkpoint waits for
-
-
-@dataclass
-class EpochResult:
-    """One completed global step, as this peer saw it."""
-
-    epoch: int  # steps completed so far, this one included
-    round_id: int
-    loss: float | None
-    samples: int
-    peers: int
-    params_sha256: str
-    round_seconds: float
-    my_samples: int
-    my_batches: list[int] = field(default_factory=list)
 
 
 class CollaborativeOptimizer:
@@ -208,8 +194,9 @@ class CollaborativeOptimizer:
 
     # --- rounds -----------------------------------------------------------------------
 
-    async def run_round(self, start: RoundStart) -> EpochResult | None:
-        """Take part in the round ``start``; returns the completed step, or None if it failed."""
+    async def run_round(self, start: RoundStart) -> tuple[Step, Accumulated] | None:
+        """Take part in the round ``start``; returns the step taken and what this peer brought
+        to it, or None if the round failed."""
         if self.me not in start.group:
             return None
         if not self._synced or start.epoch != self.epoch or self._in_round:
@@ -247,8 +234,9 @@ class CollaborativeOptimizer:
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
                                    confirmed=averaged.confirmed)
         await self._send(self.last_step)
-        return EpochResult(self.epoch, start.round_id, averaged.loss, averaged.samples,
-                           len(start.group), digest, seconds, taken.samples, taken.batches)
+        step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
+                    peers=len(start.group), round_seconds=seconds, params_sha256=digest)
+        return step, taken
 
     async def _run_promptly(self, fn, budget: float):
         """Run ``fn`` on the compute thread right after the micro-batch under way, like a
@@ -326,7 +314,7 @@ class CollaborativeOptimizer:
         self._synced = False
         self._update()
 
-    async def snapshot(self) -> tuple[dict, bytearray]:
+    async def snapshot(self) -> tuple[StateIndex, bytearray]:
         """The current state as a bundle. Steps also run on the compute thread, so the
         epoch read there always matches the parameters packed."""
         return await self._run_promptly(
@@ -344,10 +332,10 @@ class CollaborativeOptimizer:
 
         return await self._run(work)
 
-    async def load(self, bundle: Bundle) -> str:
+    async def load(self, state: StateFile) -> str:
         """Adopt a downloaded state; returns its parameter hash."""
         def work() -> str:
-            self.epoch = load_state(bundle, self.model, self.optimizer, self.project_id)
+            self.epoch = load_state(state, self.model, self.optimizer, self.project_id)
             self._follow_master()
             return params_sha256(self.model)
 

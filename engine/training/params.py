@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from engine.wire.tensors import named_sha256
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -40,8 +41,8 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 
 def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(named.items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    return named_sha256((name, _raw(tensor)) for name, tensor in named.items())
+
+
+def _raw(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()

@@ -7,23 +7,23 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiortc import RTCDataChannel, RTCPeerConnection
 
 from engine.aio import spawn
+from engine.transport.counters import LinkCounters
+from engine.transport.patches import nominated_path
 from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
+from engine.wire.frames import Goodbye, GoodbyeAck, Header, PathView, ReceiveLimit
 from engine.wire.framing import Frame, Incoming, Reassembler, encode
+from engine.wire.types import LinkPath
 
 log = logging.getLogger(__name__)
 
 HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1024 * 1024
-GOODBYE, GOODBYE_ACK = "goodbye", "goodbye_ack"
-RECEIVE_LIMIT = "receive_limit"  # the other side asks us to send it at most this many bytes/s
-PATH = "path"  # how the other side sees the connection: host, srflx or relay
-PATHS = ("host", "srflx", "relay")  # in order of indirection
+MIN_SEND_RATE = 1000.0  # bytes/s: a receive limit below this is taken as none
 
 
 class LinkClosed(ConnectionError):
@@ -32,14 +32,6 @@ class LinkClosed(ConnectionError):
     def __init__(self, message: str, peer: str | None = None) -> None:
         super().__init__(message)
         self.peer = peer
-
-
-@dataclass
-class LinkCounters:
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    messages_received: int = 0
 
 
 class PeerLink:
@@ -69,7 +61,7 @@ class PeerLink:
         self._on_incoming = on_incoming
         self._upload = upload or RateLimiter()
         self.remote_limit = RateLimiter()
-        self._remote_path: str | None = None
+        self._remote_path: LinkPath | None = None
         self.path_announced = asyncio.Event()  # the other side told us its view
         self._reassembler = Reassembler(max_payload)
         self._ids = itertools.count(1)
@@ -86,7 +78,7 @@ class PeerLink:
     def is_open(self) -> bool:
         return not self._closed.is_set() and self.channel.readyState == "open"
 
-    async def send(self, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
+    async def send(self, header: Header, payload: bytes | bytearray | memoryview = b"") -> None:
         if not self.is_open:
             raise LinkClosed(f"link to {self.peer_id} is closed", self.peer_id)
         msg_id = next(self._ids) & 0xFFFFFFFF
@@ -120,18 +112,17 @@ class PeerLink:
         self.counters.bytes_received += len(data)
         if frame is not None:
             self.counters.messages_received += 1
-            if frame.type == GOODBYE:
+            header = frame.header
+            if isinstance(header, Goodbye):
                 spawn(self._acknowledge())
-            elif frame.type == GOODBYE_ACK:
+            elif isinstance(header, GoodbyeAck):
                 self._acknowledged.set()
-            elif frame.type == PATH:
-                view = frame.header.get("view")
-                self._remote_path = view if view in PATHS else None
+            elif isinstance(header, PathView):
+                self._remote_path = header.view
                 self.path_announced.set()
-            elif frame.type == RECEIVE_LIMIT:
-                rate = frame.header.get("bytes_per_second")
-                valid = isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate >= 1000
-                self.remote_limit.set_rate(float(rate) if valid else None)
+            elif isinstance(header, ReceiveLimit):
+                rate = header.bytes_per_second
+                self.remote_limit.set_rate(rate if rate is not None and rate >= MIN_SEND_RATE else None)
             else:
                 self._on_frame(self.peer_id, frame)
         elif incoming is not None and self._on_incoming is not None:
@@ -147,39 +138,27 @@ class PeerLink:
 
     async def _acknowledge(self) -> None:
         with contextlib.suppress(LinkClosed):
-            await self.send({"type": GOODBYE_ACK})
+            await self.send(GoodbyeAck())
 
-    def local_path(self) -> str | None:
-        """The nominated candidate pair as this side sees it (None before ICE completes).
-
-        aiortc has no public API for it; the pair sits on aioice's connection, inside the
-        SCTP -> DTLS -> ICE transport chain.
-        """
-        try:
-            connection = self.pc.sctp.transport.transport._connection  # type: ignore[union-attr]
-            pair = connection._nominated.get(1)
-        except AttributeError:
-            return None
-        if pair is None:
-            return None
-        kinds = {pair.local_candidate.type, pair.remote_candidate.type}
-        return "relay" if "relay" in kinds else "srflx" if kinds & {"srflx", "prflx"} else "host"
+    def local_path(self) -> LinkPath | None:
+        """The nominated candidate pair as this side sees it (None before ICE completes)."""
+        return nominated_path(self.pc)
 
     @property
-    def path(self) -> str | None:
+    def path(self) -> LinkPath | None:
         """host (direct), srflx (through a NAT mapping) or relay (through TURN), as the more
         indirect of both sides' views: a peer behind a NAT sees its own pair as host-host."""
-        views = [v for v in (self.local_path(), self._remote_path) if v]
-        return max(views, key=PATHS.index) if views else None
+        views = [v for v in (self.local_path(), self._remote_path) if v is not None]
+        return max(views, key=lambda path: path.rank) if views else None
 
     async def announce_path(self) -> None:
         with contextlib.suppress(LinkClosed):
-            await self.send({"type": PATH, "view": self.local_path()})
+            await self.send(PathView(view=self.local_path()))
 
     async def ask_limit(self, bytes_per_second: float | None) -> None:
         """Ask the other side to send us at most this much (our download cap's share)."""
         with contextlib.suppress(LinkClosed):
-            await self.send({"type": RECEIVE_LIMIT, "bytes_per_second": bytes_per_second})
+            await self.send(ReceiveLimit(bytes_per_second=bytes_per_second))
 
     async def close_gracefully(self, timeout: float = 5.0) -> None:
         """Close once the peer confirms it has received everything we sent.
@@ -189,7 +168,7 @@ class PeerLink:
         peer's acknowledgement of our goodbye means all earlier messages arrived.
         """
         try:
-            await self.send({"type": GOODBYE})
+            await self.send(Goodbye())
             await asyncio.wait_for(self._acknowledged.wait(), timeout)
         except (LinkClosed, asyncio.TimeoutError):
             pass

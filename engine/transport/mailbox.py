@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 from engine.wire.framing import Frame
 
-Key = tuple[Hashable, ...]
+Key = tuple[str, int, str]  # kind, id (a round's, a request's), sender
 
 
 class Mailbox:
-    """Frames keyed by (kind, id, sender). The sender is always the key's last element.
+    """Frames keyed by (kind, id, sender).
 
     Early frames (a fast peer's part before our round starts) wait here, bounded in
     count and bytes: the oldest are dropped first, so a flooding peer cannot exhaust memory.

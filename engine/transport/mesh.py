@@ -15,31 +15,18 @@ from dataclasses import dataclass
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
-from engine.transport.ice import enlarge_udp_buffers, tolerate_late_consent
-from engine.transport.link import LinkClosed, LinkCounters, PeerLink
+from engine.transport import patches
+from engine.transport.counters import LinkCounters
+from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mailbox import Mailbox
 from engine.transport.shaping import RateLimiter
-from engine.wire import ProtocolError
+from engine.wire.control import SignalData
 from engine.wire.framing import Frame, Incoming
-from engine.wire.schema import from_dict
+from engine.wire.types import LinkPath, SignalKind
 
 log = logging.getLogger(__name__)
 
-SendSignal = Callable[[str, dict], Awaitable[None]]
-MAX_SDP = 32 * 1024
-
-
-@dataclass
-class SignalData:
-    kind: str
-    conn: str
-    sdp: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("offer", "answer"):
-            raise ValueError(f"unknown signal kind {self.kind!r}")
-        if len(self.sdp) > MAX_SDP or len(self.conn) > 64:
-            raise ValueError("signal too large")
+SendSignal = Callable[[str, SignalData], Awaitable[None]]
 
 
 @dataclass
@@ -79,8 +66,7 @@ class PeerMesh:
         self._closing = False
         self.upload = upload or RateLimiter()
         self.download_cap: float | None = None
-        enlarge_udp_buffers()
-        tolerate_late_consent()
+        patches.apply()
 
     async def link(self, peer_id: str, timeout: float | None = None) -> PeerLink:
         """The open link to ``peer_id``, connecting first if there is none."""
@@ -100,17 +86,16 @@ class PeerMesh:
     def connected(self) -> list[str]:
         return [p for p, link in self._links.items() if link.is_open]
 
-    def paths(self) -> dict[str, str | None]:
+    def paths(self) -> dict[str, LinkPath | None]:
         return {p: link.path for p, link in self._links.items() if link.is_open}
 
     def counters(self) -> dict[str, LinkCounters]:
         return {p: link.counters for p, link in self._links.items()}
 
     def totals(self) -> LinkCounters:
-        total = LinkCounters(**vars(self._retired))
-        for c in self.counters().values():
-            for name, value in vars(c).items():
-                setattr(total, name, getattr(total, name) + value)
+        total = self._retired
+        for counters in self.counters().values():
+            total = total + counters
         return total
 
     def set_download_cap(self, bytes_per_second: float | None) -> None:
@@ -123,18 +108,16 @@ class PeerMesh:
         share = self.download_cap / len(links) if self.download_cap and links else None
         await asyncio.gather(*(link.ask_limit(share) for link in links))
 
-    async def handle_signal(self, sender: str, data: dict) -> None:
-        """Act on an offer or answer relayed by the backbone; bad signals are logged and dropped."""
+    async def handle_signal(self, sender: str, signal: SignalData) -> None:
+        """Act on an offer or answer relayed by the backbone; signals aiortc cannot use are
+        logged and dropped."""
         try:
-            signal = from_dict(SignalData, data, "signal")
-            if signal.kind == "offer":
+            if signal.kind is SignalKind.OFFER:
                 await self._answer(sender, signal)
             else:
                 offer = self._offers.get(sender)
                 if offer is not None and offer.conn == signal.conn and not offer.answer.done():
                     offer.answer.set_result(signal.sdp)
-        except ProtocolError as exc:
-            log.warning("ignoring signal from %s: %s", sender, exc)
         except Exception as exc:  # aiortc rejects a malformed SDP with assorted errors
             log.warning("could not use signal from %s: %s", sender, exc)
 
@@ -180,8 +163,7 @@ class PeerMesh:
         try:
             await pc.setLocalDescription(await pc.createOffer())
             await self._send_signal(
-                peer_id, {"kind": "offer", "conn": offer.conn, "sdp": pc.localDescription.sdp}
-            )
+                peer_id, SignalData(kind=SignalKind.OFFER, conn=offer.conn, sdp=pc.localDescription.sdp))
             sdp = await asyncio.wait_for(offer.answer, self.connect_timeout)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
             await self._until_open(pc, channel)
@@ -216,8 +198,7 @@ class PeerMesh:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=signal.sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
             await self._send_signal(
-                sender, {"kind": "answer", "conn": signal.conn, "sdp": pc.localDescription.sdp}
-            )
+                sender, SignalData(kind=SignalKind.ANSWER, conn=signal.conn, sdp=pc.localDescription.sdp))
             await self._until_open(pc, channel)
         except BaseException as exc:
             await pc.close()
@@ -263,8 +244,7 @@ class PeerMesh:
         if self._links.get(link.peer_id) is not link:
             return  # a connection attempt that lost a glare or never opened
         del self._links[link.peer_id]
-        for name, value in vars(link.counters).items():
-            setattr(self._retired, name, getattr(self._retired, name) + value)
+        self._retired = self._retired + link.counters
         self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed", link.peer_id))
         if self.download_cap and not self._closing:
             self._spawn(self._advertise_limits())

@@ -1,6 +1,13 @@
-"""Versioned wire formats: control-plane messages, data-plane frames, tensor bundles."""
+"""Versioned wire formats: control-plane messages, data-plane frames, REST bodies, state files.
 
-WIRE_VERSION = 1
+Every shape that crosses a process boundary is a ``msgspec.Struct`` defined once here (the
+worker protocol lives with the worker); decoding untrusted bytes checks types, ranges and
+sizes in one call and raises ProtocolError, the one error type for bad input.
+"""
+
+from typing import Final
+
+WIRE_VERSION: Final = 2
 
 
 class ProtocolError(ValueError):

@@ -7,15 +7,15 @@ messages may interleave on one ordered channel and still be put back together.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from engine.wire import WIRE_VERSION, ProtocolError
+from engine.wire.codec import encode as encode_header
+from engine.wire.frames import MAX_HEADER, Header, headers
 
 MAX_CHUNK = 256 * 1024
-MAX_HEADER = 64 * 1024
 MAGIC = b"CT"
 FLAG_FIRST = 1
 FLAG_LAST = 2
@@ -28,17 +28,13 @@ _NEXT = struct.Struct("!2sBBI")  # magic, version, flags, msg_id
 class Frame:
     """One reassembled message."""
 
-    header: dict
+    header: Header
     payload: bytes | bytearray = b""
 
-    @property
-    def type(self) -> str:
-        return str(self.header.get("type", ""))
 
-
-def encode(msg_id: int, header: dict, payload: bytes | bytearray | memoryview = b"") -> Iterator[bytes]:
+def encode(msg_id: int, header: Header, payload: bytes | bytearray | memoryview = b"") -> Iterator[bytes]:
     """Yield the chunks of one message, each at most MAX_CHUNK bytes."""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = encode_header(header)
     if len(head) > MAX_HEADER:
         raise ValueError(f"frame header of {len(head)} bytes exceeds {MAX_HEADER}")
     view = memoryview(payload).cast("B")
@@ -58,7 +54,7 @@ def encode(msg_id: int, header: dict, payload: bytes | bytearray | memoryview = 
 
 @dataclass
 class _Partial:
-    header: dict
+    header: Header
     expected: int
     buffer: bytearray = field(default_factory=bytearray)
 
@@ -68,7 +64,7 @@ class Incoming:
     """A message still arriving: enough to show a progress bar."""
 
     msg_id: int
-    header: dict
+    header: Header
     received: int
     expected: int
 
@@ -92,7 +88,8 @@ class Reassembler:
         if len(chunk) < _NEXT.size or chunk[:2] != MAGIC:
             raise ProtocolError("chunk without the Cotrain frame marker")
         if chunk[2] != WIRE_VERSION:
-            raise ProtocolError(f"wire version {chunk[2]} is not supported (expected {WIRE_VERSION})")
+            raise ProtocolError(f"the other peer speaks wire v{chunk[2]}, this one v{WIRE_VERSION}: "
+                                "one of you must update Cotrain")
         flags = chunk[3]
         if flags & FLAG_FIRST:
             return self._first(chunk, flags)
@@ -114,12 +111,7 @@ class Reassembler:
             raise ProtocolError(f"payload of {total} bytes exceeds the limit of {self.max_payload}")
         if len(self._open) >= self.max_open:
             raise ProtocolError("too many messages open at once")
-        try:
-            header = json.loads(bytes(chunk[_FIRST.size : _FIRST.size + head_len]))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProtocolError(f"frame header is not JSON: {exc}") from None
-        if not isinstance(header, dict):
-            raise ProtocolError("frame header must be a JSON object")
+        header = headers.decode(memoryview(chunk)[_FIRST.size : _FIRST.size + head_len])
         partial = _Partial(header=header, expected=total)
         self._open[msg_id] = partial
         return self._append(msg_id, partial, memoryview(chunk)[_FIRST.size + head_len :], flags)

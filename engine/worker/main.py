@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 from engine import aio
 from engine.wire import ProtocolError
@@ -26,15 +26,15 @@ log = logging.getLogger(__name__)
 
 
 class EventWriter:
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: BinaryIO) -> None:
         self.stream = stream
 
-    def __call__(self, event: p.Event) -> None:
+    def __call__(self, event: p.WorkerEvent) -> None:
         try:
-            self.stream.write(p.encode(event))
+            self.stream.write(p.encode_line(event))
             self.stream.flush()
         except (BrokenPipeError, ValueError):  # the app is gone; stdin's EOF ends us next
-            log.debug("dropped %s: nobody is listening", event.TYPE)
+            log.debug("dropped %s: nobody is listening", type(event).__name__)
 
 
 def _read_stdin(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
@@ -57,15 +57,15 @@ async def serve(emit: EventWriter, catalog: Path | None = None) -> int:
     threading.Thread(target=_read_stdin, args=(loop, queue), daemon=True, name="stdin").start()
     session = Session(emit, catalog=catalog)
     governing = asyncio.ensure_future(session.run_governor())
-    emit(p.Hello(p.VERSION, os.getpid()))
+    emit(p.Hello(version=p.VERSION, pid=os.getpid()))
     try:
         while (line := await queue.get()) is not None:
             if not line.strip():
                 continue
             try:
-                command = p.decode_command(line)
+                command = p.commands.decode(line)
             except ProtocolError as exc:
-                emit(p.Error(f"ignored a command: {exc}"))
+                emit(p.Problem(message=f"ignored a command: {exc}"))
                 continue
             if isinstance(command, p.Stop):
                 break
@@ -78,7 +78,7 @@ async def serve(emit: EventWriter, catalog: Path | None = None) -> int:
 
 
 def run(catalog: Path | None = None) -> int:
-    events = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    events = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     return aio.run(serve(EventWriter(events), catalog))

@@ -1,18 +1,20 @@
-"""The app <-> worker protocol, version 1: one JSON object per line.
+"""The app <-> worker protocol, version 2: one JSON object per line.
 
 The desktop app starts ``cotrain worker`` as a child process and talks to it over its
 stdin (commands) and stdout (events); the worker logs to stderr only. Every line is
-``{"v": 1, "type": ..., ...fields}``. A line the worker cannot read is answered with an
-``error`` event (``fatal: false``) and otherwise ignored: a bad command never kills it.
+``{"type": ..., ...fields}``; the worker's first line, ``hello``, says which version it
+speaks, and the app talks only to a worker of its own version (both come from one
+installation, so a mismatch means a broken one). A line the worker cannot read is answered
+with a ``problem`` event (``fatal: false``) and otherwise ignored: a bad command never kills it.
 
 Commands (app -> worker):
 
 - ``start {backbone, project, token, name}`` join ``project`` on ``backbone`` (leaving the
-  current project first). ``backbone: "local"`` means the worker's own embedded backbone,
-  started on demand (it announces its URL with ``hosting``). ``token`` may be null.
+  current project first). ``backbone: "local"`` (LOCAL_BACKBONE) means the worker's own
+  embedded backbone, started on demand (it announces its URL with ``hosting``).
 - ``leave {}`` leave the current project; the worker keeps running (and hosting).
-- ``set_limits {limits}`` the governor's limits (engine.governor.limits.Limits as a dict),
-  applied at once; answered by a ``state`` event that carries them.
+- ``set_limits {limits}`` the governor's limits (engine.governor.limits.Limits), applied at
+  once; answered by a ``governor`` event that carries them.
 - ``pause {}``, ``resume {}`` (back to automatic), ``run_now {}`` (contribute regardless of
   idle time and schedule), ``snooze {until}`` (a UNIX time).
 - ``stop {}`` leave cleanly and exit with status 0.
@@ -22,185 +24,135 @@ Events (worker -> app):
 - ``hello {version, pid}`` first line, once the worker reads commands.
 - ``hosting {url}`` the embedded backbone is listening.
 - ``joined {backbone, project, title, peer_id, username}``.
-- ``state {running, code, reason, limits}`` whenever the governor decides differently or the
-  limits change; ``code`` is the governor's (running, paused, snoozed, battery, schedule,
-  memory, waiting_idle, idle_unknown) or ``idle`` before any project is joined.
+- ``governor {running, state, reason, limits}`` whenever the governor decides differently
+  or the limits change (``state`` is a GovernorState).
 - ``stats {...}`` once a second while in a project (see Stats).
-- ``epoch {epoch, loss, samples, peers, my_samples}`` a global step this peer took part in.
+- ``epoch {step, my_samples, my_batches, paths}`` a global step this peer took part in
+  (engine.peer.events.EpochCompleted).
 - ``left {reason}`` the project was left (asked for, or the peer stopped by itself).
-- ``error {message, fatal}`` something the user should know; fatal errors end the project.
+- ``problem {message, fatal}`` something the user should know; fatal ones end the project.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Final
 
-from engine.wire import ProtocolError
-from engine.wire.schema import from_dict
+from msgspec import Meta, Struct
 
-VERSION = 1
+from engine.governor.limits import Limits
+from engine.governor.policy import GovernorState
+from engine.peer.events import EpochCompleted
+from engine.wire.codec import Codec, encode
+from engine.wire.types import Count, EpochNumber, Loss, Name, ProjectId, Rate, Seconds, Text, Url
+
+VERSION: Final = 2
 MAX_LINE = 1 << 20
+LOCAL_BACKBONE: Final = "local"  # ``start``'s backbone: the one the worker hosts on this computer
+
+
+class Message(Struct, tag_field="type", kw_only=True):
+    pass
+
 
 # --- commands --------------------------------------------------------------------------
 
 
-@dataclass
-class Start:
-    TYPE: ClassVar[str] = "start"
-    backbone: str
-    project: str
-    token: str | None = None
-    name: str = ""
+class Start(Message, tag="start"):
+    backbone: Url  # a URL or LOCAL_BACKBONE
+    project: ProjectId
+    token: Annotated[str, Meta(max_length=256)] | None = None
+    name: Name = ""
 
 
-@dataclass
-class Leave:
-    TYPE: ClassVar[str] = "leave"
+class Leave(Message, tag="leave"):
+    pass
 
 
-@dataclass
-class SetLimits:
-    TYPE: ClassVar[str] = "set_limits"
-    limits: dict = field(default_factory=dict)
+class SetLimits(Message, tag="set_limits"):
+    limits: Limits
 
 
-@dataclass
-class Pause:
-    TYPE: ClassVar[str] = "pause"
+class Pause(Message, tag="pause"):
+    pass
 
 
-@dataclass
-class Resume:
-    TYPE: ClassVar[str] = "resume"
+class Resume(Message, tag="resume"):
+    pass
 
 
-@dataclass
-class RunNow:
-    TYPE: ClassVar[str] = "run_now"
+class RunNow(Message, tag="run_now"):
+    pass
 
 
-@dataclass
-class Snooze:
-    TYPE: ClassVar[str] = "snooze"
-    until: float  # UNIX time
+class Snooze(Message, tag="snooze"):
+    until: Annotated[float, Meta(ge=0, le=1e11)]  # UNIX time
 
 
-@dataclass
-class Stop:
-    TYPE: ClassVar[str] = "stop"
+class Stop(Message, tag="stop"):
+    pass
 
 
 # --- events ----------------------------------------------------------------------------
 
 
-@dataclass
-class Hello:
-    TYPE: ClassVar[str] = "hello"
+class Hello(Message, tag="hello"):
     version: int
     pid: int
 
 
-@dataclass
-class Hosting:
-    TYPE: ClassVar[str] = "hosting"
-    url: str
+class Hosting(Message, tag="hosting"):
+    url: Url
 
 
-@dataclass
-class Joined:
-    TYPE: ClassVar[str] = "joined"
-    backbone: str
-    project: str
-    title: str
-    peer_id: str
-    username: str | None = None
+class ProjectJoined(Message, tag="joined"):
+    backbone: Url
+    project: ProjectId
+    title: Text
+    peer_id: Name
+    username: Name | None = None
 
 
-@dataclass
-class State:
-    TYPE: ClassVar[str] = "state"
+class GovernorDecided(Message, tag="governor"):
     running: bool
-    code: str
-    reason: str
-    limits: dict = field(default_factory=dict)
+    state: GovernorState
+    reason: Text
+    limits: Limits
 
 
-@dataclass
-class Stats:
+class Stats(Message, tag="stats"):
     """A snapshot, once a second. Rates are per second; samples count training examples."""
 
-    TYPE: ClassVar[str] = "stats"
-    samples_per_second: float  # mine
-    my_samples_session: int  # computed since this worker joined
-    my_samples_total: int  # credited in earlier sessions on this computer, plus this session
-    collab_samples: int  # gathered toward the next step
-    collab_target: int
-    eta_seconds: float | None
-    epoch: int
-    peers: int
-    upload_bps: float  # bytes per second
-    download_bps: float
-    loss: float | None  # the mean loss of the last step (or of my current batch before one)
-    device: str = ""  # where micro-batches run, in words ("the CPU (no CUDA graphics card found)")
+    samples_per_second: Rate  # mine
+    my_samples_session: Count  # computed since this worker joined
+    my_samples_total: Count  # credited in earlier sessions on this computer, plus this session
+    collab_samples: Count  # gathered toward the next step
+    collab_target: Count
+    eta_seconds: Seconds | None
+    epoch: EpochNumber
+    peers: Count
+    upload_bps: Rate  # bytes per second
+    download_bps: Rate
+    loss: Loss | None  # the mean loss of the last step (or of my current batch before one)
+    device: Text = ""  # where micro-batches run, in words ("the CPU (no CUDA graphics card found)")
 
 
-@dataclass
-class Epoch:
-    TYPE: ClassVar[str] = "epoch"
-    epoch: int
-    loss: float | None
-    samples: int
-    peers: int
-    my_samples: int
+class ProjectLeft(Message, tag="left"):
+    reason: Text
 
 
-@dataclass
-class Left:
-    TYPE: ClassVar[str] = "left"
-    reason: str
-
-
-@dataclass
-class Error:
-    TYPE: ClassVar[str] = "error"
-    message: str
+class Problem(Message, tag="problem"):
+    message: Text
     fatal: bool = False
 
 
-COMMANDS: dict[str, type] = {c.TYPE: c for c in (Start, Leave, SetLimits, Pause, Resume, RunNow, Snooze,
-                                                  Stop)}
-EVENTS: dict[str, type] = {e.TYPE: e for e in (Hello, Hosting, Joined, State, Stats, Epoch, Left, Error)}
 Command = Start | Leave | SetLimits | Pause | Resume | RunNow | Snooze | Stop
-Event = Hello | Hosting | Joined | State | Stats | Epoch | Left | Error
+WorkerEvent = (Hello | Hosting | ProjectJoined | GovernorDecided | Stats | EpochCompleted | ProjectLeft
+               | Problem)
+
+commands: Codec[Command] = Codec(Command, "command", MAX_LINE)
+events: Codec[WorkerEvent] = Codec(WorkerEvent, "event", MAX_LINE)
 
 
-def encode(message: Any) -> str:
+def encode_line(message: Message | EpochCompleted) -> bytes:
     """One line, newline included."""
-    return json.dumps({"v": VERSION, "type": message.TYPE, **asdict(message)}, separators=(",", ":")) + "\n"
-
-
-def _decode(line: str | bytes, kinds: dict[str, type]) -> Any:
-    if len(line) > MAX_LINE:
-        raise ProtocolError(f"line longer than {MAX_LINE} bytes")
-    try:
-        data = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ProtocolError("a message must be a JSON object")
-    if data.pop("v", None) != VERSION:
-        raise ProtocolError(f"unsupported protocol version (this worker speaks {VERSION})")
-    kind = data.pop("type", None)
-    if kind not in kinds:
-        raise ProtocolError(f"unknown message type {kind!r}")
-    return from_dict(kinds[kind], data, kind)
-
-
-def decode_command(line: str | bytes) -> Command:
-    return _decode(line, COMMANDS)
-
-
-def decode_event(line: str | bytes) -> Event:
-    return _decode(line, EVENTS)
+    return encode(message) + b"\n"

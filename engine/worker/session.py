@@ -24,16 +24,13 @@ from engine.governor.policy import Decision
 from engine.governor.throttle import lower_priority
 from engine.paths import user_data_dir
 from engine.peer.client import BackboneError
-from engine.peer.events import EpochCompleted
-from engine.peer.events import Event as PeerEvent
-from engine.peer.events import Joined as PeerJoined
+from engine.peer.events import EpochCompleted, Joined, PeerEvent
 from engine.peer.runner import Peer, PeerOptions
 from engine.project import load_catalog
 from engine.resources import default_catalog
 from engine.worker import protocol as p
 
 log = logging.getLogger(__name__)
-LOCAL = "local"
 LOCAL_PORT = 8470
 STATS_INTERVAL = 1.0
 
@@ -65,7 +62,7 @@ class Tally:
 
 
 class Session:
-    def __init__(self, emit: Callable[[p.Event], None], data_dir: Path | None = None,
+    def __init__(self, emit: Callable[[p.WorkerEvent], None], data_dir: Path | None = None,
                  catalog: Path | None = None,
                  on_peer_event: Callable[[PeerEvent], None] | None = None) -> None:
         self.emit = emit
@@ -98,7 +95,8 @@ class Session:
             self.peer.apply_limits(limits)
 
     def _decided(self, decision: Decision) -> None:
-        self.emit(p.State(decision.run, decision.code, decision.reason, self.governor.limits.to_dict()))
+        self.emit(p.GovernorDecided(running=decision.run, state=decision.state, reason=decision.reason,
+                                    limits=self.governor.limits))
 
     # --- commands -----------------------------------------------------------------------
 
@@ -109,12 +107,7 @@ class Session:
         elif isinstance(command, p.Leave):
             await self.leave("you left the project")
         elif isinstance(command, p.SetLimits):
-            try:
-                limits = Limits.from_dict(command.limits)
-            except ValueError as exc:
-                self.emit(p.Error(f"limits refused: {exc}"))
-                return
-            g.set_limits(limits)
+            g.set_limits(command.limits)
             if g.decision is not None:
                 self._decided(g.decision)
         elif isinstance(command, p.Pause):
@@ -151,10 +144,11 @@ class Session:
         async with self._switch:
             await self._leave("switching projects")
             try:
-                url = await self.host() if command.backbone == LOCAL else command.backbone
-                key = LOCAL if command.backbone == LOCAL else backbone_key(url)
+                local = command.backbone == p.LOCAL_BACKBONE
+                url = await self.host() if local else command.backbone
+                key = p.LOCAL_BACKBONE if local else backbone_key(url)
             except (OSError, ValueError) as exc:
-                self.emit(p.Error(str(exc), fatal=True))
+                self.emit(p.Problem(message=str(exc), fatal=True))
                 return
             self._key, self._backbone_url = f"{key} {command.project}", url
             options = PeerOptions(backbone_url=url, project_id=command.project, name=command.name,
@@ -191,19 +185,19 @@ class Session:
             if self.peer is peer:
                 self.peer = None
         if not self._leaving and not reason.startswith("reached epoch"):
-            self.emit(p.Error(reason, fatal=True))
-        self.emit(p.Left(reason))
+            self.emit(p.Problem(message=reason, fatal=True))
+        self.emit(p.ProjectLeft(reason=reason))
 
     def _peer_event(self, event: PeerEvent) -> None:
         self._on_peer_event(event)
-        if isinstance(event, PeerJoined):
+        if isinstance(event, Joined):
             self._target = event.project.target_batch_size
-            self.emit(p.Joined(self._backbone_url, event.project.id, event.project.title, event.peer_id,
-                               event.username))
+            self.emit(p.ProjectJoined(backbone=self._backbone_url, project=event.project.id,
+                                      title=event.project.title, peer_id=event.peer_id,
+                                      username=event.username))
         elif isinstance(event, EpochCompleted):
-            r = event.result
-            self.tally.add(self._key, r.my_samples)
-            self.emit(p.Epoch(r.epoch, r.loss, r.samples, r.peers, r.my_samples))
+            self.tally.add(self._key, event.my_samples)
+            self.emit(event)
 
     # --- stats --------------------------------------------------------------------------
 
@@ -222,14 +216,14 @@ class Session:
                 self.emit(stats)
 
     def stats(self, peer: Peer, up: float, down: float) -> p.Stats | None:
-        opt = peer._opt
-        if opt is None:
+        if not peer.joined:
             return None
+        opt = peer.optimizer
         acc = opt.accumulator
         session = sum(r.my_samples for r in peer.history) + acc.samples
         status = peer.status
         current = acc.loss_sum / acc.samples if acc.samples else None
-        loss = peer.history[-1].loss if peer.history else current
+        loss = peer.history[-1].step.loss if peer.history else current
         eta = status.eta_seconds if status is not None else None
         return p.Stats(
             samples_per_second=_finite(opt.throughput.rate()),

@@ -62,7 +62,7 @@ SectionEnd
 
 ; The same Run value the app's "Start at login" setting writes, so either can undo it.
 Section /o "Start Cotrain when I log in" SecAutostart
-  WriteRegStr HKCU "${RUN_KEY}" "${APP}" '"$INSTDIR\Cotrain.exe"'
+  WriteRegStr HKCU "${RUN_KEY}" "${APP}" '"$INSTDIR\Cotrain.exe" --background'
 SectionEnd
 
 !insertmacro MUI_FUNCTION_DESCRIPTION_BEGIN

@@ -15,6 +15,7 @@ from app.application import CotrainApp
 from app.controller import Controller
 from app.settings_store import Current, SettingsStore
 from engine.credentials import SERVICE, backbone_key
+from engine.governor.policy import GovernorState
 from tests.app.conftest import (
     TEST_LIMITS,
     WORKER_START,
@@ -141,7 +142,7 @@ def test_only_while_idle_reaches_the_worker(qtbot, running):
     tray.idle_action.trigger()
     # The worker's governor now waits for idle time (or says it cannot measure it here).
     wait_until(lambda: running.app.controller.state.kind == "waiting", 10)
-    assert running.app.controller.state.code in ("waiting_idle", "idle_unknown")
+    assert running.app.controller.state.governor in (GovernorState.WAITING_IDLE, GovernorState.IDLE_UNKNOWN)
     assert running.app.controller.state.limits.only_when_idle
     assert tray.kind == "waiting" and tray.idle_action.isChecked()
     assert running.dashboard.title.text() == "Waiting for idle time"
@@ -225,7 +226,7 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
             bb.call(stop_all(bob))
     board = running.page("leaderboard")
     board.refresh_button.click()
-    wait_until(lambda: {e["username"] for e in board.entries} >= {"alice", "bobby"}, 30)
+    wait_until(lambda: {e.username for e in board.entries} >= {"alice", "bobby"}, 30)
     row = board.my_row()
     assert row is not None and board.table.item(row, 1).text() == "alice"
     assert board.table.item(row, 1).font().bold()
@@ -237,10 +238,10 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
     # A page asked for earlier and answered later must not replace this one.
     wait_until(lambda: len(board.entries) == 1 and board.offset == 0, 30,
                lambda: f"one entry per page; shown {len(board.entries)}, error {board.error.text()!r}")
-    first = board.entries[0]["username"]
+    first = board.entries[0].username
     assert board.next.isEnabled() and not board.previous.isEnabled()
     board.next.click()
-    wait_until(lambda: board.offset == 1 and board.entries and board.entries[0]["username"] != first,
+    wait_until(lambda: board.offset == 1 and board.entries and board.entries[0].username != first,
                30, "the second page")
     assert board.previous.isEnabled()
     wait_until(lambda: contributing(running), 30)

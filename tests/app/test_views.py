@@ -12,16 +12,17 @@ import time
 import pytest
 from keyring.backends import null
 
-from app import autostart, backbone_client
-from app.backbone_client import BackboneClient
+from app import autostart, backbone_calls
+from app.backbone_calls import BackboneCalls
 from app.controller import Controller
 from app.instance import InstanceServer, ask_running_instance
-from app.settings_store import LOCAL, Current, SettingsStore
+from app.settings_store import Current, SettingsStore
 from app.views.account import AccountPage
 from app.views.projects import ProjectsPage
 from app.views.settings import SettingsPage
 from app.window import MainWindow
 from engine.governor.limits import Limits
+from engine.governor.policy import GovernorState
 from engine.paths import engine_command
 from engine.wire import ProtocolError
 from engine.worker import protocol as p
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_settings_are_kept_across_runs(home):
     store = SettingsStore()
-    assert store.first_run and store.current() == Current(LOCAL, "demo-lm")
+    assert store.first_run and store.current() == Current(p.LOCAL_BACKBONE, "demo-lm")
     limits = Limits(threads=1, cpu_percent=40, max_upload_kbps=500, only_when_idle=True, idle_minutes=2.5,
                     schedule="mon-fri 18:00-08:00, weekends")
     store.set_limits(limits)
@@ -71,6 +72,7 @@ def test_start_at_login_writes_and_removes_the_autostart_entry(qtbot, home):
     wait_until(entry.exists, 10, "the autostart entry")
     text = entry.read_text()
     assert "[Desktop Entry]" in text and f"Exec={engine_command()[0]}" in text and autostart.is_enabled()
+    assert text.split("Exec=")[1].splitlines()[0].endswith(" --background")
     assert SettingsStore().start_at_login
     page.start_at_login.setChecked(False)
     wait_until(lambda: not entry.exists(), 10, "the entry to go")
@@ -91,7 +93,7 @@ def test_adding_a_backbone_validates_the_address(qtbot, home, tmp_path):
         page.add.click()
         wait_until(lambda: controller.store.backbones() == [backbone.url], 10)
         assert page.error.isHidden() and page.url.text() == ""
-        wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url]["projects"], 10)
+        wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url].projects, 10)
         titles = [page.tree.topLevelItem(i).text(0) for i in range(page.tree.topLevelItemCount())]
         assert any(t.startswith("Tiny LM") for t in titles)
         row = next(i for i, t in enumerate(titles) if t.startswith("Tiny LM"))
@@ -103,22 +105,23 @@ def test_adding_a_backbone_validates_the_address(qtbot, home, tmp_path):
 
 
 def test_a_backbone_that_never_answers_does_not_hold_up_another(qtbot, home, tmp_path, monkeypatch):
-    monkeypatch.setattr(backbone_client, "TIMEOUT", 4.0)
+    monkeypatch.setattr(backbone_calls, "TIMEOUT", 4.0)
     silent = socket.socket()  # accepts connections (the kernel does) and never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)
     silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-    client = BackboneClient()
+    client = BackboneCalls()
     stuck, answered = [], []
     try:
         with threaded_backbone(tmp_path / "backbone", tiny()) as backbone:
-            for _ in range(backbone_client.THREADS * 2):  # the Projects page refreshing, again and again
+            for _ in range(backbone_calls.THREADS * 2):  # the Projects page refreshing, again and again
                 client.projects(silent_url, None, stuck.append, stuck.append)
             began = time.monotonic()
             client.projects(backbone.url, None, answered.append, answered.append)
             wait_until(lambda: answered, 3, "the answering backbone")
             assert time.monotonic() - began < 3
-            assert [p["id"] for p in answered[0]["projects"]] == ["tiny-lm"]
+            projects, _ = answered[0]
+            assert [project.id for project in projects.projects] == ["tiny-lm"]
             assert not stuck  # still waiting on the silent one
             assert client.shutdown(8000)  # quitting waits for lookups running, up to their timeout
     finally:
@@ -181,16 +184,13 @@ def test_a_socket_left_by_a_crashed_instance_is_taken_over_at_once(qtbot, home):
         stale.close()
 
 
-def test_protocol_messages_round_trip_and_bad_lines_are_refused():
-    for message in (p.Start("local", "demo-lm", None, "me"), p.SetLimits(Limits(threads=2).to_dict()),
-                    p.Snooze(1.5e9), p.Stop()):
-        assert p.decode_command(p.encode(message)) == message
-    stats = p.Stats(1.0, 2, 3, 4, 5, None, 6, 7, 8.0, 9.0, None)
-    assert p.decode_event(p.encode(stats)) == stats
-    for bad in ("", "[]", '{"v": 2, "type": "stop"}', '{"v": 1, "type": "explode"}',
-                '{"v": 1, "type": "start", "backbone": 5, "project": "x"}', '{"v": 1, "type": "snooze"}'):
-        with pytest.raises(ProtocolError):
-            p.decode_command(bad)
+def test_bad_command_lines_are_refused_with_the_reason():
+    for bad, reason in (("", "not valid JSON"), ("[]", "object"), ('{"type": "explode"}', "explode"),
+                        ('{"type": "start", "backbone": 5, "project": "x"}', "backbone"),
+                        ('{"type": "snooze"}', "until"), ('{"type": "set_limits", "limits": {"threads": 0}}',
+                                                           "threads")):
+        with pytest.raises(ProtocolError, match=reason):
+            p.commands.decode(bad)
 
 
 async def test_the_worker_answers_a_bad_line_with_an_error_and_keeps_going(home):
@@ -198,16 +198,16 @@ async def test_the_worker_answers_a_bad_line_with_an_error_and_keeps_going(home)
         *engine_command(), "worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL, env={**os.environ})
     assert process.stdin is not None and process.stdout is not None
-    hello = p.decode_event(await asyncio.wait_for(process.stdout.readline(), 30))
-    assert hello == p.Hello(p.VERSION, process.pid)
-    process.stdin.write(b"this is not json\n" + p.encode(p.SetLimits({"cpu_percent": 500})).encode())
-    process.stdin.write(p.encode(p.Pause()).encode())
+    hello = p.events.decode(await asyncio.wait_for(process.stdout.readline(), 30))
+    assert hello == p.Hello(version=p.VERSION, pid=process.pid)
+    process.stdin.write(b"this is not json\n" + b'{"type":"set_limits","limits":{"cpu_percent":500}}\n')
+    process.stdin.write(p.encode_line(p.Pause()))
     events = []
-    while not any(isinstance(e, p.State) and e.code == "paused" for e in events):
-        events.append(p.decode_event(await asyncio.wait_for(process.stdout.readline(), 10)))
-    errors = [e.message for e in events if isinstance(e, p.Error)]
-    assert any("not JSON" in m for m in errors) and any("cpu_percent" in m for m in errors)
-    process.stdin.write(p.encode(p.Stop()).encode())
+    while not any(isinstance(e, p.GovernorDecided) and e.state is GovernorState.PAUSED for e in events):
+        events.append(p.events.decode(await asyncio.wait_for(process.stdout.readline(), 10)))
+    errors = [e.message for e in events if isinstance(e, p.Problem)]
+    assert any("not valid JSON" in m for m in errors) and any("cpu_percent" in m for m in errors)
+    process.stdin.write(p.encode_line(p.Stop()))
     assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
@@ -234,7 +234,7 @@ def test_backbones_announced_on_the_lan_are_offered_and_added(qtbot, home, tmp_p
             assert "Tiny LM" in button.text() and button.toolTip() == backbone.url
             button.click()
             wait_until(lambda: controller.store.backbones() == [backbone.url], 10)
-            wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url]["projects"], 15)
+            wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url].projects, 15)
             wait_until(lambda: not page.on_lan, 20, "the added backbone to leave the offers")
         finally:
             backbone.call(advertiser.stop())

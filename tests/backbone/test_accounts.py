@@ -5,6 +5,7 @@ import logging
 import aiohttp
 import pytest
 
+from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 
 pytestmark = pytest.mark.slow
@@ -64,6 +65,16 @@ async def test_taken_names_wrong_passwords_and_missing_tokens_are_refused_clearl
     assert "username" in short["error"]
 
 
+async def test_a_wrong_login_of_any_length_is_401_never_a_registration_rule(backbone):
+    """Raising the registration minimums later must not lock an existing account out, or
+    tell an attacker about the policy: logging in only ever says the pair is wrong."""
+    await create(backbone, "carol", "password1", status=201)
+    for username, password in (("carol", "x"), ("carol", ""), ("carol", "p" * 5000), ("c", "password1"),
+                               ("carol with spaces", "password1"), ("é" * 300, "password1")):
+        _, refused = await log_in(backbone, username, password, status=401)
+        assert refused["error"] == "wrong username or password", (username[:20], password[:20])
+
+
 async def test_repeated_failed_logins_are_slowed_down(backbone):
     await create(backbone, "carol", "password1", status=201)
     statuses = [(await call(backbone, "POST", "/api/sessions",
@@ -91,12 +102,13 @@ async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_
 
 
 async def test_projects_without_anonymous_peers_need_a_valid_token(backbone):
-    _, refused = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, status=401)
+    join = {"wire": WIRE_VERSION}
+    _, refused = await call(backbone, "POST", "/api/projects/private-lm/peers", join, status=401)
     assert "does not accept anonymous peers" in refused["error"]
-    _, bad = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, token="forged", status=401)
+    _, bad = await call(backbone, "POST", "/api/projects/private-lm/peers", join, token="forged", status=401)
     assert "not valid" in bad["error"]
     _, made = await create(backbone, "dave", "password1", status=201)
-    _, joined = await call(backbone, "POST", "/api/projects/private-lm/peers", {}, token=made["token"],
+    _, joined = await call(backbone, "POST", "/api/projects/private-lm/peers", join, token=made["token"],
                            status=201)
     ws_url = f"{backbone.url}/api/projects/private-lm/peers/{joined['peer_id']}/ws"
     with pytest.raises(aiohttp.WSServerHandshakeError) as err:  # the peer token alone is not enough
@@ -117,7 +129,7 @@ async def test_tokens_never_appear_in_logs(backbone, caplog):
         assert await peer.finish(timeout=60) == "reached epoch 2"
     finally:
         await stop_all(peer)
-    peer_token = peer.peer._client.join_reply.token
+    peer_token = peer.peer.client.join_reply.token
     await call(backbone, "DELETE", "/api/sessions", token=login["token"], status=200)
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "erins-peer" in logged  # the logs did capture the session

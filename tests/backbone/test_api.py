@@ -8,13 +8,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 
 pytestmark = pytest.mark.slow
 
 
 async def _join(http, url, project="tiny-lm"):
-    async with http.post(f"{url}/api/projects/{project}/peers", json={"name": "x"}) as resp:
+    body = {"name": "x", "wire": WIRE_VERSION}
+    async with http.post(f"{url}/api/projects/{project}/peers", json=body) as resp:
         assert resp.status == 201
         return await resp.json()
 
@@ -33,10 +35,12 @@ async def collaboration(tmp_path):
 @pytest.mark.parametrize(
     "method, path, body, status, message",
     [
-        ("post", "/api/projects/tiny-lm/peers", b"{not json", 400, "not JSON"),
-        ("post", "/api/projects/tiny-lm/peers", b'{"name": 42}', 400, "expected a string"),
-        ("post", "/api/projects/tiny-lm/peers", b"[1, 2]", 400, "JSON object"),
+        ("post", "/api/projects/tiny-lm/peers", b"{not json", 400, "not valid JSON"),
+        ("post", "/api/projects/tiny-lm/peers", b'{"name": 42}', 400, "Expected `str`, got `int`"),
+        ("post", "/api/projects/tiny-lm/peers", b"[1, 2]", 400, "Expected `object`"),
         ("post", "/api/projects/tiny-lm/peers", b'{"name": "' + b"x" * 200 + b'"}', 400, "64"),
+        ("post", "/api/projects/tiny-lm/peers", b'{"name": "old peer"}', 400,
+         f"please update Cotrain (wire v1, backbone speaks v{WIRE_VERSION})"),
         ("post", "/api/projects/nope/peers", b"{}", 404, "no project 'nope'"),
         ("get", "/api/projects/nope/curve", None, 404, "no project"),
         ("post", "/api/projects/tiny-lm/peers", b"{" + b" " * 100_000 + b"}", 413, "larger than"),
@@ -52,17 +56,17 @@ async def test_bad_requests_get_a_clear_4xx(collaboration, method, path, body, s
         assert message in (await resp.json())["error"]
     async with http.get(f"{backbone.url}/api/health") as resp:
         assert resp.status == 200
-    await peers[0].reached(peers[0].history[-1].epoch + 1, timeout=60)
+    await peers[0].reached(peers[0].history[-1].step.epoch + 1, timeout=60)
 
 
 @pytest.mark.parametrize(
     "frame, reason",
     [
-        ("this is not json", "bad message: not JSON"),
-        ('{"v": 1, "type": "progress", "epoch": "x"}', "expected an integer"),
-        ('{"v": 9, "type": "progress"}', "wire version 9"),
-        ('{"v": 1, "type": "round_start", "round_id": 1, "epoch": 0, "group": ["a"], '
-         '"shares": [1], "timeout": 1}', "peers may not send 'round_start'"),
+        ("this is not json", "bad message: control message is not valid JSON"),
+        ('{"type": "progress", "epoch": "x"}', "Expected `int`, got `str`"),
+        ('{"v": 9, "type": "progress"}', "wire v9, backbone speaks"),
+        ('{"type": "round_start", "round_id": 1, "epoch": 0, "group": ["a"], '
+         '"shares": [1], "timeout": 1}', "Invalid value 'round_start'"),
         (b"\x00\x01binary", "binary messages are not accepted"),
     ],
 )
@@ -80,7 +84,7 @@ async def test_a_socket_sending_garbage_is_closed_with_the_reason(collaboration,
         msg = await ws.receive(timeout=10)
     assert msg.type == aiohttp.WSMsgType.CLOSE
     assert reason in msg.extra
-    epoch = peers[0].history[-1].epoch
+    epoch = peers[0].history[-1].step.epoch
     await peers[0].reached(epoch + 1, timeout=60)
 
 

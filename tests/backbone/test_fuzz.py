@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engine.backbone.api import add_routes
+from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, tiny_project
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ async def backbone(tmp_path):
         account = {"username": "fuzz", "password": "pw-fuzz-123"}
         async with http.post(f"{bb.url}/api/accounts", json=account) as r:
             user = (await r.json())["token"]
-        async with http.post(f"{bb.url}/api/projects/tiny-lm/peers", json={"name": "f"},
+        async with http.post(f"{bb.url}/api/projects/tiny-lm/peers", json={"name": "f", "wire": WIRE_VERSION},
                              headers={"Authorization": f"Bearer {user}"}) as r:
             peer = await r.json()
         bb.secrets = {USER_TOKEN: user, PEER_TOKEN: peer["token"], PEER_ID: peer["peer_id"]}
@@ -121,7 +122,8 @@ async def test_hostile_requests_never_cause_a_server_error(backbone, method, tem
 async def test_hostile_control_messages_close_the_socket_or_are_ignored(tmp_path_factory, messages):
     tmp = tmp_path_factory.mktemp("ws")
     async with running_backbone(tmp, tiny_project()) as backbone, aiohttp.ClientSession() as http:
-        async with http.post(f"{backbone.url}/api/projects/tiny-lm/peers", json={}) as resp:
+        join = {"wire": WIRE_VERSION}
+        async with http.post(f"{backbone.url}/api/projects/tiny-lm/peers", json=join) as resp:
             joined = await resp.json()
         before = snapshot(tmp / "backbone.sqlite3", tmp, {"peers": "connected_at last_seen left_at"})
         ws = await http.ws_connect(f"{backbone.url}/api/projects/tiny-lm/peers/{joined['peer_id']}/ws",

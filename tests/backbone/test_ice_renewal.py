@@ -26,7 +26,7 @@ async def test_a_long_running_peer_gets_fresh_turn_credentials_before_they_expir
     async with running_backbone(tmp_path, project, ice=ice) as backbone:
         peer = start_peer(backbone.url, project.id, "stayer")
         try:
-            await until(lambda: peer.peer._mesh is not None and turn_expiry(peer), 30, "the peer to join")
+            await until(lambda: peer.peer.joined and turn_expiry(peer), 30, "the peer to join")
             first = turn_expiry(peer)
             assert abs(first - (time.time() + TTL)) < 30
             backbone.renew_ice_credentials(time.time() + TTL / 2 - 5)  # not due yet

@@ -44,6 +44,7 @@ def _cotrain_peer(url: str, project: str, conn, numel: int, rounds: int, raw_byt
 
 async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> None:
     import torch
+    from engine.wire.messages import Signal
 
     from engine.aio import spawn
     from engine.averaging.allreduce import RoundPlan, butterfly_allreduce
@@ -51,7 +52,6 @@ async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> No
     from engine.transport.ice import ice_configuration, restrict_host_addresses
     from engine.transport.mailbox import Mailbox
     from engine.transport.mesh import PeerMesh
-    from engine.wire.messages import Signal
 
     torch.set_num_threads(1)
     restrict_host_addresses(["127.0.0.1"])

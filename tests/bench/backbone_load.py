@@ -28,6 +28,7 @@ import aiohttp
 import psutil
 
 from engine.paths import engine_command
+from engine.wire import WIRE_VERSION
 
 
 def _free_port() -> int:
@@ -69,7 +70,8 @@ async def _clients_main(url: str, count: int, warmup: float, duration: float, qu
     async with aiohttp.ClientSession(connector=connector) as http:
         sockets = []
         for _ in range(count):
-            async with http.post(f"{url}/api/projects/load/peers", json={"name": "sim"}) as resp:
+            join = {"name": "sim", "wire": WIRE_VERSION}
+            async with http.post(f"{url}/api/projects/load/peers", json=join) as resp:
                 joined = await resp.json()
             ws = await http.ws_connect(f"{url}/api/projects/load/peers/{joined['peer_id']}/ws",
                                        headers={"X-Cotrain-Peer-Token": joined["token"]})

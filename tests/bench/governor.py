@@ -69,7 +69,7 @@ async def latency_trials(trials: int) -> None:
                                     PowerSource(sensors_battery=lambda: None))
                 governing = asyncio.ensure_future(governor.run(peer.peer))
                 p = peer.peer
-                await _wait(lambda: p._opt is not None and p.running and p.optimizer.computing, 120)
+                await _wait(lambda: p.joined and p.running and p.optimizer.computing, 120)
                 for _ in range(trials):
                     await _wait(lambda: p.running and p.optimizer.computing, 30)
                     await asyncio.sleep(0.1 + (time.monotonic() % 0.3))  # land anywhere in a micro-batch

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.backbone.server import Backbone, BackboneConfig
-from engine.peer.events import Event, Synced, SyncProgress
+from engine.peer.events import EpochCompleted, PeerEvent, Synced, SyncProgress
 from engine.peer.runner import Peer, PeerOptions
-from engine.project import ProjectSpec
-from engine.training.schedule import OptimizerSpec, ScheduleSpec
+from engine.project import OptimizerSpec, ProjectSpec, ScheduleSpec
 from tests.conftest import until
 
 TINY = dict(d_model=32, heads=2, ff=64, layers=2, embedding=16, seq_len=16, micro_batch=4)
@@ -45,17 +44,22 @@ async def running_backbone(data_dir: Path, *projects: ProjectSpec, **config):
 class RunningPeer:
     peer: Peer
     task: asyncio.Task
-    events: list[Event] = field(default_factory=list)
+    events: list[PeerEvent] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # when each event arrived (monotonic)
 
     @property
-    def history(self):
+    def history(self) -> list[EpochCompleted]:
         return self.peer.history
 
+    @property
+    def epoch(self) -> int:
+        """The epoch of its last step (0 before any)."""
+        return self.history[-1].step.epoch if self.history else 0
+
     async def reached(self, epoch: int, timeout: float) -> None:
-        await until(lambda: (self.peer.history and self.peer.history[-1].epoch >= epoch) or self.task.done(),
+        await until(lambda: self.epoch >= epoch or self.task.done(),
                     timeout, f"{self.peer.options.name} to reach epoch {epoch}")
-        if self.task.done() and not (self.peer.history and self.peer.history[-1].epoch >= epoch):
+        if self.task.done() and not self.epoch >= epoch:
             raise AssertionError(f"{self.peer.options.name} stopped early: {self.task.result()}")
 
     def synced(self) -> list[Synced]:
@@ -69,10 +73,10 @@ class RunningPeer:
 
 
 def start_peer(url: str, project: str, name: str, **options) -> RunningPeer:
-    events: list[Event] = []
+    events: list[PeerEvent] = []
     times: list[float] = []
 
-    def record(event: Event) -> None:
+    def record(event: PeerEvent) -> None:
         events.append(event)
         times.append(time.monotonic())
 

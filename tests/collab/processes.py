@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import signal
@@ -12,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.paths import engine_command
-from engine.project import ProjectSpec
+from engine.project import Catalog, ProjectSpec
+from engine.wire.codec import encode
 from tests.conftest import until
 
 
 def write_catalog(path: Path, *projects: ProjectSpec) -> Path:
-    path.write_text(json.dumps({"projects": [dataclasses.asdict(p) for p in projects]}))
+    path.write_bytes(encode(Catalog(list(projects))))
     return path
 
 

@@ -23,15 +23,16 @@ async def test_a_slow_peer_contributes_proportionally_less_and_is_not_waited_for
         finally:
             await stop_all(*fast, slow)
     # Count only epochs all three took part in (the first may close before everyone joined).
-    shared = set.intersection(*({r.epoch for r in p.history if r.peers == 3} for p in (*fast, slow)))
+    shared = set.intersection(*({r.step.epoch for r in p.history if r.step.peers == 3}
+                                for p in (*fast, slow)))
     assert len(shared) >= 3, shared
-    mine = {p.peer.options.name: sum(r.my_samples for r in p.history if r.epoch in shared)
+    mine = {p.peer.options.name: sum(r.my_samples for r in p.history if r.step.epoch in shared)
             for p in (*fast, slow)}
     ratio = mine["slow"] / ((mine["fast0"] + mine["fast1"]) / 2)
     assert 0.1 <= ratio <= 0.6, mine
     for r in slow.history:
-        assert r.samples >= project.target_batch_size
-        assert r.round_seconds < project.round_timeout / 2
+        assert r.step.samples >= project.target_batch_size
+        assert r.step.round_seconds < project.round_timeout / 2
 
 
 async def test_a_device_slower_than_the_round_timeout_never_holds_a_round_up(tmp_path):
@@ -49,14 +50,14 @@ async def test_a_device_slower_than_the_round_timeout_never_holds_a_round_up(tmp
         finally:
             await stop_all(*fast, crawler)
     first = crawler.synced()[0].epoch
-    by_epoch = {r.epoch: r for r in fast[0].history}
-    taken = [r for r in crawler.history if r.epoch > first and r.epoch in by_epoch]
+    by_epoch = {r.step.epoch: r for r in fast[0].history}
+    taken = [r for r in crawler.history if r.step.epoch > first and r.step.epoch in by_epoch]
     assert len(taken) >= 10, "the slow device was left out of rounds"
-    assert all(by_epoch[r.epoch].peers == 3 for r in taken)
-    assert all(r.params_sha256 == by_epoch[r.epoch].params_sha256 for r in taken)
+    assert all(by_epoch[r.step.epoch].step.peers == 3 for r in taken)
+    assert all(r.step.params_sha256 == by_epoch[r.step.epoch].step.params_sha256 for r in taken)
     # A round waits at most its share of the timeout for the slow micro-batch, and once
     # the device is known to be that slow, not at all.
-    waits = sorted(by_epoch[r.epoch].round_seconds for r in taken)
+    waits = sorted(by_epoch[r.step.epoch].step.round_seconds for r in taken)
     budget = 0.2 * project.round_timeout
     assert waits[-1] < budget + 1 and waits[-2] < budget / 2, waits
     assert not [e for p in fast for e in p.events if isinstance(e, RoundFailed)]
@@ -73,23 +74,23 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
             await until(lambda: late.synced() or late.task.done(), 60, "the late peer to sync")
             await late.reached(late.synced()[0].epoch + 3, timeout=60)
             for p in first:  # they finish that same step a moment later
-                await p.reached(late.history[-1].epoch, timeout=30)
+                await p.reached(late.history[-1].step.epoch, timeout=30)
         finally:
             await stop_all(*first, *([late] if late else []))
-        completed = [e.result for e in late.events if isinstance(e, EpochCompleted)]
+        completed = [e for e in late.events if isinstance(e, EpochCompleted)]
     (synced, *_) = late.synced()
     assert synced.source.startswith("peer") and synced.epoch >= 3
     first_sync = late.events.index(synced)
     progress = [e for e in late.events[:first_sync] if isinstance(e, SyncProgress) and e.total]
     assert progress[-1].received == progress[-1].total > 0
     assert [e.received for e in progress] == sorted(e.received for e in progress)
-    assert len(completed) >= 3 and completed[0].epoch == synced.epoch + 1, (
-        synced.epoch, [r.epoch for r in completed], late.synced())
+    assert len(completed) >= 3 and completed[0].step.epoch == synced.epoch + 1, (
+        synced.epoch, [r.step.epoch for r in completed], late.synced())
     # The same parameters as each of the others after every step it took with them.
-    theirs = [{r.epoch: r.params_sha256 for r in p.history} for p in first]
+    theirs = [{r.step.epoch: r.step.params_sha256 for r in p.history} for p in first]
     for r in completed:
-        others = [hashes[r.epoch] for hashes in theirs if r.epoch in hashes]
-        assert r.peers == 3 and others and set(others) == {r.params_sha256}, r.epoch
+        others = [hashes[r.step.epoch] for hashes in theirs if r.step.epoch in hashes]
+        assert r.step.peers == 3 and others and set(others) == {r.step.params_sha256}, r.step.epoch
 
 
 async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoint(tmp_path):
@@ -105,7 +106,7 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
         assert [info.epoch for info in saved] == [4, 3]  # one per epoch, the last two kept
         on_disk = sorted(p.name for p in backbone.files.path(project.id, 0).parent.iterdir())
         assert on_disk == [backbone.files.path(project.id, e).name for e in (3, 4)]
-        assert saved[0].params_sha256 == peers[0].history[-1].params_sha256
+        assert saved[0].params_sha256 == peers[0].history[-1].step.params_sha256
 
         newcomer = start_peer(backbone.url, project.id, "newcomer", max_epochs=5)
         try:
@@ -115,4 +116,4 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
     (synced,) = newcomer.synced()
     assert (synced.source, synced.epoch, synced.params_sha256) == ("checkpoint", 4, saved[0].params_sha256)
     assert newcomer.sync_progress()[-1].received == saved[0].size
-    assert [r.epoch for r in newcomer.history] == [5]
+    assert [r.step.epoch for r in newcomer.history] == [5]

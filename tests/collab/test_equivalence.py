@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from engine.project import OptimizerSpec
 from engine.tasks import create_task, initial_model
-from engine.training.schedule import OptimizerSpec, build_optimizer, lr_at
+from engine.training.schedule import build_optimizer, lr_at
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 
 pytestmark = pytest.mark.slow
@@ -52,14 +53,15 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
     by_epoch = {}
     for p in peers:
         for r in p.history:
-            by_epoch.setdefault(r.epoch, set()).add(r.params_sha256)
+            by_epoch.setdefault(r.step.epoch, set()).add(r.step.params_sha256)
     assert sorted(by_epoch) == list(range(1, epochs + 1))
     # All three averaged together from the second epoch on (the first may close while the
     # last of them is still starting), and none skipped a step and caught up by download.
     for p in peers:
-        assert {r.epoch for r in p.history if r.peers == 3} >= set(range(2, epochs + 1)), p.history
+        shared = {r.step.epoch for r in p.history if r.step.peers == 3}
+        assert shared >= set(range(2, epochs + 1)), p.history
     assert all(hashes == {recorded[e]} for e, hashes in by_epoch.items()), (by_epoch, recorded)
-    assert [row["epoch"] for row in curve] == list(range(1, epochs + 1))
+    assert [point.epoch for point in curve] == list(range(1, epochs + 1))
 
     # Equivalence: the same steps on the same samples in one process.
     contributions = []
@@ -67,9 +69,9 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
         batches = []
         for i, p in enumerate(peers):
             for r in p.history:
-                if r.epoch == epoch:
+                if r.step.epoch == epoch:
                     batches += [(100 + i, index) for index in r.my_batches]
-        (samples,) = {r.samples for p in peers for r in p.history if r.epoch == epoch}
+        (samples,) = {r.step.samples for p in peers for r in p.history if r.step.epoch == epoch}
         assert len(batches) * project.task_params["micro_batch"] == samples >= project.target_batch_size
         contributions.append(batches)
     reference = reference_run(project, contributions)

@@ -81,7 +81,7 @@ async def test_a_peer_claiming_ten_times_its_samples_is_credited_what_it_compute
         honest = start_peer(backbone.url, project.id, "honest", user_token=tokens["honest"])
         cheat = start_peer(backbone.url, project.id, "cheat", user_token=tokens["cheat"])
         try:
-            await until(lambda: cheat.peer._opt is not None, 30, "the cheat to start")
+            await until(lambda: cheat.peer.joined, 30, "the cheat to start")
             real_averager = cheat.peer.optimizer._averager
 
             async def lie(plan, vector, samples, loss_sum, timeout):
@@ -94,10 +94,10 @@ async def test_a_peer_claiming_ten_times_its_samples_is_credited_what_it_compute
         credit = {(r, p): n for r, p, n in backbone.store.db.execute(
             "SELECT round_id, peer_id, samples FROM contributions")}
     for r in honest.history:
-        assert credit[r.round_id, honest.peer.peer_id] == r.my_samples
+        assert credit[r.step.round_id, honest.peer.peer_id] == r.my_samples
     lied = [r for r in cheat.history if r.my_samples]
     assert len(lied) >= 5
     computed = sum(r.my_samples for r in lied)
-    credited = sum(credit[r.round_id, cheat.peer.peer_id] for r in lied)
+    credited = sum(credit[r.step.round_id, cheat.peer.peer_id] for r in lied)
     claimed = 10 * computed
     assert computed < credited < 0.4 * claimed

@@ -79,14 +79,14 @@ async def test_killing_the_backbone_loses_no_credit_and_counts_nothing_twice(tmp
         await crash(backbone, peers)
         before, steps_before, _ = ledger(db_path)
         assert sum(before.values()) == steps_before > 0  # consistent at the moment of the crash
-        epoch_at_crash = max(p.history[-1].epoch for p in peers)
+        epoch_at_crash = max(p.history[-1].step.epoch for p in peers)
 
         backbone = await start_backbone(port, data, catalog)
         for p in peers:
             await p.reached(epoch_at_crash + 1, timeout=120)
         # Again the moment a step completes: it may be done on the peers and not yet recorded.
         await crash(backbone, peers)
-        epoch_at_crash = max(p.history[-1].epoch for p in peers)
+        epoch_at_crash = max(p.history[-1].step.epoch for p in peers)
         down = [len(p.events) for p in peers]
         backbone = await start_backbone(port, data, catalog)
 

@@ -80,13 +80,13 @@ async def test_a_paused_peer_leaves_rounds_and_matches_the_others_after_resuming
         try:
             await resting.reached(2, timeout=60)
             resting.peer.set_running(False, "Paused by you")
-            paused_at = resting.history[-1].epoch
+            paused_at = resting.history[-1].step.epoch
             await until(lambda: not resting.peer.optimizer.computing, 5, "its compute to stop")
             events_at_pause = len(resting.events)
             received_at_pause = resting.peer.traffic().bytes_received
             for p in peers[:2]:
                 await p.reached(paused_at + 3, timeout=60)
-            assert resting.history[-1].epoch <= paused_at + 1  # at most the round under way
+            assert resting.history[-1].step.epoch <= paused_at + 1  # at most the round under way
             # The machine stays its owner's: no state download while paused, only control
             # chatter and at most the round that was under way.
             while_paused = resting.events[events_at_pause:]
@@ -94,13 +94,14 @@ async def test_a_paused_peer_leaves_rounds_and_matches_the_others_after_resuming
             state_bytes = sum(t.numel() * t.element_size() for t in resting.peer.optimizer.model.parameters())
             assert resting.peer.traffic().bytes_received - received_at_pause < state_bytes
             resting.peer.set_running(True, "Contributing")
-            resumed_at = peers[0].history[-1].epoch
+            resumed_at = peers[0].history[-1].step.epoch
             await resting.reached(resumed_at + 2, timeout=60)
         finally:
             await stop_all(*peers)
-    during = [r for p in peers[:2] for r in p.history if paused_at + 1 < r.epoch <= resumed_at]
-    assert during and all(r.peers == 2 for r in during)
-    recorded = {r.epoch: r.params_sha256 for r in peers[0].history}
-    after = [e.result for e in resting.events[resting.events.index(
+    during = [r for p in peers[:2] for r in p.history if paused_at + 1 < r.step.epoch <= resumed_at]
+    assert during and all(r.step.peers == 2 for r in during)
+    recorded = {r.step.epoch: r.step.params_sha256 for r in peers[0].history}
+    after = [e for e in resting.events[resting.events.index(
         [e for e in resting.events if isinstance(e, Synced)][-1]):] if isinstance(e, EpochCompleted)]
-    assert after and all(r.params_sha256 == recorded[r.epoch] for r in after if r.epoch in recorded)
+    assert after and all(r.step.params_sha256 == recorded[r.step.epoch]
+                         for r in after if r.step.epoch in recorded)

@@ -51,7 +51,7 @@ async def test_input_pauses_compute_within_a_second_and_idleness_resumes_it(disp
                             PowerSource(sensors_battery=lambda: None))
         governing = asyncio.ensure_future(governor.run(peer.peer))
         try:
-            await until(lambda: peer.peer.running and peer.peer._opt is not None
+            await until(lambda: peer.peer.running and peer.peer.joined
                         and peer.peer.optimizer.accumulator.samples > 0, 60, "idle compute to start")
             await until(lambda: peer.peer.optimizer.computing, 10, "a micro-batch under way")
             touched = time.monotonic()

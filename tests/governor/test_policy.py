@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from engine.governor.limits import Limits
-from engine.governor.policy import POWER_SETTLE, Decision, Observation, decide
+from engine.governor.policy import POWER_SETTLE, Decision, GovernorState, Observation, decide
 from engine.governor.schedule import WeeklySchedule
 
 MONDAY_NOON = datetime(2026, 11, 23, 12, 0)  # a Monday
@@ -77,7 +77,7 @@ def test_a_decision_remembers_since_when_it_holds():
     first = decide(obs(), Limits())
     later = decide(obs(now=MONDAY_NOON + timedelta(minutes=3)), Limits(), first)
     assert later.since == first.since and later.same(first)
-    assert not Decision(False, "paused", "Paused by you", MONDAY_NOON).same(later)
+    assert not Decision(False, GovernorState.PAUSED, "Paused by you", MONDAY_NOON).same(later)
 
 
 @pytest.mark.parametrize(
@@ -105,11 +105,12 @@ def test_bad_schedules_name_the_problem(bad):
 @pytest.mark.parametrize("bad", [dict(cpu_percent=0), dict(cpu_percent=101), dict(threads=0),
                                  dict(max_memory_mb=1), dict(max_upload_kbps=0), dict(idle_minutes=-1)])
 def test_bad_limits_are_refused(bad):
-    with pytest.raises(ValueError):
-        Limits(**bad)
+    field = next(iter(bad))
+    with pytest.raises(ValueError, match=field):
+        Limits.checked(**bad)
 
 
 def test_limits_survive_serialisation():
     limits = Limits(threads=2, cpu_percent=50, max_upload_kbps=2000, only_when_idle=True,
                     idle_minutes=2.5, schedule="mon-fri 18:00-08:00")
-    assert Limits.from_dict(limits.to_dict()) == limits
+    assert Limits.from_json(limits.to_json()) == limits

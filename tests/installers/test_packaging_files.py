@@ -39,6 +39,7 @@ def test_the_macos_bundle_and_login_agent_describe_cotrain():
     agent = plistlib.loads((INSTALLERS / "macos" / f"{AGENT_LABEL}.plist").read_bytes())
     assert agent["Label"] == AGENT_LABEL  # the app's own start-at-login writes the same agent
     assert agent["ProgramArguments"][0].startswith("/Applications/Cotrain.app/")
+    assert agent["ProgramArguments"][1:] == ["--background"]  # in the tray, as start at login does
 
 
 def test_the_launchers_names_differ_beyond_case():

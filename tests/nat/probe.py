@@ -23,11 +23,12 @@ import torch
 
 from engine.aio import run, spawn
 from engine.averaging.allreduce import RoundPlan, butterfly_allreduce
-from engine.peer.client import BackboneClient
+from engine.peer.client import ControlClient
 from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
-from engine.wire.messages import Signal
+from engine.wire.control import Signal
+from engine.wire.types import IcePolicy
 
 
 async def wait_for_file(path: Path, timeout: float) -> str:
@@ -45,15 +46,15 @@ def publish(folder: Path, name: str, text: str) -> None:
 
 
 async def probe(args: argparse.Namespace) -> dict:
-    client = BackboneClient(args.backbone, args.project, args.name)
+    client = ControlClient(args.backbone, args.project, args.name)
     reply = await client.join()
     mailbox = Mailbox()
 
     def route(sender, frame) -> None:
-        ident = frame.header.get("round_id", frame.header.get("request_id", 0))
-        mailbox.put((frame.type, ident, sender), frame)
+        header = frame.header
+        mailbox.put((header.__struct_config__.tag, getattr(header, "round_id", 0), sender), frame)
 
-    relay_only = args.relay_only or reply.ice_policy == "relay"
+    relay_only = args.relay_only or reply.ice_policy is IcePolicy.RELAY
     mesh = PeerMesh(reply.peer_id, lambda peer, data: client.send(Signal(peer, data)),
                     ice_configuration(reply.ice_servers, relay_only), mailbox, route,
                     connect_timeout=args.connect_timeout)

@@ -6,6 +6,12 @@ from engine.aio import spawn
 from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
+from engine.wire.frames import Part
+
+
+def blob(round_id: int) -> Part:
+    """A frame header for test payloads, delivered as ("part", round_id, sender)."""
+    return Part(round_id=round_id, epoch=0, index=0, samples=1, loss_sum=0.0)
 
 
 def make_meshes(names, connect_timeout: float = 20.0) -> dict[str, PeerMesh]:
@@ -21,8 +27,9 @@ def make_meshes(names, connect_timeout: float = 20.0) -> dict[str, PeerMesh]:
         mailbox = Mailbox()
 
         def route(sender, frame, mailbox=mailbox):
-            ident = frame.header.get("round_id", frame.header.get("request_id", 0))
-            mailbox.put((frame.type, ident, sender), frame)
+            header = frame.header
+            ident = getattr(header, "round_id", getattr(header, "request_id", 0))
+            mailbox.put((header.__struct_config__.tag, ident, sender), frame)
 
         meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), mailbox, route,
                                 connect_timeout=connect_timeout)

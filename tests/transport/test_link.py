@@ -9,11 +9,11 @@ import aioice.ice
 import aioice.stun
 import pytest
 
-from engine.transport.ice import UDP_RECEIVE_BUFFER
 from engine.transport.link import HIGH_WATER, LinkClosed
+from engine.transport.patches import UDP_RECEIVE_BUFFER
 from engine.wire.framing import MAX_CHUNK
 from tests.conftest import until
-from tests.transport.mesh_pair import make_meshes
+from tests.transport.mesh_pair import blob, make_meshes
 
 
 async def test_a_large_message_arrives_whole_and_is_counted():
@@ -21,8 +21,8 @@ async def test_a_large_message_arrives_whole_and_is_counted():
     try:
         link = await meshes["a"].link("b")
         payload = os.urandom(5 * 1024 * 1024 + 123)
-        await link.send({"type": "blob", "round_id": 1}, payload)
-        frame = await meshes["b"].mailbox.get(("blob", 1, "a"), timeout=30)
+        await link.send(blob(1), payload)
+        frame = await meshes["b"].mailbox.get(("part", 1, "a"), timeout=30)
         assert bytes(frame.payload) == payload
         sent, received = meshes["a"].totals(), meshes["b"].totals()
         assert sent.bytes_sent >= len(payload) and received.bytes_received == sent.bytes_sent
@@ -59,9 +59,9 @@ async def test_sending_respects_the_buffer_high_water_mark():
                 await asyncio.sleep(0)
 
         watcher = asyncio.ensure_future(watch())
-        await link.send({"type": "blob", "round_id": 2}, bytes(24 * 1024 * 1024))
+        await link.send(blob(2), bytes(24 * 1024 * 1024))
         watcher.cancel()
-        await meshes["b"].mailbox.get(("blob", 2, "a"), timeout=60)
+        await meshes["b"].mailbox.get(("part", 2, "a"), timeout=60)
         assert 0 < peak <= HIGH_WATER + MAX_CHUNK
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
@@ -71,10 +71,10 @@ async def test_simultaneous_connects_settle_on_one_working_link():
     meshes = make_meshes(["a", "b"])
     try:
         ab, ba = await asyncio.gather(meshes["a"].link("b"), meshes["b"].link("a"))
-        await ab.send({"type": "x", "round_id": 1}, b"from a")
-        await ba.send({"type": "x", "round_id": 1}, b"from b")
-        got_b = await meshes["b"].mailbox.get(("x", 1, "a"), timeout=10)
-        got_a = await meshes["a"].mailbox.get(("x", 1, "b"), timeout=10)
+        await ab.send(blob(1), b"from a")
+        await ba.send(blob(1), b"from b")
+        got_b = await meshes["b"].mailbox.get(("part", 1, "a"), timeout=10)
+        got_a = await meshes["a"].mailbox.get(("part", 1, "b"), timeout=10)
         assert (bytes(got_a.payload), bytes(got_b.payload)) == (b"from b", b"from a")
         assert meshes["a"].connected() == ["b"] and meshes["b"].connected() == ["a"]
     finally:
@@ -99,9 +99,9 @@ async def test_data_sent_just_before_a_graceful_close_is_delivered():
     try:
         link = await meshes["a"].link("b")
         payload = os.urandom(3 * 1024 * 1024)
-        await link.send({"type": "last", "round_id": 5}, payload)
+        await link.send(blob(5), payload)
         await meshes["a"].close()
-        frame = await meshes["b"].mailbox.get(("last", 5, "a"), timeout=10)
+        frame = await meshes["b"].mailbox.get(("part", 5, "a"), timeout=10)
         assert bytes(frame.payload) == payload
     finally:
         await meshes["b"].close()
@@ -139,8 +139,8 @@ async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypat
         # current wait (at most ~6 s); then both sides keep answering late.
         await until(lambda: late["answers"] >= 16 or not link.is_open, 40, "sixteen late consent answers")
         assert link.is_open and meshes["b"].connected() == ["a"]
-        await link.send({"type": "ping", "round_id": 7}, b"still here")
-        frame = await meshes["b"].mailbox.get(("ping", 7, "a"), timeout=10)
+        await link.send(blob(7), b"still here")
+        frame = await meshes["b"].mailbox.get(("part", 7, "a"), timeout=10)
         assert bytes(frame.payload) == b"still here"
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))

@@ -7,12 +7,13 @@ import torch
 
 from engine.averaging.allreduce import Averaged
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
+from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training import device as device_module
 from engine.training.device import choose_device
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.schedule import OptimizerSpec, ScheduleSpec, build_optimizer
-from engine.wire.messages import RoundStart
+from engine.training.schedule import build_optimizer
+from engine.wire.control import RoundStart
 from tests.collab.harness import TINY
 
 ELSEWHERE = torch.device("cpu")  # stands for cuda:0: a separate copy of the model

@@ -6,10 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.wire import ProtocolError
+from engine.wire.frames import Goodbye, Header, Part, StateReply
 from engine.wire.framing import MAX_CHUNK, Reassembler, encode
 
+PART = Part(round_id=3, epoch=1, index=0, samples=8, loss_sum=2.5)
 
-def _roundtrip(payload: bytes, header: dict) -> list:
+
+def _roundtrip(payload: bytes, header: Header) -> list:
     reassembler = Reassembler(max_payload=1 << 30)
     frames = []
     for chunk in encode(7, header, payload):
@@ -23,14 +26,15 @@ def _roundtrip(payload: bytes, header: dict) -> list:
 @pytest.mark.parametrize("size", [0, 1, MAX_CHUNK - 100, MAX_CHUNK, 3 * MAX_CHUNK + 17])
 def test_messages_of_any_size_come_back_whole(size):
     payload = os.urandom(size)
-    (frame,) = _roundtrip(payload, {"type": "part", "round_id": 3})
-    assert frame.header == {"type": "part", "round_id": 3}
+    (frame,) = _roundtrip(payload, PART)
+    assert frame.header == PART
     assert bytes(frame.payload) == payload
 
 
 def test_interleaved_messages_are_reassembled_separately():
     a, b = os.urandom(2 * MAX_CHUNK), os.urandom(3 * MAX_CHUNK)
-    chunks_a, chunks_b = list(encode(1, {"n": "a"}, a)), list(encode(2, {"n": "b"}, b))
+    header_a, header_b = PART, StateReply(request_id=2, epoch=1, params_sha256="0" * 64)
+    chunks_a, chunks_b = list(encode(1, header_a, a)), list(encode(2, header_b, b))
     reassembler = Reassembler(max_payload=1 << 30)
     done = {}
     for i in range(max(len(chunks_a), len(chunks_b))):
@@ -38,14 +42,14 @@ def test_interleaved_messages_are_reassembled_separately():
             if i < len(chunks):
                 frame, _ = reassembler.feed(chunks[i])
                 if frame:
-                    done[frame.header["n"]] = bytes(frame.payload)
-    assert done == {"a": a, "b": b}
+                    done[type(frame.header).__name__] = bytes(frame.payload)
+    assert done == {"Part": a, "StateReply": b}
 
 
 def test_progress_is_reported_while_a_message_arrives():
     reassembler = Reassembler(max_payload=1 << 30)
     seen = []
-    for chunk in encode(1, {"type": "state"}, os.urandom(3 * MAX_CHUNK)):
+    for chunk in encode(1, PART, os.urandom(3 * MAX_CHUNK)):
         _, incoming = reassembler.feed(chunk)
         if incoming:
             seen.append(incoming.received / incoming.expected)
@@ -54,13 +58,13 @@ def test_progress_is_reported_while_a_message_arrives():
 
 def test_oversized_payload_is_refused_before_any_allocation():
     reassembler = Reassembler(max_payload=1000)
-    first = next(encode(1, {}, b"x" * 2000))
+    first = next(encode(1, PART, b"x" * 2000))
     with pytest.raises(ProtocolError, match="exceeds"):
         reassembler.feed(first)
 
 
 def test_a_message_longer_than_declared_is_refused():
-    chunks = list(encode(1, {}, b"x" * (MAX_CHUNK * 2)))
+    chunks = list(encode(1, PART, b"x" * (MAX_CHUNK * 2)))
     reassembler = Reassembler(max_payload=1 << 30)
     reassembler.feed(chunks[0])
     forged = chunks[1][:8] + b"y" * MAX_CHUNK * 2
@@ -77,7 +81,14 @@ def test_garbage_raises_protocol_error_and_nothing_else(blob):
 
 
 def test_wrong_version_is_named_in_the_error():
-    chunk = bytearray(next(encode(1, {}, b"")))
+    chunk = bytearray(next(encode(1, Goodbye(), b"")))
     chunk[2] = 99
-    with pytest.raises(ProtocolError, match="version 99"):
+    with pytest.raises(ProtocolError, match="wire v99"):
         Reassembler(1 << 20).feed(bytes(chunk))
+
+
+def test_a_header_that_is_no_frame_kind_is_refused_at_the_first_chunk():
+    chunk = bytearray(next(encode(1, Goodbye(), b"")))
+    forged = bytes(chunk).replace(b'"goodbye"', b'"goodbyX"')
+    with pytest.raises(ProtocolError, match="goodbyX"):
+        Reassembler(1 << 20).feed(forged)

@@ -13,7 +13,7 @@ def store(tmp_path):
 
 
 def online(store, user) -> float:
-    return {t["project"]: t["online_seconds"] for t in store.user_totals(user.id)}.get("p", 0.0)
+    return {t.project: t.online_seconds for t in store.user_totals(user.id)}.get("p", 0.0)
 
 
 def session(store, user, peer, start, end):

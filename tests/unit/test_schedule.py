@@ -3,7 +3,10 @@ import itertools
 import pytest
 import torch
 
-from engine.training.schedule import OptimizerSpec, ScheduleSpec, build_optimizer, lr_at
+from engine.project import OptimizerSpec, ScheduleSpec
+from engine.training.schedule import build_optimizer, lr_at
+from engine.wire import ProtocolError
+from engine.wire.codec import convert
 
 
 def test_warmup_ramps_up_to_the_base_rate():
@@ -22,8 +25,8 @@ def test_decay_reaches_the_floor_at_the_end_and_stays(kind):
 
 @pytest.mark.parametrize("bad", [dict(name="lbfgs"), dict(lr=-1), dict(betas=[0.9]), dict(momentum=1.5)])
 def test_bad_optimizer_specs_are_refused(bad):
-    with pytest.raises(ValueError):
-        OptimizerSpec(**bad)
+    with pytest.raises(ProtocolError):
+        convert(bad, OptimizerSpec, "optimizer")
 
 
 def test_optimizers_are_built_from_specs():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from app.selftest import CHECKS as APP_CHECKS
 from engine.paths import engine_command
 from engine.selftest import CHECKS, ChildCheck
 
@@ -16,8 +17,8 @@ def test_the_self_test_runs_every_check_and_passes(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
-    assert [line.split()[0] for line in lines] == ["ok"] * len(CHECKS)
-    assert [line[6:16].strip() for line in lines] == [name for name, _ in CHECKS]
+    assert [line.split()[0] for line in lines] == ["ok"] * len(CHECKS + APP_CHECKS)
+    assert [line[6:16].strip() for line in lines] == [name for name, _ in CHECKS + APP_CHECKS]
     assert done.stdout.splitlines()[-1].startswith("all checks passed in ")
 
 

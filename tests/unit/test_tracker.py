@@ -2,17 +2,17 @@
 
 import pytest
 
-from engine.backbone.tracker import Broadcast, EpochRecord, Send, Tracker
+from engine.backbone.tracker import Broadcast, Record, Send, Tracker
 from engine.project import ProjectSpec
-from engine.wire.messages import (
+from engine.wire.control import (
     Availability,
     CheckpointInfo,
-    EpochAdvanced,
     Progress,
     Ready,
     Resync,
     RoundDone,
     RoundStart,
+    Step,
     SyncPlan,
     SyncRequest,
 )
@@ -140,10 +140,11 @@ def test_a_step_taken_while_the_backbone_was_down_is_recorded_from_the_replay_un
     t.join("b", "b")
     done = RoundDone(77, 4, True, "h5", samples=120, loss=2.0, seconds=0.5, confirmed={"a": 60, "b": 60})
     outs = t.handle("a", done)
-    (record,) = [o for o in outs if isinstance(o, EpochRecord)]
-    assert (record.epoch, record.round_id, record.samples, record.loss, record.peers) == (5, 77, 120, 2.0, 2)
+    (record,) = [o for o in outs if isinstance(o, Record)]
+    step = record.step
+    assert (step.epoch, step.round_id, step.samples, step.loss, step.peers) == (5, 77, 120, 2.0, 2)
     assert record.credits == {} and (t.epoch, t.params_sha256) == (5, "h5")
-    assert not [o for o in t.handle("b", done) if isinstance(o, EpochRecord)], "recorded twice"
+    assert not [o for o in t.handle("b", done) if isinstance(o, Record)], "recorded twice"
     t.handle("a", Ready(5, "h5"))
     t.handle("b", Ready(5, "h5"))
     assert {p.peer_id for p in t.live_peers()} == {"a", "b"}
@@ -186,9 +187,9 @@ def test_first_success_advances_the_epoch_and_records_it(clock):
     start = open_round(t, {"a": 70, "b": 40})
     clock.now += 2
     outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1", samples=110, loss=2.5))
-    (record,) = [o for o in outs if isinstance(o, EpochRecord)]
-    assert (record.epoch, record.samples, record.loss, record.peers) == (1, 110, 2.5, 2)
-    assert any(isinstance(o, Broadcast) and isinstance(o.msg, EpochAdvanced) for o in outs)
+    (record,) = [o for o in outs if isinstance(o, Record)]
+    assert (record.step.epoch, record.step.samples, record.step.loss, record.step.peers) == (1, 110, 2.5, 2)
+    assert any(isinstance(o, Broadcast) and isinstance(o.msg, Step) for o in outs)
     assert t.epoch == 1 and t.round is not None  # still waiting for b
     t.handle("b", RoundDone(start.round_id, 0, True, "h1", samples=110, loss=2.5))
     assert t.round is None
@@ -343,7 +344,7 @@ def test_a_report_of_fewer_samples_during_the_round_does_not_shrink_a_members_cr
     t.handle("a", Progress(0, 0, 10.0))  # sent after the round took its accumulator
     (record,) = [o for o in t.handle("a", RoundDone(start.round_id, 0, True, "h1", samples=104,
                                                   confirmed={"a": 104}))
-                 if isinstance(o, EpochRecord)]
+                 if isinstance(o, Record)]
     assert record.credits["a"].samples == 104
 
 

@@ -7,20 +7,22 @@ Account calls reuse engine/login.py and logins engine/credentials.py, as the CLI
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
 from engine.credentials import CredentialStore, Login, backbone_key
 from engine.login import log_in, log_out, register
+from engine.wire import ProtocolError
+from engine.wire.api import MAX_REPLY, Curve, ErrorReply, Health, Leaderboard, Me, ProjectList, reply_codec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 TIMEOUT = 10.0
 THREADS = 8  # lookups in flight at once; more wait their turn
 DISCOVERY_SECONDS = 2.0
@@ -51,28 +53,29 @@ class _Job(QRunnable):
             self.reply.done.emit(result)
 
 
-def get_json(url: str, token: str | None = None) -> Any:
-    """GET ``url`` (blocking; call from the pool); backbone errors become BackboneUnavailable."""
+def get(url: str, answer: type[T], token: str | None = None) -> T:
+    """GET ``url`` as ``answer`` (one of engine.wire.api's Structs; blocking, call from the
+    pool); errors and answers that are not what a backbone sends become BackboneUnavailable."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as resp:
-            return json.loads(resp.read())
+            return reply_codec(answer).decode(resp.read(MAX_REPLY + 1))
     except urllib.error.HTTPError as exc:
         try:
-            reason = json.loads(exc.read()).get("error")
-        except (ValueError, AttributeError, OSError):
-            reason = None
-        raise BackboneUnavailable(reason or f"the backbone answered {exc.code}") from None
+            reason = reply_codec(ErrorReply).decode(exc.read(MAX_REPLY + 1)).error
+        except (ProtocolError, OSError):
+            reason = f"the backbone answered {exc.code}"
+        raise BackboneUnavailable(reason) from None
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
         raise BackboneUnavailable(f"cannot reach {url}: {why}") from None
-    except ValueError:
-        raise BackboneUnavailable(f"{url} did not answer with JSON: is it a Cotrain backbone?") from None
+    except ProtocolError as exc:
+        raise BackboneUnavailable(f"{url} did not answer as a Cotrain backbone does: {exc}") from None
 
 
-class BackboneClient(QObject):
+class BackboneCalls(QObject):
     """Calls return at once; ``on_done(result)`` or ``on_error(message)`` run later on the GUI
     thread."""
 
@@ -133,36 +136,35 @@ class BackboneClient(QObject):
             except ValueError as exc:
                 raise BackboneUnavailable(str(exc)) from None
             base = url.strip().rstrip("/")
-            body = get_json(f"{base}/api/health")
-            if not isinstance(body, dict) or "version" not in body:
-                raise BackboneUnavailable(f"{base} answers, but it is not a Cotrain backbone")
+            get(f"{base}/api/health", Health)
             return base
 
         self.submit(check, on_done, on_error)
 
     def projects(self, url: str, token: str | None, on_done, on_error) -> None:
-        """``{"projects": [...], "me": {...} or None}`` for one backbone."""
-        def fetch() -> dict:
-            projects = get_json(f"{url}/api/projects").get("projects", [])
+        """``(ProjectList, Me or None)`` for one backbone."""
+        def fetch() -> tuple[ProjectList, Me | None]:
+            projects = get(f"{url}/api/projects", ProjectList)
             me = None
             if token:
                 try:
-                    me = get_json(f"{url}/api/me", token)
+                    me = get(f"{url}/api/me", Me, token)
                 except BackboneUnavailable as exc:
                     log.info("no totals from %s: %s", url, exc)
-            return {"projects": projects, "me": me}
+            return projects, me
 
         self.submit(fetch, on_done, on_error, f"projects {url}")
 
     def leaderboard(self, url: str, project: str, limit: int, offset: int, on_done, on_error) -> None:
         query = urllib.parse.urlencode({"limit": limit, "offset": offset})
-        self.submit(lambda: get_json(f"{url}/api/projects/{project}/leaderboard?{query}"), on_done, on_error)
+        self.submit(lambda: get(f"{url}/api/projects/{project}/leaderboard?{query}", Leaderboard),
+                    on_done, on_error)
 
     def curve(self, url: str, project: str, on_done, on_error) -> None:
-        self.submit(lambda: get_json(f"{url}/api/projects/{project}/curve"), on_done, on_error)
+        self.submit(lambda: get(f"{url}/api/projects/{project}/curve", Curve), on_done, on_error)
 
     def me(self, url: str, token: str, on_done, on_error) -> None:
-        self.submit(lambda: get_json(f"{url}/api/me", token), on_done, on_error)
+        self.submit(lambda: get(f"{url}/api/me", Me, token), on_done, on_error)
 
     # --- accounts and the stored login ---------------------------------------------------
 

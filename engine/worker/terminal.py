@@ -1,7 +1,7 @@
-"""``cotrain`` without a display: what the app does — contribute to the project chosen in the
-app (on first run, demo-lm hosted on this computer) within the limits set in its Settings —
-with live text stats in the terminal, until Ctrl-C. No Qt widgets here: QtCore only reads the
-app's settings file, and without PySide6 the defaults apply."""
+"""The worker's front end in a terminal: ``cotrain`` without a display does what the app
+does -- contribute to the project chosen in the app (on first run, demo-lm hosted on this
+computer) within the limits set in its Settings -- with live text stats, until Ctrl-C. The
+app reads its settings and hands them over as ``Choices``; nothing here needs Qt."""
 
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ from engine import aio
 from engine.console import bar
 from engine.credentials import CredentialStore
 from engine.governor.limits import Limits
-from engine.peer.events import Event as PeerEvent
-from engine.peer.events import StatusChanged
+from engine.peer.events import PeerEvent, StatusChanged
 from engine.peer.report import ConsoleReporter
 from engine.worker import protocol as p
-from engine.worker.session import LOCAL, Session
+from engine.worker.session import Session
 
-PROJECT = "demo-lm"
+DEFAULT_PROJECT = "demo-lm"
 
 
 @dataclass
@@ -29,22 +28,9 @@ class Choices:
     """What the user chose in the app, as far as the terminal honours it."""
 
     limits: Limits = field(default_factory=Limits)
-    backbone: str = LOCAL
-    project: str = PROJECT
+    backbone: str = p.LOCAL_BACKBONE
+    project: str = DEFAULT_PROJECT
     note: str = ""
-
-
-def saved_choices() -> Choices:
-    try:
-        from app.settings_store import SettingsStore
-    except ImportError as exc:
-        return Choices(note=f"cannot read the app's settings ({exc}); using the default limits")
-    store = SettingsStore()
-    current = store.current()
-    if current is None:
-        return Choices(store.limits(), note=f"you left every project in the app; contributing to "
-                                            f"{PROJECT} on this computer")
-    return Choices(store.limits(), current.backbone, current.project)
 
 
 class TerminalView:
@@ -59,14 +45,14 @@ class TerminalView:
         if not isinstance(event, StatusChanged):  # the stats line below says more
             self.reporter(event)
 
-    def __call__(self, event: p.Event) -> None:
+    def __call__(self, event: p.WorkerEvent) -> None:
         if isinstance(event, p.Hosting):
             self.line.say(f"hosting the local backbone on this computer at {event.url} (Ctrl-C to stop)")
-        elif isinstance(event, p.State):
+        elif isinstance(event, p.GovernorDecided):
             if (event.running, event.reason) != self._state:
                 self._state = (event.running, event.reason)
                 self.line.say("contributing" if event.running else f"paused: {event.reason}")
-        elif isinstance(event, p.Error):
+        elif isinstance(event, p.Problem):
             self.line.say(f"problem: {event.message}")
         elif isinstance(event, p.Stats):
             eta = f", next step in ~{event.eta_seconds:.0f}s" if event.eta_seconds is not None else ""
@@ -78,20 +64,19 @@ class TerminalView:
                 f"{event.my_samples_total:,} in total{loss}")
 
 
-async def contribute() -> int:
+async def contribute(choices: Choices) -> int:
     view = TerminalView()
     view.line.say("No display: contributing from the terminal. The desktop app opens when a display "
                   "is available (DISPLAY or WAYLAND_DISPLAY).")
-    choices = saved_choices()
     if choices.note:
         view.line.say(choices.note)
     token = None
-    if choices.backbone != LOCAL:
+    if choices.backbone != p.LOCAL_BACKBONE:
         login = await asyncio.to_thread(CredentialStore().load, choices.backbone)
         token = login.token if login else None
     view.line.say(f"limits from the app's Settings: {choices.limits.describe()}")
     session = Session(view, on_peer_event=view.peer_event)
-    await session.handle(p.SetLimits(choices.limits.to_dict()))
+    await session.handle(p.SetLimits(limits=choices.limits))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -99,7 +84,8 @@ async def contribute() -> int:
             loop.add_signal_handler(sig, stop.set)
     governing = asyncio.ensure_future(session.run_governor())
     try:
-        await session.start(p.Start(choices.backbone, choices.project, token, socket.gethostname()))
+        await session.start(p.Start(backbone=choices.backbone, project=choices.project, token=token,
+                                    name=socket.gethostname()))
         await stop.wait()
     finally:
         governing.cancel()
@@ -108,5 +94,5 @@ async def contribute() -> int:
     return 0
 
 
-def run() -> int:
-    return aio.run(contribute())
+def run(choices: Choices) -> int:
+    return aio.run(contribute(choices))

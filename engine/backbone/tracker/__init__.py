@@ -1,0 +1,187 @@
+"""The collaboration's bookkeeper: who is in sync, when a round opens, what an epoch achieved.
+
+Pure logic: methods take what happened and return what to send and record (outputs.py),
+so every rule is tested without a network. One Tracker per project, in parts:
+membership.py (who is here, what each reported), pairs.py (who reaches whom),
+scheduling.py (when a round opens, with whom), settlement.py (how it ends),
+syncing.py (where a peer that is behind gets the state).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.backbone.tracker.membership import Members, Pace, PeerState
+from engine.backbone.tracker.outputs import Broadcast, CollaborationState, Out, Record, Send
+from engine.backbone.tracker.pairs import Pairs
+from engine.backbone.tracker.scheduling import OpenRound, Scheduler
+from engine.backbone.tracker.settlement import Settlement
+from engine.backbone.tracker.syncing import StateSources
+from engine.project import ProjectSpec
+from engine.wire.control import (
+    Availability,
+    CheckpointInfo,
+    ControlMessage,
+    Progress,
+    Ready,
+    Resync,
+    RoundDone,
+    Status,
+    SyncRequest,
+)
+
+__all__ = ["Broadcast", "CollaborationState", "Out", "Record", "Send", "Tracker"]
+
+
+class Tracker:
+    def __init__(
+        self,
+        project: ProjectSpec,
+        *,
+        epoch: int = 0,
+        params_sha256: str | None = None,
+        checkpoint: CheckpointInfo | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        peer_timeout: float = 15.0,
+        round_grace: float = 5.0,
+        retry_delay: float = 1.0,
+        join_grace: float = 30.0,
+        last_round_id: int = 0,
+        pair_cooldown: float = 30.0,
+    ) -> None:
+        self.project = project
+        self.epoch = epoch
+        self.params_sha256 = params_sha256
+        self.checkpoint = checkpoint
+        self.recorded_epoch = epoch  # the last epoch whose step is in the store
+        self.round: OpenRound | None = None
+        self.round_grace = round_grace
+        self.expected_checkpoints: set[tuple[str, int]] = set()
+        self.clock = clock
+        self.members = Members(clock, peer_timeout)
+        self.pairs = Pairs(project.id, clock, pair_cooldown)
+        self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
+                                   join_grace=join_grace, last_round_id=last_round_id)
+        self.sources = StateSources(self)
+        self.settlement = Settlement(self)
+
+    @property
+    def peers(self) -> dict[str, PeerState]:
+        return self.members.peers
+
+    @property
+    def join_grace(self) -> float:
+        return self.scheduler.join_grace
+
+    @join_grace.setter
+    def join_grace(self, seconds: float) -> None:
+        self.scheduler.join_grace = seconds
+
+    # --- membership -----------------------------------------------------------------------
+
+    def join(self, peer_id: str, name: str) -> list[Out]:
+        self.members.join(peer_id, name)
+        return []
+
+    def leave(self, peer_id: str) -> list[Out]:
+        self.members.leave(peer_id)
+        self.expected_checkpoints = {c for c in self.expected_checkpoints if c[0] != peer_id}
+        return self.settlement.settle()
+
+    def live_peers(self) -> list[PeerState]:
+        return self.members.live(self.epoch)
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def handle(self, peer_id: str, msg: ControlMessage) -> list[Out]:
+        peer = self.members.get(peer_id)
+        if peer is None:
+            return []
+        if isinstance(msg, Progress):
+            return self._progress(peer, msg)
+        if isinstance(msg, SyncRequest):
+            return self.sources.request(peer, msg)
+        if isinstance(msg, Ready):
+            return self.sources.ready(peer, msg)
+        if isinstance(msg, RoundDone):
+            return self.settlement.round_done(peer, msg)
+        if isinstance(msg, Availability):
+            return self._availability(peer, msg)
+        return []
+
+    def _availability(self, peer: PeerState, msg: Availability) -> list[Out]:
+        peer.paused = msg.paused
+        if msg.paused:
+            return []
+        if peer.ready and peer.epoch != self.epoch and not self.in_round(peer.peer_id):
+            # Epochs passed while its owner had the machine: catch up now, not while paused.
+            return self.resync(peer, f"the collaboration is at epoch {self.epoch}")
+        return self._maybe_open_round()
+
+    def _progress(self, peer: PeerState, msg: Progress) -> list[Out]:
+        if not peer.ready:
+            return []
+        if msg.epoch != self.epoch:
+            # Behind: it missed a step. Ahead: the collaboration rewound to a checkpoint
+            # while this peer was paused or away. Either way the record decides.
+            if not self.in_round(peer.peer_id):
+                return self.resync(peer, f"the collaboration is at epoch {self.epoch}")
+            return []
+        now = self.clock()
+        self.members.report(peer, msg, now)
+        rnd = self.round
+        if (rnd is not None and rnd.advanced_to is None and peer.peer_id in rnd.members
+                and msg.samples >= rnd.members[peer.peer_id].samples):
+            # The micro-batch that was under way when the round opened, reported: evidence.
+            rnd.members[peer.peer_id] = Pace.of(peer, [peer])
+        if not self.members.may_reach(self.project.target_batch_size, peer, self.epoch, now):
+            return []
+        return self._maybe_open_round()
+
+    def resync(self, peer: PeerState, reason: str) -> list[Out]:
+        peer.ready = False
+        return [Send(peer.peer_id, Resync(self.epoch, reason))]
+
+    def recorded(self, epoch: int) -> bool:
+        return epoch <= self.recorded_epoch
+
+    # --- rounds -----------------------------------------------------------------------------
+
+    def in_round(self, peer_id: str) -> bool:
+        return self.round is not None and peer_id in self.round.group
+
+    def _maybe_open_round(self) -> list[Out]:
+        if self.round is not None:
+            return []
+        rnd = self.scheduler.open(self.epoch, self.checkpoint.epoch if self.checkpoint else 0)
+        if rnd is None:
+            return []
+        self.round = rnd
+        start = rnd.start(self.project.round_timeout)
+        return [Send(pid, start) for pid in rnd.group]
+
+    def tick(self) -> list[Out]:
+        """Deadlines: called about every quarter second."""
+        rnd = self.round
+        if rnd is not None and self.clock() > rnd.deadline + self.round_grace:
+            return self.settlement.close(rnd)
+        return self._maybe_open_round()
+
+    # --- checkpoints and status ---------------------------------------------------------
+
+    def expects_checkpoint(self, peer_id: str, epoch: int) -> bool:
+        return (peer_id, epoch) in self.expected_checkpoints
+
+    def checkpoint_stored(self, peer_id: str, info: CheckpointInfo) -> None:
+        self.expected_checkpoints.discard((peer_id, info.epoch))
+        if self.checkpoint is None or info.epoch >= self.checkpoint.epoch:
+            self.checkpoint = info
+
+    def status(self) -> Status:
+        live = self.live_peers()
+        samples = sum(p.samples for p in live)
+        rate = sum(p.rate for p in live)
+        missing = max(self.project.target_batch_size - samples, 0)
+        eta = missing / rate if rate > 0 else None
+        return Status(self.epoch, samples, self.project.target_batch_size, len(self.members.peers), rate, eta)

@@ -1,0 +1,130 @@
+"""Who is in a collaboration and what each peer has reported: liveness, pace, samples."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.backbone.ledger import Claim
+from engine.wire.control import Progress, SyncRequest
+
+PACE_DECAY = 0.9
+BEST_DECAY = 0.995
+# Progress reports between two counts of the live peers' samples only add what they report:
+# summing a thousand peers on each of their reports cost the backbone a third of its time.
+RECOUNT_INTERVAL = 0.1
+
+
+@dataclass
+class PeerState:
+    peer_id: str
+    name: str
+    joined_at: float
+    ready: bool = False
+    epoch: int = -1
+    samples: int = 0
+    rate: float = 0.0
+    loss: float | None = None
+    reported_at: float = 0.0  # its last report of new samples: paces and claims
+    heard_at: float = 0.0  # its last report of any kind: liveness
+    accumulating_since: float = 0.0
+    compute_seconds: float = 0.0
+    pace: float = 0.0  # samples/s between its reports, timed here; carried across epochs
+    throughput: float = 0.0  # samples per second of compute, as it reports them
+    best_throughput: float = 0.0
+    micro_batch: int = 0  # smallest jump between two of its reports: one micro-batch
+    serving: int = 0
+    donor: str | None = None
+    syncing_since: float | None = None
+    paused: bool = False  # its owner needs the machine: not in rounds, not a donor
+    sync_request: SyncRequest | None = None  # asked where to get the state, not answered yet
+    client_mode: bool = False  # reachable only through a relay: sends parts, reduces none
+
+
+@dataclass
+class Pace:
+    """A round member's last report and speed, kept to judge its claim when the round ends."""
+
+    samples: int
+    rate: float
+    micro_batch: int
+    reported_at: float
+    compute_seconds: float
+    accumulating_since: float
+    best_throughput: float
+
+    @staticmethod
+    def of(peer: PeerState, members: list[PeerState]) -> Pace:
+        # A newcomer that has not reported yet still finishes the micro-batch under way;
+        # the same task runs everywhere, so the others' micro-batch size is a fair guess.
+        step = peer.micro_batch or max(p.micro_batch for p in members)
+        return Pace(peer.samples, max(peer.pace, peer.throughput), step, peer.reported_at,
+                    peer.compute_seconds, peer.accumulating_since, peer.best_throughput)
+
+    def claim(self, ended_at: float) -> Claim:
+        # The first success needed every member's parts, so each member had stopped
+        # accumulating by then: its unreported work fits before ``ended_at``.
+        return Claim(self.samples, self.rate, self.micro_batch, ended_at - self.reported_at,
+                     self.compute_seconds, ended_at - self.accumulating_since, self.best_throughput)
+
+
+class Members:
+    def __init__(self, clock: Callable[[], float], peer_timeout: float) -> None:
+        self.peers: dict[str, PeerState] = {}
+        self.peer_timeout = peer_timeout
+        self._clock = clock
+        self._counted: dict[str, int] = {}  # samples per live peer as last counted, and reported since
+        self._gathered = 0  # their sum
+        self._counted_at = -math.inf
+
+    def join(self, peer_id: str, name: str) -> None:
+        self.peers[peer_id] = PeerState(peer_id, name, self._clock())
+
+    def leave(self, peer_id: str) -> None:
+        self.peers.pop(peer_id, None)
+
+    def get(self, peer_id: str) -> PeerState | None:
+        return self.peers.get(peer_id)
+
+    def live(self, epoch: int) -> list[PeerState]:
+        """In sync with ``epoch``, allowed to compute, and heard from lately."""
+        now = self._clock()
+        return [
+            p for p in self.peers.values()
+            if p.ready and not p.paused and p.epoch == epoch and now - p.heard_at <= self.peer_timeout
+        ]
+
+    def report(self, peer: PeerState, msg: Progress, now: float) -> None:
+        """Take in a progress report of the current epoch: its samples, and how fast it goes."""
+        step = msg.samples - peer.samples
+        if step > 0:
+            peer.micro_batch = min(peer.micro_batch or step, step)
+            if now > peer.reported_at:
+                peer.pace = max(peer.pace * PACE_DECAY, step / (now - peer.reported_at))
+        if msg.compute_seconds > 0:
+            peer.throughput = max(peer.throughput * PACE_DECAY, msg.samples / msg.compute_seconds)
+            peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
+        peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
+        peer.compute_seconds, peer.client_mode = msg.compute_seconds, msg.client_mode
+        peer.heard_at = now
+        if step != 0:
+            peer.reported_at = now
+
+    def may_reach(self, target: int, peer: PeerState, epoch: int, now: float) -> bool:
+        """A cheap first test for the hot path: False only if the live peers' samples fall
+        short of ``target``. Between counts the tally can overshoot (peers that went quiet),
+        which merely runs the full test; it can miss samples that count again without a
+        report (a peer resuming), which ``tick`` picks up within a quarter second."""
+        if now - self._counted_at >= RECOUNT_INTERVAL:
+            self._counted = {p.peer_id: p.samples for p in self.live(epoch)}
+            self._gathered = sum(self._counted.values())
+            self._counted_at = now
+        else:
+            self._gathered += peer.samples - self._counted.get(peer.peer_id, 0)
+            self._counted[peer.peer_id] = peer.samples
+        return self._gathered >= target
+
+    def restart_accumulation(self, peer: PeerState) -> None:
+        peer.samples, peer.compute_seconds = 0, 0.0
+        peer.reported_at = peer.heard_at = peer.accumulating_since = self._clock()

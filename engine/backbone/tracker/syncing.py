@@ -1,0 +1,109 @@
+"""Where a peer that is behind gets the collaboration's state: a live peer it can reach, the
+latest checkpoint, or a fresh model -- and when it is ready to take part again."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from engine.backbone.tracker.membership import PeerState
+from engine.backbone.tracker.outputs import CollaborationState, Out, Send
+from engine.wire.control import Ready, SyncPlan, SyncRequest
+from engine.wire.types import StateSource
+
+if TYPE_CHECKING:
+    from engine.backbone.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+
+class StateSources:
+    def __init__(self, tracker: Tracker) -> None:
+        self.t = tracker
+
+    def request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
+        peer.ready = False
+        peer.syncing_since = self.t.clock()
+        peer.sync_request = msg
+        return self._answer(peer, patient=True)
+
+    def answer_waiting(self, patient: bool) -> list[Out]:
+        out: list[Out] = []
+        for peer in list(self.t.members.peers.values()):
+            if peer.sync_request is not None:
+                out += self._answer(peer, patient)
+        return out
+
+    def _answer(self, peer: PeerState, patient: bool) -> list[Out]:
+        """Tell ``peer`` where to get the state -- or, when ``patient`` and no peer it can
+        reach holds the epoch yet but one is about to (a member of the round under way that
+        has not reported), nothing yet: asking one it cannot reach would stall its download."""
+        t, pairs = self.t, self.t.pairs
+        msg = peer.sync_request
+        assert msg is not None
+        donors = [p for p in t.members.peers.values()
+                  if p.ready and p.epoch == t.epoch and p.peer_id != peer.peer_id and not p.paused]
+        now = t.clock()
+        untried = [p for p in donors if p.peer_id not in msg.exclude]
+        reachable = [p for p in untried if pairs.reachable(peer.peer_id, p.peer_id, now)]
+        rnd = t.round
+        if patient and not reachable and rnd is not None and any(
+                m != peer.peer_id and m not in rnd.outcomes and m in t.members.peers
+                and pairs.reachable(peer.peer_id, m, now) for m in rnd.group):
+            return []  # answered when the round's members report (or it closes)
+        peer.sync_request = None
+        checkpoint = t.checkpoint
+        if donors:
+            if not untried and checkpoint is not None and checkpoint.epoch == t.epoch:
+                # Every peer holding this epoch failed to serve it; the checkpoint holds it too.
+                return [Send(peer.peer_id, SyncPlan(t.epoch, StateSource.CHECKPOINT, checkpoint=checkpoint,
+                                                    params_sha256=t.params_sha256))]
+            usable = reachable or untried or donors
+            # A silent peer may be hung, and a pair whose last exchange failed may still be
+            # cut off (its cooldown over, but not yet proven): ask the others first.
+            donor = min(usable, key=lambda p: (
+                now - p.heard_at > t.members.peer_timeout, pairs.failed_lately(peer.peer_id, p.peer_id),
+                p.serving, p.joined_at))
+            self.release_donor(peer)
+            donor.serving += 1
+            peer.donor = donor.peer_id
+            return [Send(peer.peer_id, SyncPlan(t.epoch, StateSource.PEER, peer=donor.peer_id))]
+        if checkpoint is not None:
+            if t.epoch != checkpoint.epoch:
+                log.warning("%s: no live peer holds epoch %d; resuming from the checkpoint of epoch %d",
+                            t.project.id, t.epoch, checkpoint.epoch)
+            t.epoch, t.params_sha256 = checkpoint.epoch, checkpoint.params_sha256
+            plan = SyncPlan(t.epoch, StateSource.CHECKPOINT, checkpoint=checkpoint,
+                            params_sha256=t.params_sha256)
+            return [CollaborationState(t.epoch, t.params_sha256), Send(peer.peer_id, plan)]
+        if t.epoch != 0:
+            log.warning("%s: no live peer and no checkpoint; starting over from epoch 0", t.project.id)
+            t.epoch, t.params_sha256 = 0, None
+            return [CollaborationState(0, None), Send(peer.peer_id, SyncPlan(0, StateSource.INIT))]
+        return [Send(peer.peer_id, SyncPlan(0, StateSource.INIT, params_sha256=t.params_sha256))]
+
+    def release_donor(self, peer: PeerState) -> None:
+        donor = self.t.members.get(peer.donor or "")
+        if donor is not None:
+            donor.serving = max(donor.serving - 1, 0)
+        peer.donor = None
+
+    def ready(self, peer: PeerState, msg: Ready) -> list[Out]:
+        """The peer holds the state of ``msg.epoch``: in rounds from now on, if that is the
+        collaboration's."""
+        t = self.t
+        self.release_donor(peer)
+        peer.syncing_since = None
+        out: list[Out] = []
+        if msg.epoch == t.epoch + 1 and t.round is None and not t.recorded(msg.epoch):
+            # We crashed after this step completed but before it was recorded; the peers
+            # that took it are ahead of us. Adopt their state rather than lose the step.
+            out += t.settlement.adopt(peer, msg.epoch, msg.params_sha256)
+        if msg.epoch != t.epoch:
+            return t.resync(peer, f"the collaboration is at epoch {t.epoch}, not {msg.epoch}")
+        if t.params_sha256 is not None and msg.params_sha256 != t.params_sha256:
+            return t.resync(peer, "your parameters differ from the collaboration's")
+        t.params_sha256 = msg.params_sha256
+        peer.ready, peer.epoch = True, msg.epoch
+        t.members.restart_accumulation(peer)
+        return out

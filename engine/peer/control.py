@@ -1,0 +1,95 @@
+"""A peer's control loop: messages from the backbone, and reconnecting when it goes away."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from engine.peer.client import BackboneError
+from engine.peer.events import Connection, StatusChanged
+from engine.transport.ice import ice_configuration
+from engine.wire.control import (
+    Availability,
+    BackboneMessage,
+    IceServers,
+    Ready,
+    Resync,
+    RoundStart,
+    Signal,
+    SignalData,
+    Status,
+    Step,
+    SyncPlan,
+)
+
+if TYPE_CHECKING:
+    from engine.peer.runner import Peer
+
+log = logging.getLogger(__name__)
+
+
+class ControlLoop:
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+
+    async def signal(self, other: str, data: SignalData) -> None:
+        await self.peer.client.send(Signal(other, data))
+
+    async def run(self) -> None:
+        peer, client = self.peer, self.peer.client
+        while True:
+            async for msg in client.messages():
+                self.dispatch(msg)
+            if peer.stopping:
+                return
+            reason = client.close_reason
+            log.warning("lost the backbone (%s); reconnecting", reason)
+            peer.emit(Connection(False, f"lost the backbone ({reason}); reconnecting"))
+            try:
+                await client.reconnect(peer.stopping_event, peer.options.reconnect_for)
+            except BackboneError as exc:
+                peer.stop(f"lost the backbone: {exc}")
+                return
+            peer.emit(Connection(True, "reconnected to the backbone"))
+            await self._announce()
+
+    async def _announce(self) -> None:
+        """After a reconnect: the backbone may have restarted. Tell it where we are, keep what
+        we accumulated, and how our last step went, in case it died before recording it."""
+        peer, client = self.peer, self.peer.client
+        opt = peer.optimizer
+        if not peer.running:
+            await client.send(Availability(paused=True))
+        if opt.synced and not peer.state_sync.busy:
+            last = opt.last_step
+            if last is not None and last.epoch + 1 == opt.epoch:
+                await client.send(last)
+            await client.send(Ready(opt.epoch, await opt.params_sha256()))
+            await opt.report_progress(force=True)
+        elif not peer.state_sync.busy:
+            peer.spawn(peer.resync())
+
+    def dispatch(self, msg: BackboneMessage) -> None:
+        peer = self.peer
+        if isinstance(msg, Signal):
+            peer.spawn(peer.mesh.handle_signal(msg.peer, msg.data))
+        elif isinstance(msg, SyncPlan):
+            peer.collab_epoch = msg.epoch
+            peer.state_sync.plan_arrived(msg)
+        elif isinstance(msg, RoundStart):
+            peer.spawn(peer.rounds.run(msg))
+        elif isinstance(msg, Step):
+            peer.collab_epoch = msg.epoch
+            peer.optimizer.observe_epoch(msg.epoch)
+            peer.check_behind()
+        elif isinstance(msg, Resync):
+            log.info("resync requested: %s", msg.reason)
+            peer.collab_epoch = msg.epoch
+            peer.resync_later()
+        elif isinstance(msg, Status):
+            peer.status = msg
+            peer.optimizer.observe(msg)
+            peer.collab_epoch = msg.epoch
+            peer.emit(StatusChanged(msg, peer.traffic()))
+        elif isinstance(msg, IceServers):
+            peer.mesh.config = ice_configuration(msg.servers, peer.relay_only)

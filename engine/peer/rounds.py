@@ -1,0 +1,89 @@
+"""A peer's part in averaging rounds: the frames of the data plane, the all-reduce, the step,
+and the checkpoint the backbone may ask for afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan, butterfly_allreduce
+from engine.peer.client import BackboneError
+from engine.peer.events import EpochCompleted, RoundFailed
+from engine.wire.control import RoundStart
+from engine.wire.frames import Part, Result, StateReply, StateRequest, StateUnavailable
+from engine.wire.framing import Frame, Incoming
+from engine.wire.tensors import encode_file
+
+if TYPE_CHECKING:
+    from engine.peer.runner import Peer
+
+log = logging.getLogger(__name__)
+
+
+class Rounds:
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.uploads: set[asyncio.Task] = set()
+        self._last_round = 0
+
+    async def average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
+                      timeout: float) -> Averaged:
+        peer = self.peer
+        try:
+            return await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+        except AveragingError as exc:
+            # A NAT that rebound or a relay that restarted leaves a link that looks open and
+            # carries nothing: renegotiate it through the backbone next time it is needed.
+            for suspect in exc.suspects:
+                peer.spawn(peer.mesh.drop(suspect))
+            raise
+
+    async def run(self, start: RoundStart) -> None:
+        peer = self.peer
+        outcome = await peer.optimizer.run_round(start)
+        self._last_round = max(self._last_round, start.round_id)
+        peer.mailbox.discard(lambda key: key[0] not in ("part", "result") or key[1] > self._last_round)
+        if outcome is None:
+            if peer.peer_id in start.group:
+                peer.emit(RoundFailed(start.epoch, "averaging failed"))
+            peer.check_behind()
+            return
+        step, taken = outcome
+        completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
+                                   paths=peer.mesh.paths())
+        peer.history.append(completed)
+        peer.collab_epoch = max(peer.collab_epoch, step.epoch)
+        peer.emit(completed)
+        if start.checkpoint_by == peer.peer_id:
+            self.uploads.add(peer.spawn(self._upload_checkpoint()))
+        max_epochs = peer.options.max_epochs
+        if max_epochs is not None and step.epoch >= max_epochs:
+            peer.stop(f"reached epoch {step.epoch}")
+
+    async def _upload_checkpoint(self) -> None:
+        index, payload = await self.peer.optimizer.snapshot()
+        data = encode_file(index, payload)
+        epoch = index.meta.epoch
+        try:
+            await self.peer.client.upload_checkpoint(epoch, data, index.meta.params_sha256)
+            log.info("uploaded the checkpoint of epoch %d (%.1f MB)", epoch, len(data) / 1e6)
+        except BackboneError as exc:
+            log.warning("checkpoint upload failed: %s", exc)
+
+    def on_frame(self, sender: str, frame: Frame) -> None:
+        """Frames of rounds wait in the mailbox for their round; state frames go to state_sync."""
+        header = frame.header
+        if isinstance(header, (StateRequest, StateReply, StateUnavailable)):
+            task = self.peer.state_sync.on_frame(sender, frame, header)
+            if task is not None:
+                self.peer.track(task)
+        elif isinstance(header, (Part, Result)) and header.round_id > self._last_round:
+            # (a straggler from a finished round is dropped)
+            kind = "part" if isinstance(header, Part) else "result"
+            self.peer.mailbox.put((kind, header.round_id, sender), frame)
+
+    def on_incoming(self, sender: str, incoming: Incoming) -> None:
+        self.peer.state_sync.on_incoming(sender, incoming)

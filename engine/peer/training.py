@@ -1,0 +1,32 @@
+"""A peer's training loop: micro-batch after micro-batch on the compute thread, and the
+heartbeat that tells the backbone it is alive when micro-batches are slow."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.peer.runner import Peer
+
+HEARTBEAT = 5.0  # well inside the backbone's peer timeout (15 s by default)
+
+
+async def training_loop(peer: Peer) -> None:
+    opts, task, opt = peer.options, peer.task, peer.optimizer
+    seed = opts.data_seed if opts.data_seed is not None else int(peer.peer_id[:15], 16)
+    for index in itertools.count():
+        def micro_batch(index: int = index) -> tuple[int, float]:
+            batch = task.batch(seed, index).to(opt.compute_device)
+            loss_sum = task.loss(opt.compute_model, batch) * batch.size
+            loss_sum.backward()
+            return batch.size, float(loss_sum.detach())
+
+        await opt.compute(micro_batch, index)
+
+
+async def heartbeat_loop(peer: Peer) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT / 2)
+        await peer.optimizer.keep_alive(HEARTBEAT)

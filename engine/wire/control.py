@@ -1,0 +1,227 @@
+"""The control plane: JSON text messages between a peer and the backbone over one WebSocket.
+
+``{"type": ..., ..., "v": 2}``: each message kind is a Struct tagged by ``type``; peers may
+send only ``PeerMessage``s and the backbone only ``BackboneMessage``s, so a message of the
+wrong direction is refused while it is decoded.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, field
+
+from engine.wire import WIRE_VERSION
+from engine.wire.codec import Codec
+from engine.wire.types import (
+    MAX_GROUP,
+    Count,
+    EpochNumber,
+    Loss,
+    Name,
+    Nonce,
+    PeerId,
+    Rate,
+    RoundId,
+    Seconds,
+    Sha256,
+    Share,
+    SignalKind,
+    StateSource,
+    Text,
+    Url,
+)
+
+MAX_CONTROL_MESSAGE = 256 * 1024
+MAX_SDP = 32 * 1024
+SampleCounts = Annotated[dict[PeerId, Count], Meta(max_length=MAX_GROUP)]
+PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
+
+
+class ControlMessage(Struct, tag_field="type", kw_only=True):
+    v: Literal[2] = WIRE_VERSION
+
+
+def version_mismatch(peer: int, backbone: int) -> str:
+    """Why a peer and a backbone of different releases cannot work together, and who must
+    update: phrased the same on both ends."""
+    if peer < backbone:
+        return f"please update Cotrain (wire v{peer}, backbone speaks v{backbone})"
+    return (f"the backbone runs an older Cotrain (wire v{peer}, backbone speaks v{backbone}): "
+            "its owner must update it")
+
+
+# --- peer -> backbone ---------------------------------------------------------------------
+
+
+class Progress(ControlMessage, tag="progress"):
+    """What a peer has accumulated towards the current epoch's target batch."""
+
+    epoch: EpochNumber
+    samples: Count
+    samples_per_second: Rate
+    loss: Loss | None = None
+    compute_seconds: Seconds = 0.0
+    client_mode: bool = False  # reachable only through a relay: send parts, reduce none
+
+
+class SyncRequest(ControlMessage, tag="sync_request"):
+    """Asks where to get the collaboration's current state from (not from ``exclude``)."""
+
+    exclude: PeerList = field(default_factory=list)
+
+
+class Ready(ControlMessage, tag="ready"):
+    """The peer holds the state of ``epoch`` and may be put in rounds."""
+
+    epoch: EpochNumber
+    params_sha256: Sha256
+
+
+class RoundDone(ControlMessage, tag="round_done"):
+    """Outcome of one averaging round on one peer."""
+
+    round_id: RoundId
+    epoch: EpochNumber
+    ok: bool
+    params_sha256: Sha256 | None = None
+    samples: Count = 0
+    loss: Loss | None = None
+    seconds: Seconds = 0.0
+    error: Text | None = None
+    confirmed: SampleCounts = field(default_factory=dict)  # sender -> samples every reducer received
+    unreachable: PeerList = field(default_factory=list)  # peers it could not exchange with
+
+
+class SignalData(Struct, kw_only=True):
+    """One step of WebRTC's offer/answer; ``conn`` names the connection attempt."""
+
+    kind: SignalKind
+    conn: Annotated[str, Meta(max_length=64)]
+    sdp: Annotated[str, Meta(max_length=MAX_SDP)]
+
+
+class Signal(ControlMessage, tag="signal"):
+    """WebRTC signaling relayed by the backbone; ``peer`` is the other end."""
+
+    peer: PeerId
+    data: SignalData
+
+
+class Availability(ControlMessage, tag="availability"):
+    """The peer's owner paused it (or let it run again): leave it out of rounds meanwhile."""
+
+    paused: bool
+
+
+class Ping(ControlMessage, tag="ping"):
+    """Asks the backbone for an immediate Pong: how long a message takes to be handled."""
+
+    nonce: Nonce
+
+
+# --- backbone -> peer ---------------------------------------------------------------------
+
+
+class Pong(ControlMessage, tag="pong"):
+    nonce: Nonce
+
+
+class CheckpointInfo(Struct):
+    """A stored checkpoint: the state file of ``epoch``, served at ``url``."""
+
+    epoch: EpochNumber
+    sha256: Sha256
+    params_sha256: Sha256
+    size: Count
+    url: Url
+
+
+class SyncPlan(ControlMessage, tag="sync_plan"):
+    """Where a peer gets its state."""
+
+    epoch: EpochNumber
+    source: StateSource
+    peer: PeerId | None = None
+    checkpoint: CheckpointInfo | None = None
+    params_sha256: Sha256 | None = None
+
+
+class RoundStart(ControlMessage, tag="round_start"):
+    """Opens an averaging round: who is in it and which part of the vector each reduces."""
+
+    round_id: RoundId
+    epoch: EpochNumber
+    group: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_GROUP)]
+    shares: Annotated[list[Share], Meta(min_length=1, max_length=MAX_GROUP)]
+    timeout: Annotated[float, Meta(gt=0, le=86400)]
+    checkpoint_by: PeerId | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.group) != len(self.shares):
+            raise ValueError("group and shares must be of equal length")
+        if len(set(self.group)) != len(self.group):
+            raise ValueError("group lists a peer twice")
+        if sum(self.shares) <= 0:
+            raise ValueError("shares must have a positive sum")
+
+
+class Step(ControlMessage, tag="epoch"):
+    """A global step the collaboration took: the one record of an epoch finished, broadcast
+    to peers, stored by the backbone and kept in each peer's history. ``epoch`` counts
+    steps, this one included."""
+
+    epoch: EpochNumber
+    round_id: RoundId
+    loss: Loss | None
+    samples: Count
+    peers: Count
+    round_seconds: Seconds
+    params_sha256: Sha256
+
+
+class Resync(ControlMessage, tag="resync"):
+    """Your state is behind the collaboration's: download it again."""
+
+    epoch: EpochNumber
+    reason: Text
+
+
+class Status(ControlMessage, tag="status"):
+    """Collaboration progress, broadcast about once a second."""
+
+    epoch: EpochNumber
+    samples: Count
+    target: Count
+    peers: Count
+    samples_per_second: Rate
+    eta_seconds: Seconds | None = None
+
+
+class IceServer(Struct, kw_only=True, omit_defaults=True):
+    """A STUN or TURN server as RTCIceServer takes it."""
+
+    urls: Annotated[list[Url], Meta(min_length=1, max_length=16)]
+    username: Name | None = None
+    credential: Annotated[str, Meta(max_length=256)] | None = None
+
+
+IceServerList = Annotated[list[IceServer], Meta(max_length=16)]
+
+
+class IceServers(ControlMessage, tag="ice_servers"):
+    """Fresh STUN/TURN servers for the links set up from now on: TURN credentials expire,
+    so the backbone sends new ones when the control socket connects and before they do."""
+
+    servers: IceServerList
+
+
+PeerMessage = Progress | SyncRequest | Ready | RoundDone | Signal | Availability | Ping
+BackboneMessage = Pong | SyncPlan | RoundStart | Step | Resync | Status | Signal | IceServers
+
+from_peer: Codec[PeerMessage] = Codec(
+    PeerMessage, "control message", MAX_CONTROL_MESSAGE, WIRE_VERSION,
+    lambda theirs: version_mismatch(peer=theirs, backbone=WIRE_VERSION))
+from_backbone: Codec[BackboneMessage] = Codec(
+    BackboneMessage, "message from the backbone", MAX_CONTROL_MESSAGE, WIRE_VERSION,
+    lambda theirs: version_mismatch(peer=WIRE_VERSION, backbone=theirs))

@@ -1,0 +1,66 @@
+"""Field types shared by every message: each bound is stated once, and checked whenever
+untrusted bytes are decoded (msgspec does not check them when we build a message)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+from msgspec import Meta
+
+# Integers stay well inside SQLite's and JSON's safe ranges; floats are finite (JSON has no
+# NaN, and a number beyond these bounds is refused rather than turned into infinity).
+MAX_COUNT = 10**15
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+EpochNumber = Annotated[int, Meta(ge=0, le=10**12)]
+RoundId = Annotated[int, Meta(ge=0, le=2**62)]
+Nonce = Annotated[int, Meta(ge=0, le=2**62)]
+Seconds = Annotated[float, Meta(ge=0, le=1e12)]
+Rate = Annotated[float, Meta(ge=0, le=1e15)]
+Loss = Annotated[float, Meta(ge=-1e30, le=1e30)]
+Share = Annotated[float, Meta(ge=0, le=1e9)]
+
+PeerId = Annotated[str, Meta(min_length=1, max_length=64)]
+Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+ProjectId = Annotated[str, Meta(pattern="^[a-z0-9][a-z0-9-]{0,62}$")]
+Name = Annotated[str, Meta(max_length=64)]
+Text = Annotated[str, Meta(max_length=4096)]
+Url = Annotated[str, Meta(max_length=2048)]
+MAX_GROUP = 10_000  # peers in one round
+
+
+class StrEnum(str, Enum):
+    """Python 3.11's StrEnum, on 3.10 too: members are strings and print as their value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class StateSource(StrEnum):
+    """Where a peer gets the collaboration's state."""
+
+    INIT = "init"  # a fresh model from the project's seed (nobody holds any state yet)
+    PEER = "peer"  # a live peer, over WebRTC
+    CHECKPOINT = "checkpoint"  # the backbone's latest checkpoint, over HTTP
+
+
+class IcePolicy(StrEnum):
+    ALL = "all"  # direct where possible
+    RELAY = "relay"  # through TURN only
+
+
+class LinkPath(StrEnum):
+    """How a link connects, in order of indirection."""
+
+    HOST = "host"  # direct, on one network
+    SRFLX = "srflx"  # through a NAT's mapping (STUN)
+    RELAY = "relay"  # through TURN
+
+    @property
+    def rank(self) -> int:
+        return list(LinkPath).index(self)
+
+
+class SignalKind(StrEnum):
+    OFFER = "offer"
+    ANSWER = "answer"
