@@ -17,6 +17,7 @@ from engine.transport.shaping import RateLimiter
 from engine.wire import WIRE_VERSION, ProtocolError
 from engine.wire.api import (
     CONTENT_SHA256_HEADER,
+    MAX_REPLY,
     PARAMS_SHA256_HEADER,
     PEER_ID_HEADER,
     PEER_TOKEN_HEADER,
@@ -200,7 +201,7 @@ class ControlClient:
 
 async def _answer(resp: aiohttp.ClientResponse, codec: Codec[T]) -> T:
     """The answer as ``codec`` reads it, or BackboneError with the backbone's reason."""
-    raw = await resp.content.read(16 * 1024 * 1024)
+    raw = await resp.content.read(MAX_REPLY)
     if resp.status >= 400:
         try:
             reason = _error.decode(raw).error

@@ -7,7 +7,7 @@ with the same Structs, and /api/openapi.json is generated from them (backbone/op
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from msgspec import Meta, Struct
 
@@ -27,6 +27,7 @@ from engine.wire.types import (
     Text,
 )
 
+T = TypeVar("T")
 MAX_JSON_BODY = 64 * 1024
 MAX_REPLY = 16 * 1024 * 1024  # the largest answer a client reads (a catalog, a page, a curve)
 PEER_TOKEN_HEADER = "X-Cotrain-Peer-Token"
@@ -185,7 +186,13 @@ class CheckpointList(Struct):
     checkpoints: list[CheckpointInfo]
 
 
-def reply_codec(type_: type) -> Codec:
-    """How a client reads one of these answers."""
-    return Codec(type_, f"the backbone's {type_.__name__}", MAX_REPLY)
+_reply_codecs: dict[type, Codec] = {}
+
+
+def reply_codec(type_: type[T]) -> Codec[T]:
+    """How a client reads one of these answers (one decoder per kind, made once)."""
+    codec = _reply_codecs.get(type_)
+    if codec is None:
+        codec = _reply_codecs[type_] = Codec(type_, f"the backbone's {type_.__name__}", MAX_REPLY)
+    return codec
 

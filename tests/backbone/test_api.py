@@ -2,6 +2,7 @@
 the server stays up and the peers already training are unaffected."""
 
 import json
+import re
 
 import aiohttp
 import pytest
@@ -122,3 +123,39 @@ async def test_hostile_join_bodies_never_cause_a_server_error(collaboration, bod
     backbone, http, _ = collaboration
     async with http.post(f"{backbone.url}/api/projects/tiny-lm/peers", data=json.dumps(body)) as resp:
         assert resp.status in (201, 400)
+
+
+async def test_a_peer_meeting_a_backbone_of_another_wire_is_told_who_must_update(tmp_path):
+    """Releases move on: a backbone answering the join with another wire version (a newer one
+    here, or an old one that does not say) stops the peer with a sentence, not a crash."""
+    from aiohttp import web
+
+    from engine.peer.client import BackboneError, ControlClient
+    from engine.wire.api import JoinReply
+    from engine.wire.codec import encode
+
+    def backbone_speaking(wire: int):
+        async def join(request: web.Request) -> web.Response:
+            reply = JoinReply(peer_id="p1", token="t", project=tiny_project(), ice_servers=[],
+                              wire_version=wire)
+            return web.Response(body=encode(reply), status=201, content_type="application/json")
+        return join
+
+    for wire, says in ((WIRE_VERSION + 1, f"please update Cotrain (wire v{WIRE_VERSION}, backbone speaks "
+                                          f"v{WIRE_VERSION + 1})"),
+                       (1, "its owner must update it")):
+        app = web.Application()
+        app.router.add_post("/api/projects/tiny-lm/peers", backbone_speaking(wire))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        client = ControlClient(f"http://127.0.0.1:{port}", "tiny-lm", "newcomer")
+        try:
+            with pytest.raises(BackboneError, match=re.escape(says)) as refused:
+                await client.join()
+            assert refused.value.fatal
+        finally:
+            await client.close()
+            await runner.cleanup()
