@@ -91,6 +91,15 @@ def tiny() -> ProjectSpec:
     return tiny_project(target_batch_size=64, checkpoint_every=1000)
 
 
+def stop_manager(manager) -> None:
+    """Stop a worker manager and wait (bounded) until its process has ended: Qt must not
+    destroy a QProcess whose signals still reach the manager."""
+    stopped: list[bool] = []
+    manager.stopped.connect(lambda: stopped.append(True))
+    manager.stop()
+    wait_until(lambda: stopped, 30, "the worker to stop")
+
+
 def stop_app(app) -> None:
     """Quit as the user does, and wait (bounded) for the worker to leave and exit."""
     manager = app.controller.manager

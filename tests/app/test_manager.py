@@ -9,7 +9,7 @@ from PySide6.QtCore import QProcess
 
 from app.manager import STOP_GRACE_MS, WorkerLog, WorkerManager
 from engine.worker import protocol as p
-from tests.app.conftest import wait_until
+from tests.app.conftest import stop_manager, wait_until
 
 
 def test_quitting_while_the_worker_starts_ends_it_cleanly_without_starting_a_project(qtbot, home, tmp_path):
@@ -40,7 +40,7 @@ def test_a_worker_that_keeps_dying_is_restarted_after_growing_pauses(qtbot, home
     try:
         wait_until(lambda: len(crashes) >= 3, 20, "three crashes")
     finally:
-        manager.stop()
+        stop_manager(manager)
     assert [delay for _, delay, _ in crashes[:3]] == [1, 2, 4]
     assert all("exit status 3" in what and "restarting in" in what for what, _, _ in crashes)
     # Each restart waited its pause before starting again.

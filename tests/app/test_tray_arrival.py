@@ -13,7 +13,7 @@ from app.application import CotrainApp
 from app.controller import Controller
 from app.manager import WorkerManager
 from app.settings_store import Current, SettingsStore
-from tests.app.conftest import wait_until
+from tests.app.conftest import stop_manager, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,7 +47,7 @@ def app_without_tray(qtbot, home, monkeypatch, tmp_path):
 
     yield make, tray
     for app in made:
-        app.controller.manager.stop()
+        stop_manager(app.controller.manager)
         app.window.hide()
         if app.tray is not None:
             app.tray.hide()

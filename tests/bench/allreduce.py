@@ -44,25 +44,27 @@ def _cotrain_peer(url: str, project: str, conn, numel: int, rounds: int, raw_byt
 
 async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> None:
     import torch
-    from engine.wire.messages import Signal
 
     from engine.aio import spawn
     from engine.averaging.allreduce import RoundPlan, butterfly_allreduce
-    from engine.peer.client import BackboneClient
-    from engine.transport.ice import ice_configuration, restrict_host_addresses
+    from engine.peer.client import ControlClient
+    from engine.transport.ice import ice_configuration
     from engine.transport.mailbox import Mailbox
     from engine.transport.mesh import PeerMesh
+    from engine.transport.patches import restrict_host_addresses
+    from engine.wire.control import Signal
 
     torch.set_num_threads(1)
     restrict_host_addresses(["127.0.0.1"])
     loop = asyncio.get_running_loop()
     recv = lambda: loop.run_in_executor(None, conn.recv)  # noqa: E731
-    client = BackboneClient(url, project, "bench")
+    client = ControlClient(url, project, "bench")
     reply = await client.join()
     mailbox = Mailbox()
 
     def route(sender, frame):
-        mailbox.put((frame.type, frame.header.get("round_id", 0), sender), frame)
+        header = frame.header
+        mailbox.put((header.__struct_config__.tag, getattr(header, "round_id", 0), sender), frame)
 
     mesh = PeerMesh(reply.peer_id, lambda p, d: client.send(Signal(p, d)), ice_configuration([]),
                     mailbox, route)
@@ -95,6 +97,8 @@ async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> No
 
 
 async def _one_way(command, mesh, other, mailbox, total, conn) -> None:
+    from engine.wire.frames import Part
+
     link = await mesh.link(other)
     if command.startswith("raw"):
         channel = link.pc.createDataChannel("raw", negotiated=True, id=1)
@@ -128,10 +132,10 @@ async def _one_way(command, mesh, other, mailbox, total, conn) -> None:
         conn.send("sent")
     elif command == "framed-recv":
         conn.send("listening")
-        await mailbox.get(("blob", 0, other), timeout=900)
+        await mailbox.get(("part", 0, other), timeout=900)
         conn.send("done")
     else:
-        await link.send({"type": "blob"}, bytes(total))
+        await link.send(Part(round_id=0, epoch=0, index=0, samples=1, loss_sum=0.0), bytes(total))
         conn.send("sent")
 
 

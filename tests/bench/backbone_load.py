@@ -64,7 +64,8 @@ def _clients(url: str, count: int, warmup: float, duration: float, queue, go) ->
 
 async def _clients_main(url: str, count: int, warmup: float, duration: float, queue,
                         go) -> tuple[list[float], list[float]]:
-    from engine.wire.messages import Ping, Progress, Ready, SyncRequest, encode
+    from engine.wire.codec import encode_text as encode
+    from engine.wire.control import Ping, Progress, Ready, SyncRequest
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:

@@ -1,5 +1,5 @@
 """One name for one idea: no two classes or type aliases of the same name anywhere in the
-engine and the app (a reader who meets ``Event`` or ``BackboneClient`` knows which it is)."""
+engine and the app (a reader who meets ``Event`` or a backbone client knows which one is meant)."""
 
 import ast
 from collections import defaultdict
