@@ -11,10 +11,10 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
+from msgspec.structs import replace
 
 from engine.backbone.server import Backbone, BackboneConfig
 from engine.peer.events import EpochCompleted, Synced
