@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import ipaddress
 import logging
 import signal
 import sys
@@ -97,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tell every peer to connect through TURN only")
     bb.add_argument("--advertise", action="store_true",
                     help="announce the backbone on the LAN (mDNS, _cotrain._tcp)")
+    bb.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                    help="a reverse proxy in front of the backbone: its X-Forwarded-For names the "
+                         "client (repeat for several; without it, the header is ignored)")
     _add_logging(bb)
 
     peer = sub.add_parser("peer", help="join a collaboration and train")
@@ -211,12 +215,13 @@ async def _backbone(args: argparse.Namespace) -> int:
         ice = IceConfig(stun_urls=args.stun, turn_urls=args.turn, turn_ttl=args.turn_ttl,
                         relay_only=args.relay_only, turn_secret=read_turn_secret(args.turn_secret_file))
         ice.validate()
+        proxies = frozenset(str(ipaddress.ip_address(a)) for a in args.trusted_proxy)
     except (OSError, ValueError) as exc:
         print(f"cotrain backbone: {exc}", file=sys.stderr)
         return 2
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone",
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,
-                            ice=ice, advertise=args.advertise)
+                            ice=ice, advertise=args.advertise, trusted_proxies=proxies)
     if args.catalog:
         config.catalog = args.catalog
     try:

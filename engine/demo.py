@@ -94,7 +94,7 @@ async def _read_epochs(peer: PeerProcess, line: StatusLine) -> None:
             loss = record.get("loss")
             line.say(f"{peer.name}: epoch {record['epoch']} loss "
                      f"{loss:.4f} ({record['samples']} samples, {record['peers']} peers, "
-                     f"params {record['params_sha256'][:12]})" if loss is not None else
+                     f"params {record['state_sha256'][:12]})" if loss is not None else
                      f"{peer.name}: epoch {record['epoch']}")
 
 
@@ -107,7 +107,7 @@ def _summarise(procs: list[PeerProcess], epochs: int, line: StatusLine) -> int:
     if failed or len(finals) != len(procs) or any(f["epoch"] != epochs for f in finals.values()):
         line.say("demo failed: not every peer completed the run")
         return 1
-    hashes = {f["params_sha256"] for f in finals.values()}
+    hashes = {f["state_sha256"] for f in finals.values()}
     losses = {r["epoch"]: r["loss"] for p in procs for r in p.epochs if r.get("loss") is not None}
     first, last = losses[min(losses)], losses[max(losses)]
     identical = len(hashes) == 1

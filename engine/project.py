@@ -7,12 +7,12 @@ build the task, the optimizer and the schedule from them. Torch-free, like the b
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct, field
 
 from engine.wire import ProtocolError
-from engine.wire.codec import Codec
+from engine.wire.codec import convert, decode_json
 from engine.wire.types import Name, ProjectId, Text
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
@@ -56,7 +56,8 @@ class ProjectSpec(Struct, kw_only=True):
     round_timeout: Annotated[float, Meta(ge=1, le=3600)] = 60.0
     checkpoint_every: Annotated[int, Meta(ge=1, le=10**6)] = 5
     keep_checkpoints: Annotated[int, Meta(ge=1, le=100)] = 3
-    allow_anonymous: bool = True
+    # Only peers logged in to an account may join: no free identities (see SECURITY.md).
+    require_account: bool = False
 
 
 class Catalog(Struct):
@@ -68,7 +69,7 @@ class Catalog(Struct):
             raise ValueError("the catalog lists a project id twice")
 
 
-_catalog: Codec[Catalog] = Codec(Catalog, "catalog", 16 * 1024 * 1024)
+MAX_CATALOG = 16 * 1024 * 1024
 
 
 def load_catalog(path: str | Path) -> list[ProjectSpec]:
@@ -78,6 +79,16 @@ def load_catalog(path: str | Path) -> list[ProjectSpec]:
     except OSError as exc:
         raise ValueError(f"cannot read catalog {path}: {exc}") from None
     try:
-        return _catalog.decode(data).projects
+        return convert(_renamed(decode_json(data, "catalog", MAX_CATALOG)), Catalog, "catalog").projects
     except ProtocolError as exc:
         raise ValueError(f"catalog {path}: {exc}") from None
+
+
+def _renamed(catalog: Any) -> Any:
+    """Catalogs written for Cotrain 0.1 said ``allow_anonymous``: the opposite of
+    ``require_account``."""
+    projects = catalog.get("projects") if isinstance(catalog, dict) else None
+    for project in projects if isinstance(projects, list) else []:
+        if isinstance(project, dict) and isinstance(project.get("allow_anonymous"), bool):
+            project.setdefault("require_account", not project.pop("allow_anonymous"))
+    return catalog

@@ -3,6 +3,7 @@ with live peers, progress and my contribution; join or leave; add a backbone by 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import Qt, QTimer
@@ -20,12 +21,16 @@ from PySide6.QtWidgets import (
 from app.controller import Controller
 from app.settings_store import Current
 from app.views.common import count, duration, heading, help_text, message, show_message
+from engine.backoff import Backoff
 from engine.credentials import Login
 from engine.lan.records import LanBackbone
 from engine.wire.api import Me, ProjectSummary, ProjectTotals
 from engine.worker.protocol import LOCAL_BACKBONE
 
 REFRESH_MS = 10_000
+# A backbone that did not answer is asked again after a growing, jittered pause (up to
+# five minutes), not every ten seconds: many apps must not hammer one that restarts.
+RETRY_FIRST, RETRY_CAP = REFRESH_MS / 1000, 300.0
 COLUMNS = ("Project", "Peers online", "Progress", "My contribution", "")
 
 
@@ -61,7 +66,7 @@ class ProjectsPage(QWidget):
         header.resizeSection(4, 96)
         self.tree.setWordWrap(True)
         self.refresh_button = QPushButton("Refresh")
-        self.refresh_button.clicked.connect(self.refresh)
+        self.refresh_button.clicked.connect(lambda: self.refresh(force=True))
 
         adding = QHBoxLayout()
         adding.addWidget(self.url, 1)
@@ -85,6 +90,8 @@ class ProjectsPage(QWidget):
 
         self.rows: dict[str, BackboneRow] = {}
         self.on_lan: list[LanBackbone] = []  # announced on the LAN, as last browsed
+        self._backoffs: dict[str, Backoff] = {}
+        self._retry_at: dict[str, float] = {}  # backbones that failed: not asked before then
         self._timer = QTimer(self, interval=REFRESH_MS)
         self._timer.timeout.connect(self.refresh)
         controller.backbones_changed.connect(self.refresh)
@@ -102,12 +109,15 @@ class ProjectsPage(QWidget):
     def backbones(self) -> list[str]:
         return [LOCAL_BACKBONE, *self.controller.store.backbones()]
 
-    def refresh(self) -> None:
+    def refresh(self, force: bool = False) -> None:
         self.controller.client.discover(self._discovered, lambda why: self._discovered([], why))
+        now = time.monotonic()
         for backbone in self.backbones():
             url = self.controller.url_of(backbone)
             if not url:
                 self.rows[backbone] = BackboneRow(error="starting…")
+                continue
+            if not force and now < self._retry_at.get(backbone, 0.0):
                 continue
             self.controller.client.load_login(
                 url, lambda found, b=backbone, u=url: self._fetch(b, u, found[0]),
@@ -143,6 +153,14 @@ class ProjectsPage(QWidget):
             lambda error: self._loaded(backbone, BackboneRow(error=error)))
 
     def _loaded(self, backbone: str, row: BackboneRow) -> None:
+        backoff = self._backoffs.setdefault(backbone, Backoff(RETRY_FIRST, RETRY_CAP))
+        if row.error:
+            wait = backoff.next()
+            self._retry_at[backbone] = time.monotonic() + wait
+            row.error = f"{row.error} (trying again in {duration(wait)})"
+        else:
+            backoff.reset()
+            self._retry_at.pop(backbone, None)
         self.rows[backbone] = row
         self._draw()
 

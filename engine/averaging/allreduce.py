@@ -4,12 +4,20 @@ Every peer owns one contiguous part of the flat gradient. It sends part j of its
 accumulated sum to peer j, reduces its own part from everyone's contributions, and sends
 the averaged part back to all. Each part is reduced exactly once, so every peer (the
 reducer included) applies the very same bits.
+
+Members on probation (``RoundPlan.optional``: newcomers, or members that missed a round)
+reduce nothing, and their parts are taken only if they come while the round lasts anyway:
+a silent or slow stranger costs the others a short grace, never the round. A part that
+breaks the rules is dropped and costs its sender its share, never the round. Nor does a
+peer that reads slowly hold a reducer: results go out in the background, and the round
+ends for the reducer a short grace after it holds every result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -24,6 +32,12 @@ from engine.wire.framing import Frame
 
 log = logging.getLogger(__name__)
 
+# Once the parts a reducer must have are in, optional parts still under way get as long
+# again as the round took so far, at least this long: time enough for an honest newcomer
+# on a link like the others', little for a silent one to cost. Results still being sent
+# when the round is done get as long before the round returns (and go on after).
+GRACE = 0.1
+
 
 class AveragingError(RuntimeError):
     """The round could not complete on this peer (a peer vanished, a deadline passed).
@@ -34,6 +48,14 @@ class AveragingError(RuntimeError):
         self.suspects = sorted(suspects)
 
 
+class Misbehaved(ProtocolError):
+    """What ``peer`` sent breaks the round's rules: it, and no one else, is to blame."""
+
+    def __init__(self, peer: str, message: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
 @dataclass
 class RoundPlan:
     round_id: int
@@ -41,6 +63,7 @@ class RoundPlan:
     group: list[str]
     shares: list[float]
     me: str
+    optional: frozenset[str] = frozenset()
 
     @property
     def my_index(self) -> int:
@@ -52,7 +75,7 @@ class Averaged:
     vector: torch.Tensor
     samples: int
     loss: float | None
-    confirmed: dict[str, int]  # sender -> samples that every reducer received from it
+    received: dict[str, int]  # sender -> samples its part to me carried (empty: I reduced nothing)
 
 
 async def butterfly_allreduce(
@@ -64,7 +87,7 @@ async def butterfly_allreduce(
     timeout: float,
 ) -> Averaged:
     """Average ``local_sum`` (gradient x samples, flat fp32) with the group's; raise AveragingError."""
-    round_ = _Round(plan, local_sum.detach().contiguous().view(-1), samples, loss_sum, mesh)
+    round_ = _Round(plan, local_sum.detach().contiguous().view(-1), samples, loss_sum, mesh, timeout)
     try:
         return await asyncio.wait_for(round_.run(), timeout)
     except asyncio.TimeoutError:
@@ -73,32 +96,40 @@ async def butterfly_allreduce(
     except LinkClosed as exc:
         suspects = {exc.peer} if exc.peer else round_.suspects()
         raise AveragingError(f"round {plan.round_id}: {exc}", suspects) from None
-    except ProtocolError as exc:
-        raise AveragingError(f"round {plan.round_id}: {exc}", round_.suspects()) from None
+    except Misbehaved as exc:
+        raise AveragingError(f"round {plan.round_id}: {exc}", {exc.peer}) from None
 
 
 @dataclass
 class _Round:
     """One round as this peer lives it: connect, send parts, reduce its own part, collect
-    the others' results, check that the reducers agree."""
+    the others' results."""
 
     plan: RoundPlan
     flat: torch.Tensor
     samples: int
     loss_sum: float
     mesh: PeerMesh
+    timeout: float
     links: dict[str, PeerLink] = field(default_factory=dict)
     # Whom the round still waits for. A missing link or part points at that peer; a missing
     # result does not: its reducer may itself be waiting on someone else, and blaming it would
     # keep apart peers that reach each other fine (the reducer's own report names the culprit).
     missing_links: set[str] = field(default_factory=set)
     missing_parts: set[str] = field(default_factory=set)
+    result_sends: list[asyncio.Future] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.bounds = part_bounds(self.flat.numel(), self.plan.shares)
         self.me = self.plan.my_index
-        self.others = [(j, p) for j, p in enumerate(self.plan.group) if j != self.me]
+        self.reduces = self.size(self.me) > 0
+        # Whom this peer exchanges with: the reducers (its parts out, results back) and, if
+        # it reduces, every sender. Optional partners are never waited for.
+        self.partners = [(j, p) for j, p in enumerate(self.plan.group)
+                         if j != self.me and (self.reduces or self.size(j))]
+        self.required = [p for _, p in self.partners if p not in self.plan.optional]
         self.averaged = torch.empty_like(self.flat, dtype=torch.float32)
+        self.began = asyncio.get_running_loop().time()
 
     def suspects(self) -> set[str]:
         return self.missing_links | self.missing_parts
@@ -109,11 +140,11 @@ class _Round:
 
     async def run(self) -> Averaged:
         await self.connect()
-        reducers = [(j, p) for j, p in self.others if self.size(j)]
+        reducers = [(j, p) for j, p in self.partners if self.size(j)]
         results = asyncio.gather(*(self.receive_result(j, p) for j, p in reducers))
-        sends = asyncio.gather(*(self.send_part(j, p) for j, p in self.others))
+        sends = asyncio.gather(*(self.send_part(j, p) for j, p in reducers))
         try:
-            mine = await self.reduce_my_part() if self.size(self.me) else None
+            mine = await self.reduce_my_part() if self.reduces else None
             await sends
             received = list(await results)
         except BaseException:
@@ -121,83 +152,123 @@ class _Round:
                 task.cancel()
                 task.add_done_callback(_quiet)
             raise
-        return self.outcome(received if mine is None else [*received, mine])
+        if self.result_sends:
+            now = asyncio.get_running_loop().time()
+            await asyncio.wait(self.result_sends, timeout=max(GRACE, now - self.began))
+        return self.outcome(received if mine is None else [*received, mine], mine)
 
     async def connect(self) -> None:
-        self.missing_links = {p for _, p in self.others}
+        self.missing_links = set(self.required)
 
         async def connect(peer: str) -> None:
             self.links[peer] = await self.mesh.link(peer)
             self.missing_links.discard(peer)
 
-        await asyncio.gather(*(connect(p) for _, p in self.others))
-        self.missing_parts = {p for _, p in self.others} if self.size(self.me) else set()
+        await asyncio.gather(*(connect(p) for p in self.required))
+        self.missing_parts = set(self.required) if self.reduces else set()
 
     async def send_part(self, j: int, peer: str) -> None:
-        if not self.size(j):
-            return
         lo, hi = self.bounds[j]
         header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
                       loss_sum=self.loss_sum)
         payload = self.flat[lo:hi].numpy().data if self.samples > 0 else b""
         await self.links[peer].send(header, payload)
 
-    async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float]:
+    async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float] | None:
+        """The part ``peer`` sent me, or None if it broke the rules (then it is left out,
+        and so are its samples: it is the only one to pay)."""
         frame = await self.mesh.mailbox.get(("part", self.plan.round_id, peer), timeout=1e9)
         self.missing_parts.discard(peer)
-        part = frame.header
-        if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != self.me:
-            raise ProtocolError(f"part from {peer} is not for this epoch's part {self.me}")
-        values = _as_floats(frame, self.size(self.me), f"part from {peer}")
-        if (values is None) != (part.samples == 0):
-            raise ProtocolError(f"part from {peer} has samples={part.samples} but no values")
+        try:
+            part = frame.header
+            if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != self.me:
+                raise Misbehaved(peer, f"part from {peer} is not for this epoch's part {self.me}")
+            values = _as_floats(frame, self.size(self.me), peer, "part")
+            if (values is None) != (part.samples == 0):
+                raise Misbehaved(peer, f"part from {peer} has samples={part.samples} but no values")
+        except Misbehaved as exc:
+            log.warning("round %d: leaving out %s", self.plan.round_id, exc)
+            return None
         return values, part.samples, part.loss_sum
 
+    async def gather_parts(self) -> dict[str, tuple[torch.Tensor | None, int, float]]:
+        """Every required sender's part (a link lost fails the round), then what optional
+        senders deliver within the grace."""
+        waits = {p: asyncio.ensure_future(self.receive_part(p)) for _, p in self.partners}
+        try:
+            await asyncio.gather(*(waits[p] for p in self.required))
+            optional = [w for p, w in waits.items() if p not in self.required]
+            if optional:
+                now = asyncio.get_running_loop().time()
+                await asyncio.wait(optional, timeout=max(GRACE, now - self.began))
+        finally:
+            for wait in waits.values():
+                if not wait.done():
+                    wait.cancel()
+                wait.add_done_callback(_quiet)
+        arrived = {p: w.result() for p, w in waits.items()
+                   if w.done() and not w.cancelled() and w.exception() is None}
+        return {p: part for p, part in arrived.items() if part is not None}
+
     async def reduce_my_part(self) -> Result:
-        """Add everyone's part of mine in group order (so every reducer handed the same
-        inputs gets the same bits), divide by the samples, send the result to everyone."""
-        received = await asyncio.gather(*(self.receive_part(p) for _, p in self.others))
+        """Add the parts of mine in group order (so every reducer handed the same inputs gets
+        the same bits), divide by their samples, send the result to everyone."""
+        parts = await self.gather_parts()
         lo, hi = self.bounds[self.me]
-        contributions = dict(zip([j for j, _ in self.others], received, strict=True))
-        contributions[self.me] = (self.flat[lo:hi] if self.samples > 0 else None, self.samples, self.loss_sum)
-        ordered = [contributions[j] for j in range(len(self.plan.group))]
-        total = sum(c[1] for c in ordered)
-        reduced = weighted_average([c[0] for c in ordered], [c[1] for c in ordered])
+        parts[self.plan.me] = (self.flat[lo:hi] if self.samples > 0 else None, self.samples, self.loss_sum)
+        ordered = [(p, parts[p]) for p in self.plan.group if p in parts]
+        total = sum(c[1] for _, c in ordered)
+        reduced = weighted_average([c[0] for _, c in ordered], [c[1] for _, c in ordered])
         self.averaged[lo:hi] = reduced
         mine = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.me, samples=total,
-                      loss=sum(c[2] for c in ordered) / total,
-                      received={self.plan.group[j]: c[1] for j, c in enumerate(ordered)})
+                      loss=sum(c[2] for _, c in ordered) / total, received={p: c[1] for p, c in ordered})
         payload = reduced.numpy().data
-        await asyncio.gather(*(self.links[p].send(mine, payload) for _, p in self.others))
+        self.result_sends = [self.mesh.spawn(self._send_result(peer, mine, payload))
+                             for _, peer in self.partners]
         return mine
+
+    async def _send_result(self, peer: str, result: Result, payload: memoryview) -> None:
+        """Our result for ``peer``, within the round's time (an optional member's link may
+        still be opening)."""
+        remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
+        try:
+            link = self.links.get(peer)
+            if link is None:
+                link = await asyncio.wait_for(self.mesh.link(peer), max(remaining, 0.0))
+            await asyncio.wait_for(link.send(result, payload), max(remaining, 1.0))
+        except (asyncio.TimeoutError, LinkClosed, ProtocolError) as exc:
+            log.info("round %d: no result for %s (%s)", self.plan.round_id, peer, exc or "timeout")
 
     async def receive_result(self, j: int, peer: str) -> Result:
         frame = await self.mesh.mailbox.get(("result", self.plan.round_id, peer), timeout=1e9)
         result = frame.header
         if not isinstance(result, Result) or result.epoch != self.plan.epoch or result.index != j:
-            raise ProtocolError(f"result from {peer} is not for this epoch's part {j}")
-        values = _as_floats(frame, self.size(j), f"result from {peer}")
+            raise Misbehaved(peer, f"result from {peer} is not for this epoch's part {j}")
+        values = _as_floats(frame, self.size(j), peer, "result")
         if values is None:
-            raise ProtocolError(f"result from {peer} is empty")
+            raise Misbehaved(peer, f"result from {peer} is empty")
         lo, hi = self.bounds[j]
         self.averaged[lo:hi] = values
         return result
 
-    def outcome(self, results: list[Result]) -> Averaged:
+    def outcome(self, results: list[Result], mine: Result | None) -> Averaged:
+        """What the round amounts to. Reducers may have taken different optional parts, and
+        one may lie in its header: the round's samples and loss are the median of what the
+        reducers say, the same on every peer handed the same results."""
         if not results:
             raise AveragingError("nobody reduced anything")
-        totals = {r.samples for r in results}
-        if len(totals) != 1:
-            raise ProtocolError(f"reducers disagree on the round's samples: {sorted(totals)}")
-        return Averaged(self.averaged, results[0].samples, results[0].loss,
-                        _confirmed(self.plan.group, results))
+        senders = {s for r in results for s in r.received}
+        samples = sum(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
+        losses = [r.loss for r in results if r.loss is not None]
+        return Averaged(self.averaged, samples, statistics.median_low(losses) if losses else None,
+                        dict(mine.received) if mine is not None else {})
 
 
-def _as_floats(frame: Frame, expected: int, what: str) -> torch.Tensor | None:
+def _as_floats(frame: Frame, expected: int, peer: str, what: str) -> torch.Tensor | None:
     if len(frame.payload) == 0:
         return None
     if len(frame.payload) != expected * 4:
-        raise ProtocolError(f"{what}: {len(frame.payload)} bytes, expected {expected * 4}")
+        raise Misbehaved(peer, f"{what} from {peer}: {len(frame.payload)} bytes, expected {expected * 4}")
     return torch.frombuffer(frame.payload, dtype=torch.float32)
 
 
@@ -205,14 +276,3 @@ def _quiet(future: asyncio.Future) -> None:
     """Abandoned halves of a failed round: their errors are the round's, already reported."""
     if not future.cancelled():
         future.exception()
-
-
-def _confirmed(group: list[str], results: list[Result]) -> dict[str, int]:
-    """What every reducer confirms having received from each sender: the ledger's evidence."""
-    confirmed = {}
-    for sender in group:
-        counts = [r.received.get(sender) for r in results]
-        present = [c for c in counts if c is not None]
-        if len(present) == len(counts):
-            confirmed[sender] = min(present)
-    return confirmed

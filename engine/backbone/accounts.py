@@ -36,7 +36,9 @@ def token_digest(token: str) -> str:
 
 
 class AttemptLimiter:
-    """Failed logins allowed per key (an account or an address) in a sliding window."""
+    """Failed logins allowed per key in a sliding window. An attempt counts as a failure
+    from the moment it is made (``attempt``) until it succeeds: logins sent all at once are
+    all counted before the first is judged."""
 
     def __init__(self, limit: int, window: float, clock=time.monotonic) -> None:
         self.limit = limit
@@ -51,8 +53,12 @@ class AttemptLimiter:
             return 0.0
         return max(failures[0] + self.window - self._clock(), 0.0)
 
-    def failed(self, key: str) -> None:
-        self._failures.setdefault(key, deque()).append(self._clock())
+    def attempt(self, key: str) -> float:
+        """Count an attempt now; returns 0, or the seconds to wait (then nothing is counted)."""
+        wait = self.retry_after(key)
+        if wait == 0:
+            self._failures.setdefault(key, deque()).append(self._clock())
+        return wait
 
     def succeeded(self, key: str) -> None:
         self._failures.pop(key, None)

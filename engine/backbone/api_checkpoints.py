@@ -9,7 +9,7 @@ from aiohttp import web
 from engine.backbone.checkpoints import CheckpointRejected
 from engine.backbone.http import authenticate_peer, backbone_of, json_reply, project_of
 from engine.backbone.store import checkpoint_url
-from engine.wire.api import CONTENT_SHA256_HEADER, PARAMS_SHA256_HEADER, PEER_ID_HEADER, CheckpointList
+from engine.wire.api import CONTENT_SHA256_HEADER, PEER_ID_HEADER, STATE_SHA256_HEADER, CheckpointList
 from engine.wire.control import CheckpointInfo
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -49,12 +49,12 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     if not backbone.trackers[spec.id].expects_checkpoint(peer_id, epoch):
         raise web.HTTPConflict(text=f"no checkpoint of epoch {epoch} was requested from you")
     sha = request.headers.get(CONTENT_SHA256_HEADER, "")
-    params_sha = request.headers.get(PARAMS_SHA256_HEADER, "")
-    if not SHA256.match(sha) or not SHA256.match(params_sha):
-        raise web.HTTPBadRequest(text=f"{CONTENT_SHA256_HEADER} and {PARAMS_SHA256_HEADER} must be sha256 "
+    state_sha = request.headers.get(STATE_SHA256_HEADER, "")
+    if not SHA256.match(sha) or not SHA256.match(state_sha):
+        raise web.HTTPBadRequest(text=f"{CONTENT_SHA256_HEADER} and {STATE_SHA256_HEADER} must be sha256 "
                                       "hex digests")
-    if backbone.store.epoch_params(spec.id, epoch) != params_sha:
-        raise web.HTTPConflict(text="parameter hash is not the collaboration's at that epoch")
+    if backbone.store.epoch_state(spec.id, epoch) != state_sha:
+        raise web.HTTPConflict(text="state hash is not the collaboration's at that epoch")
     limit = backbone.config.max_checkpoint_bytes
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length,
@@ -62,10 +62,10 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     try:
         _, digest, size = await backbone.files.receive(
             spec.id, epoch, request.content.iter_chunked(1 << 16), expected_sha256=sha,
-            expected_params_sha256=params_sha, max_bytes=limit,
+            expected_state_sha256=state_sha, max_bytes=limit,
         )
     except CheckpointRejected as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
-    info = CheckpointInfo(epoch, digest, params_sha, size, checkpoint_url(spec.id, epoch))
+    info = CheckpointInfo(epoch, digest, state_sha, size, checkpoint_url(spec.id, epoch))
     backbone.checkpoint_stored(spec.id, peer_id, info)
     return json_reply(info, status=201)

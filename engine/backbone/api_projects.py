@@ -13,6 +13,7 @@ from engine.backbone.accounts import token_digest
 from engine.backbone.http import (
     authenticate_peer,
     backbone_of,
+    client_address,
     json_reply,
     optional_user,
     project_of,
@@ -43,11 +44,16 @@ async def get_project(request: web.Request) -> web.Response:
 
 def _member(request: web.Request, spec: ProjectSpec) -> User | None:
     user = optional_user(request)
-    if user is None and not spec.allow_anonymous:
+    if user is None and spec.require_account:
         raise web.HTTPUnauthorized(
             text=f"project {spec.id!r} does not accept anonymous peers: log in first (cotrain login)",
             headers={"WWW-Authenticate": "Bearer"})
     return user
+
+
+def _too_many(wait: float, what: str) -> web.HTTPTooManyRequests:
+    return web.HTTPTooManyRequests(text=f"{what}; try again in {wait:.0f} seconds",
+                                   headers={"Retry-After": str(int(wait) + 1)})
 
 
 async def join(request: web.Request) -> web.Response:
@@ -57,6 +63,12 @@ async def join(request: web.Request) -> web.Response:
     if body.wire != WIRE_VERSION:
         raise web.HTTPBadRequest(text=version_mismatch(peer=body.wire, backbone=WIRE_VERSION))
     backbone = backbone_of(request)
+    throttle, address = backbone.throttle, client_address(request)
+    refused = throttle.refused.retry_after(address)
+    if refused:
+        raise _too_many(refused, "peers from your address flooded this backbone")
+    if not throttle.joins.take(address):
+        raise _too_many(throttle.joins.wait(address), "too many peers joined from your address")
     peer_id, token = secrets.token_hex(8), secrets.token_urlsafe(32)
     name = body.name or f"peer-{peer_id[:6]}"
     backbone.store.add_peer(peer_id, spec.id, name, token_digest(token), user.id if user else None)
@@ -83,10 +95,17 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
         raise web.HTTPUnauthorized(text="this peer belongs to another account")
     if peer_id in backbone.sessions:
         raise web.HTTPConflict(text="this peer is already connected")
+    throttle, address = backbone.throttle, client_address(request)
+    refused = max(throttle.refused.retry_after(peer_id), throttle.refused.retry_after(address))
+    if refused:
+        raise _too_many(refused, "this peer sent more than the backbone accepts")
+    if sum(s.address == address for s in backbone.sessions.values()) >= throttle.config.peers_per_address:
+        raise _too_many(60, f"{throttle.config.peers_per_address} peers from your address are connected "
+                            "already")
     ws = web.WebSocketResponse(heartbeat=20, max_msg_size=MAX_CONTROL_MESSAGE)
     await ws.prepare(request)
     tracker = backbone.trackers[spec.id]
-    session = PeerSession(peer_id, spec.id, name, owner, ws)
+    session = PeerSession(peer_id, spec.id, name, owner, ws, address)
     backbone.sessions[peer_id] = session
     backbone.store.peer_connected(peer_id)
     backbone.send_ice_servers(session)  # the join reply's may have expired (a reconnect)
@@ -104,6 +123,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
                 break
     finally:
         backbone.sessions.pop(peer_id, None)
+        throttle.forget(peer_id)
         await session.close()
         backbone.store.peer_left(peer_id)
         backbone.execute(spec.id, tracker.leave(peer_id))
@@ -117,12 +137,20 @@ def _on_peer_message(backbone, session: PeerSession, text: str) -> str | None:
         msg = from_peer.decode(text)
     except ProtocolError as exc:
         return f"bad message: {exc}"
+    throttle = backbone.throttle
+    if not throttle.allow(session.peer_id, msg):
+        if not throttle.should_disconnect(session.peer_id):
+            return None  # dropped: it is slowed to what the limits allow
+        pause = throttle.disconnected(session.peer_id, session.address)
+        log.warning("%s: peer %s flooded the backbone; refused for %.0f s", session.project, session.peer_id,
+                    pause)
+        return f"rate limit exceeded; refused for {pause:.0f} s"
     if isinstance(msg, Ping):
         session.send(encode_text(Pong(msg.nonce)))
     elif isinstance(msg, Signal):
         target = backbone.sessions.get(msg.peer)
         if target is not None and target.project == session.project and msg.peer != session.peer_id:
-            target.send(encode_text(Signal(session.peer_id, msg.data)))
+            target.relay(encode_text(Signal(session.peer_id, msg.data)))
     else:
         backbone.execute(session.project, backbone.trackers[session.project].handle(session.peer_id, msg))
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -102,6 +103,25 @@ def required_user(request: web.Request) -> User:
         raise web.HTTPUnauthorized(text="log in first: this needs 'Authorization: Bearer <token>'",
                                    headers={"WWW-Authenticate": "Bearer"})
     return user
+
+
+def client_address(request: web.Request) -> str:
+    """Who is asking: the connection's address, or, when that is a proxy the owner trusts
+    (``--trusted-proxy``), the last address in X-Forwarded-For that is not one -- a client
+    can write anything there, only what the trusted proxies appended counts."""
+    remote = request.remote or "unknown"
+    trusted = backbone_of(request).config.trusted_proxies
+    if remote not in trusted:
+        return remote
+    hops = [hop.strip() for hop in request.headers.get("X-Forwarded-For", "").split(",") if hop.strip()]
+    for hop in reversed(hops):
+        try:
+            address = str(ipaddress.ip_address(hop))
+        except ValueError:
+            return remote  # the proxy wrote something that is not an address: trust nothing
+        if address not in trusted:
+            return address
+    return remote
 
 
 def authenticate_peer(request: web.Request, spec: ProjectSpec, peer_id: str) -> tuple[str, int | None]:

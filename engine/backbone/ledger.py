@@ -1,8 +1,11 @@
 """Who gets credit for a completed step, and how much: pure rules, tested alone.
 
-A member is credited with the samples every reducer confirmed receiving from it, but never
-more than its measured throughput makes plausible. Two bounds, the larger wins so that an
-honest peer is never cut:
+Credit is what others saw a member compute: each reducer reports the samples every sender's
+part carried, and a sender is credited with the count that reducers holding a strict
+majority of the vector reported (at least) -- a minority of lying reducers can neither
+raise nor lower it; what a sender says of itself counts for nothing. And never more than
+its measured throughput makes plausible. Two bounds, the larger wins so that an honest peer
+is never cut:
 
 - its trajectory: what it had reported (members report on taking their accumulator for
   the round), plus one micro-batch (the one under way), plus
@@ -52,14 +55,34 @@ class Credit:
     compute_seconds: float
 
 
-def credits(confirmed: dict[str, int], claims: dict[str, Claim]) -> dict[str, Credit]:
+def seen_by_reducers(reports: dict[str, dict[str, int]], weights: dict[str, float]) -> dict[str, int]:
+    """Per sender whose part reducers holding more than half of ``weights`` (their shares of
+    the vector) took, the largest sample count they all report (0: a part with no samples);
+    a sender they did not see is left out. A reducer that did not report saw nothing."""
+    total = sum(weights.values())
+    senders = {sender for report in reports.values() for sender in report}
+    seen = {}
+    for sender in senders:
+        counts = sorted(((reports.get(r, {}).get(sender, -1), w) for r, w in weights.items() if w > 0),
+                        reverse=True)
+        held = 0.0
+        for count, weight in counts:
+            held += weight
+            if held * 2 > total:
+                if count >= 0:
+                    seen[sender] = count
+                break
+    return seen
+
+
+def credits(seen: dict[str, int], claims: dict[str, Claim]) -> dict[str, Credit]:
     """Credit per member of a completed round."""
     out = {}
     for peer, claim in claims.items():
-        samples = min(confirmed.get(peer, 0), claim.plausible_samples())
-        if samples < confirmed.get(peer, 0):
+        samples = min(seen.get(peer, 0), claim.plausible_samples())
+        if samples < seen.get(peer, 0):
             log.warning("crediting %s with %d of the %d samples it claimed: %s",
-                        peer, samples, confirmed[peer], claim)
+                        peer, samples, seen[peer], claim)
         if samples > 0:
             seconds = min(claim.compute_seconds, claim.accumulating_seconds)
             out[peer] = Credit(samples, round(max(seconds, 0.0), 3))

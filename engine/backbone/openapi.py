@@ -20,6 +20,7 @@ PATH_PARAMETERS: dict[str, dict[str, Any]] = {
     "project": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$"},
     "peer": {"type": "string", "maxLength": 64},
     "epoch": {"type": "integer", "minimum": 0},
+    "session": {"type": "integer", "minimum": 1, "description": "the id of one of my log-ins"},
 }
 SECURITY: dict[str, list[dict[str, list[str]]]] = {
     "user": [{"bearer": []}],

@@ -19,9 +19,19 @@ from engine.backbone.accounts import AttemptLimiter
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
+from engine.backbone.limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store import Store
-from engine.backbone.tracker import Broadcast, CollaborationState, Out, Record, Send, Tracker
+from engine.backbone.tracker import (
+    Broadcast,
+    CollaborationState,
+    Out,
+    RecordCredits,
+    RecordStep,
+    RoundOpened,
+    Send,
+    Tracker,
+)
 from engine.project import ProjectSpec, load_catalog
 from engine.resources import default_catalog
 from engine.wire.api import ProjectSummary
@@ -45,6 +55,8 @@ class BackboneConfig:
     status_interval: float = 1.0
     max_checkpoint_bytes: int = 1 << 30
     advertise: bool = False  # announce on the LAN with mDNS
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    trusted_proxies: frozenset[str] = frozenset()  # their X-Forwarded-For names the client
 
 
 class Backbone:
@@ -61,18 +73,36 @@ class Backbone:
         # continue from the clock, never from a number a previous run may have handed out.
         last_round = max(self.store.last_round_id(), int(time.time() * 1000))
         for spec in specs:
+            if self.store.migrated_hashes:
+                self._rehash_checkpoints(spec.id)
             epoch, digest = self.store.collaboration(spec.id)
             saved = self.store.checkpoints(spec.id)
             self.trackers[spec.id] = Tracker(
-                spec, epoch=epoch, params_sha256=digest, checkpoint=saved[0] if saved else None,
+                spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
                 peer_timeout=config.peer_timeout, last_round_id=last_round,
+                unsettled=self.store.unsettled_round(spec.id),
             )
         self.sessions: dict[str, PeerSession] = {}
-        self.login_failures_by_account = AttemptLimiter(limit=5, window=60)
-        self.login_failures_by_address = AttemptLimiter(limit=30, window=60)
+        self.throttle = Throttle(config.limits)
+        self.logins_by_account = AttemptLimiter(limit=5, window=60)  # keyed by account and address
+        self.logins_by_address = AttemptLimiter(limit=30, window=60)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task | None = None
+
+    def _rehash_checkpoints(self, project: str) -> None:
+        """After an upgrade from parameter hashes to state hashes: the stored checkpoints'
+        hashes are computed from their files, and the collaboration continues from the
+        latest one's if it holds the current epoch (else peers' majority settles it)."""
+        epoch, _ = self.store.collaboration(project)
+        for info in self.store.checkpoints(project):
+            digest = self.files.state_sha256(project, info.epoch)
+            if digest is None:
+                self.store.remove_checkpoint(project, info.epoch)
+                continue
+            self.store.update_checkpoint_hash(project, info.epoch, digest)
+            if info.epoch == epoch:
+                self.store.set_collaboration(project, epoch, digest)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json])
@@ -149,10 +179,15 @@ class Backbone:
                 for session in self.sessions.values():
                     if session.project == project:
                         session.send(text)
-            elif isinstance(out, Record):
-                self.store.record_step(project, out.step, out.credits, self._owners(project, out.credits))
+            elif isinstance(out, RecordStep):
+                self.store.record_step(project, out.step)
+            elif isinstance(out, RecordCredits):
+                owners = self._owners(project, out.credits)
+                self.store.record_credits(project, out.round_id, out.credits, owners)
+            elif isinstance(out, RoundOpened):
+                self.store.round_opened(project, out)
             elif isinstance(out, CollaborationState):
-                self.store.set_collaboration(project, out.epoch, out.params_sha256)
+                self.store.set_collaboration(project, out.epoch, out.state_sha256)
 
     def _owners(self, project: str, peers) -> dict[str, int | None]:
         owners = {}

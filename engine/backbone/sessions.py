@@ -1,7 +1,9 @@
 """A connected peer's WebSocket, with its own bounded outbound queue.
 
 Sending never blocks the backbone: each session drains its queue in its own task, and a
-peer that cannot keep up with its messages is disconnected rather than slowing the rest.
+peer that cannot keep up with the backbone's messages is disconnected rather than slowing
+the rest. What other peers send it (signals) is dropped instead once its queue is half
+full: a flood aimed at a peer must never be what disconnects it.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ MAX_QUEUED = 1000
 
 class PeerSession:
     def __init__(self, peer_id: str, project: str, name: str, user_id: int | None,
-                 ws: web.WebSocketResponse) -> None:
+                 ws: web.WebSocketResponse, address: str = "") -> None:
         self.peer_id = peer_id
         self.project = project
         self.name = name
         self.user_id = user_id
         self.ws = ws
+        self.address = address
         self.ice_renew_at = float("inf")  # when to send it fresh TURN credentials (UNIX time)
         self._queue: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
         self._writer = asyncio.ensure_future(self._drain())
@@ -36,6 +39,13 @@ class PeerSession:
         except asyncio.QueueFull:
             log.warning("peer %s is not reading its messages; disconnecting it", self.peer_id)
             spawn(self.ws.close(message=b"too slow to read messages"))
+
+    def relay(self, text: str) -> bool:
+        """Pass on another peer's message, unless this peer's queue is half full."""
+        if self._queue.qsize() >= MAX_QUEUED // 2:
+            return False
+        self._queue.put_nowait(text)
+        return True
 
     async def _drain(self) -> None:
         while True:

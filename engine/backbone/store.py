@@ -1,22 +1,43 @@
-"""The backbone's durable state in one SQLite file.
+"""The backbone's durable state in one SQLite file, readable by its owner only.
 
 WAL mode with synchronous=NORMAL: a killed process loses no committed transaction. A
-completed step, its credits and the users' totals are written in one transaction, and
-credits are keyed by (project, round, peer), so a restart can neither lose nor repeat one.
+settled step and the collaboration's new epoch are one transaction; a round's credits and
+the users' totals another, keyed by (project, round, peer), so a restart can neither lose
+nor repeat one. The last round each project opened is kept, to settle it after a restart.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.backbone.ledger import Credit
-from engine.wire.api import CurvePoint, HourTotals, ProjectTotals
+from engine.backbone.tracker.outputs import RoundOpened
+from engine.wire.api import CurvePoint, HourTotals, LoginSession, ProjectTotals
 from engine.wire.control import CheckpointInfo, Step
 
-SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+TOKEN_IDLE = 90 * 86400.0  # a log-in unused this long expires
+TOKEN_TOUCH = 3600.0  # how stale a token's last use may be recorded
+SCHEMA_VERSION = 2
+# Version 2: hashes cover the whole state (parameters, optimizer state, epoch), not the
+# parameters alone, so the old ones name nothing a peer holds any more; log-in tokens
+# expire unused and say what client made them.
+MIGRATIONS = {
+    2: """
+ALTER TABLE tokens ADD COLUMN last_used REAL;
+ALTER TABLE tokens ADD COLUMN client TEXT NOT NULL DEFAULT '';
+ALTER TABLE collaborations RENAME COLUMN params_sha256 TO state_sha256;
+ALTER TABLE steps RENAME COLUMN params_sha256 TO state_sha256;
+ALTER TABLE checkpoints RENAME COLUMN params_sha256 TO state_sha256;
+UPDATE collaborations SET state_sha256 = NULL;
+""",
+}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS users (
@@ -25,16 +46,16 @@ CREATE TABLE IF NOT EXISTS users (
 );
 CREATE TABLE IF NOT EXISTS tokens (
     token_sha256 TEXT PRIMARY KEY, user_id INTEGER NOT NULL REFERENCES users(id),
-    created_at REAL NOT NULL, revoked_at REAL
+    created_at REAL NOT NULL, revoked_at REAL, last_used REAL, client TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS collaborations (
-    project TEXT PRIMARY KEY, epoch INTEGER NOT NULL, params_sha256 TEXT,
+    project TEXT PRIMARY KEY, epoch INTEGER NOT NULL, state_sha256 TEXT,
     credited_samples INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS steps (
     project TEXT NOT NULL, round_id INTEGER NOT NULL, epoch INTEGER NOT NULL, loss REAL,
     samples INTEGER NOT NULL, peers INTEGER NOT NULL, round_seconds REAL NOT NULL,
-    params_sha256 TEXT NOT NULL, finished_at REAL NOT NULL, PRIMARY KEY (project, round_id)
+    state_sha256 TEXT NOT NULL, finished_at REAL NOT NULL, PRIMARY KEY (project, round_id)
 );
 CREATE INDEX IF NOT EXISTS steps_by_epoch ON steps (project, epoch);
 CREATE TABLE IF NOT EXISTS contributions (
@@ -58,8 +79,12 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE INDEX IF NOT EXISTS sessions_by_user ON sessions (project, user_id, ended);
 CREATE TABLE IF NOT EXISTS checkpoints (
     project TEXT NOT NULL, epoch INTEGER NOT NULL, sha256 TEXT NOT NULL,
-    params_sha256 TEXT NOT NULL, size INTEGER NOT NULL, created_at REAL NOT NULL,
+    state_sha256 TEXT NOT NULL, size INTEGER NOT NULL, created_at REAL NOT NULL,
     PRIMARY KEY (project, epoch)
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    project TEXT PRIMARY KEY, round_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
+    members TEXT NOT NULL, opened_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, project TEXT NOT NULL, name TEXT NOT NULL,
@@ -81,17 +106,31 @@ class UsernameTaken(ValueError):
 
 class Store:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fresh = not path.exists()
+        old_umask = os.umask(0o077)  # the database and its WAL files: the owner's alone
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(old_umask)
+        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if name.exists():
+                name.chmod(0o600)
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.executescript(SCHEMA)
-        row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None:
-            self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) > SCHEMA_VERSION:
-            raise RuntimeError(f"{path} was written by a newer Cotrain (schema {row[0]})")
+        version = SCHEMA_VERSION
+        if not fresh:
+            version = int(self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"{path} was written by a newer Cotrain (schema {version})")
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                log.info("%s: migrating to schema %d", path, target)
+                self.db.executescript(MIGRATIONS[target])
+                self.db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(target),))
+        self.db.executescript(SCHEMA)  # what a newer schema adds
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        self.migrated_hashes = version < 2  # stored checkpoints' hashes are to be computed anew
 
     def close(self) -> None:
         self.db.close()
@@ -119,55 +158,105 @@ class Store:
         ).fetchone()
         return (User(row[0], row[1]), row[2], row[3]) if row else None
 
-    def add_token(self, user: User, token_sha256: str) -> None:
-        self.db.execute("INSERT INTO tokens VALUES (?,?,?,NULL)", (token_sha256, user.id, time.time()))
+    def add_token(self, user: User, token_sha256: str, client: str = "") -> None:
+        now = time.time()
+        self.db.execute("INSERT INTO tokens VALUES (?,?,?,NULL,?,?)",
+                        (token_sha256, user.id, now, now, client))
 
     def user_for_token(self, token_sha256: str) -> User | None:
+        """The token's user, if it is neither revoked nor unused for TOKEN_IDLE; each use
+        pushes its expiry back (written at most once per TOKEN_TOUCH)."""
+        now = time.time()
         row = self.db.execute(
-            "SELECT users.id, users.username FROM tokens JOIN users ON users.id = tokens.user_id "
-            "WHERE token_sha256=? AND revoked_at IS NULL", (token_sha256,),
+            "SELECT users.id, users.username, COALESCE(tokens.last_used, tokens.created_at) FROM tokens "
+            "JOIN users ON users.id = tokens.user_id WHERE token_sha256=? AND revoked_at IS NULL",
+            (token_sha256,),
         ).fetchone()
-        return User(row[0], row[1]) if row else None
+        if row is None or now - row[2] > TOKEN_IDLE:
+            return None
+        if now - row[2] > TOKEN_TOUCH:
+            self.db.execute("UPDATE tokens SET last_used=? WHERE token_sha256=?", (now, token_sha256))
+        return User(row[0], row[1])
 
     def revoke_token(self, token_sha256: str) -> None:
         self.db.execute("UPDATE tokens SET revoked_at=? WHERE token_sha256=?", (time.time(), token_sha256))
+
+    def tokens(self, user_id: int, current_sha256: str) -> list[LoginSession]:
+        """The user's live log-ins, most recently used first."""
+        horizon = time.time() - TOKEN_IDLE
+        rows = self.db.execute(
+            "SELECT rowid, client, created_at, COALESCE(last_used, created_at), token_sha256 FROM tokens "
+            "WHERE user_id=? AND revoked_at IS NULL AND COALESCE(last_used, created_at) >= ? "
+            "ORDER BY 4 DESC", (user_id, horizon),
+        ).fetchall()
+        return [LoginSession(r[0], r[1] or "unknown client", r[2], r[3], r[3] + TOKEN_IDLE,
+                             r[4] == current_sha256) for r in rows]
+
+    def revoke_token_id(self, user_id: int, session_id: int) -> bool:
+        """Revoke the user's token ``session_id``; False if it has no such live token."""
+        cursor = self.db.execute(
+            "UPDATE tokens SET revoked_at=? WHERE rowid=? AND user_id=? AND revoked_at IS NULL",
+            (time.time(), session_id, user_id))
+        return cursor.rowcount == 1
 
     # --- collaboration state -------------------------------------------------------------
 
     def collaboration(self, project: str) -> tuple[int, str | None]:
         row = self.db.execute(
-            "SELECT epoch, params_sha256 FROM collaborations WHERE project=?", (project,)
+            "SELECT epoch, state_sha256 FROM collaborations WHERE project=?", (project,)
         ).fetchone()
         return (row[0], row[1]) if row else (0, None)
 
-    def set_collaboration(self, project: str, epoch: int, params_sha256: str | None) -> None:
+    def set_collaboration(self, project: str, epoch: int, state_sha256: str | None) -> None:
         self.db.execute(
-            "INSERT INTO collaborations (project, epoch, params_sha256) VALUES (?,?,?) "
-            "ON CONFLICT(project) DO UPDATE SET epoch=excluded.epoch, params_sha256=excluded.params_sha256",
-            (project, epoch, params_sha256),
+            "INSERT INTO collaborations (project, epoch, state_sha256) VALUES (?,?,?) "
+            "ON CONFLICT(project) DO UPDATE SET epoch=excluded.epoch, state_sha256=excluded.state_sha256",
+            (project, epoch, state_sha256),
         )
 
     def last_round_id(self) -> int:
-        return self.db.execute("SELECT COALESCE(MAX(round_id), 0) FROM steps").fetchone()[0]
+        return self.db.execute("SELECT MAX(COALESCE((SELECT MAX(round_id) FROM steps), 0), "
+                               "COALESCE((SELECT MAX(round_id) FROM rounds), 0))").fetchone()[0]
 
-    def record_step(self, project: str, step: Step, credits: dict[str, Credit],
-                    owners: dict[str, int | None]) -> None:
-        """The step, the collaboration's new epoch, and every member's credit — atomically."""
-        now = time.time()
+    def round_opened(self, project: str, opened: RoundOpened) -> None:
+        self.db.execute("INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?)",
+                        (project, opened.round_id, opened.epoch, json.dumps(opened.voters), time.time()))
+
+    def unsettled_round(self, project: str) -> RoundOpened | None:
+        """The last round the project opened, if no step of it was recorded."""
+        row = self.db.execute(
+            "SELECT round_id, epoch, members FROM rounds WHERE project=? AND round_id > "
+            "(SELECT COALESCE(MAX(round_id), 0) FROM steps WHERE project=?)", (project, project),
+        ).fetchone()
+        return RoundOpened(row[0], row[1], json.loads(row[2])) if row else None
+
+    def record_step(self, project: str, step: Step) -> None:
+        """The step and the collaboration's new epoch, atomically."""
         db = self._transaction()
         try:
             db.execute(
                 "INSERT OR IGNORE INTO steps VALUES (?,?,?,?,?,?,?,?,?)",
                 (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
-                 step.round_seconds, step.params_sha256, now),
+                 step.round_seconds, step.state_sha256, time.time()),
             )
-            self.set_collaboration(project, step.epoch, step.params_sha256)
+            self.set_collaboration(project, step.epoch, step.state_sha256)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def record_credits(self, project: str, round_id: int, credits: dict[str, Credit],
+                       owners: dict[str, int | None]) -> None:
+        """Every member's credit for a settled round and their users' totals, atomically."""
+        now = time.time()
+        db = self._transaction()
+        try:
             credited = 0
             for peer_id, credit in credits.items():
                 user_id = owners.get(peer_id)
                 cur = db.execute(
                     "INSERT OR IGNORE INTO contributions VALUES (?,?,?,?,?,?,?)",
-                    (project, step.round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now),
+                    (project, round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now),
                 )
                 if cur.rowcount == 0:
                     continue  # already credited: a replay must not count twice
@@ -199,15 +288,19 @@ class Store:
 
     def steps(self, project: str) -> list[Step]:
         rows = self.db.execute(
-            "SELECT round_id, epoch, loss, samples, peers, round_seconds, params_sha256 FROM steps "
+            "SELECT round_id, epoch, loss, samples, peers, round_seconds, state_sha256 FROM steps "
             "WHERE project=? ORDER BY round_id", (project,),
         ).fetchall()
         return [Step(round_id=r, epoch=e, loss=loss, samples=n, peers=peers, round_seconds=seconds,
-                     params_sha256=digest) for r, e, loss, n, peers, seconds, digest in rows]
+                     state_sha256=digest) for r, e, loss, n, peers, seconds, digest in rows]
 
-    def epoch_params(self, project: str, epoch: int) -> str | None:
+    def update_checkpoint_hash(self, project: str, epoch: int, state_sha256: str) -> None:
+        self.db.execute("UPDATE checkpoints SET state_sha256=? WHERE project=? AND epoch=?",
+                        (state_sha256, project, epoch))
+
+    def epoch_state(self, project: str, epoch: int) -> str | None:
         row = self.db.execute(
-            "SELECT params_sha256 FROM steps WHERE project=? AND epoch=? ORDER BY round_id DESC LIMIT 1",
+            "SELECT state_sha256 FROM steps WHERE project=? AND epoch=? ORDER BY round_id DESC LIMIT 1",
             (project, epoch),
         ).fetchone()
         return row[0] if row else None
@@ -277,12 +370,12 @@ class Store:
     def add_checkpoint(self, project: str, info: CheckpointInfo) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?)",
-            (project, info.epoch, info.sha256, info.params_sha256, info.size, time.time()),
+            (project, info.epoch, info.sha256, info.state_sha256, info.size, time.time()),
         )
 
     def checkpoints(self, project: str) -> list[CheckpointInfo]:
         rows = self.db.execute(
-            "SELECT epoch, sha256, params_sha256, size FROM checkpoints WHERE project=? "
+            "SELECT epoch, sha256, state_sha256, size FROM checkpoints WHERE project=? "
             "ORDER BY epoch DESC", (project,),
         ).fetchall()
         return [CheckpointInfo(e, sha, psha, size, checkpoint_url(project, e)) for e, sha, psha, size in rows]

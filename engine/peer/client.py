@@ -13,14 +13,15 @@ from typing import TypeVar
 import aiohttp
 
 from engine import __version__
+from engine.backoff import Backoff
 from engine.transport.shaping import RateLimiter
 from engine.wire import WIRE_VERSION, ProtocolError
 from engine.wire.api import (
     CONTENT_SHA256_HEADER,
     MAX_REPLY,
-    PARAMS_SHA256_HEADER,
     PEER_ID_HEADER,
     PEER_TOKEN_HEADER,
+    STATE_SHA256_HEADER,
     ErrorReply,
     JoinReply,
     JoinRequest,
@@ -36,6 +37,9 @@ from engine.wire.control import (
 )
 
 log = logging.getLogger(__name__)
+RECONNECT_FIRST = 1.0  # seconds: the first pause is 0.5-1 s
+RECONNECT_CAP = 60.0
+STABLE = 30.0  # a connection that lasted this long forgives the failures before it
 DownloadProgress = Callable[[int, int], None]
 T = TypeVar("T")
 _join_reply: Codec[JoinReply] = reply_codec(JoinReply)
@@ -56,8 +60,9 @@ class ControlClient:
     """One peer's line to its backbone: joining, the control socket, checkpoints."""
 
     def __init__(self, base_url: str, project_id: str, name: str,
-                 user_token: str | None = None) -> None:
+                 user_token: str | None = None, local_address: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.local_address = local_address  # the address to connect from, on a machine with several
         self.project_id = project_id
         self.name = name
         self.user_token = user_token
@@ -66,6 +71,9 @@ class ControlClient:
         self._ws: aiohttp.ClientWebSocketResponse[bool] | None = None
         self.upload = RateLimiter()
         self.download = RateLimiter()
+        self.backoff = Backoff(RECONNECT_FIRST, RECONNECT_CAP)
+        self.connect_attempts = 0
+        self._connected_at = 0.0
 
     def _headers(self) -> dict[str, str]:
         headers = {"User-Agent": f"cotrain/{__version__}", "Content-Type": "application/json"}
@@ -78,7 +86,9 @@ class ControlClient:
 
     async def join(self) -> JoinReply:
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            local = (self.local_address, 0) if self.local_address else None
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=local),
+                                               timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"{self.base_url}/api/projects/{self.project_id}/peers"
         request = JoinRequest(name=self.name, version=__version__, wire=WIRE_VERSION)
         try:
@@ -96,9 +106,11 @@ class ControlClient:
         """Open the control socket of the peer we joined as."""
         assert self._http is not None and self.join_reply is not None
         url = f"{self.base_url}/api/projects/{self.project_id}/peers/{self.join_reply.peer_id}/ws"
+        self.connect_attempts += 1
         try:
             self._ws = await self._http.ws_connect(url, headers=self._headers(), heartbeat=15,
                                                    max_msg_size=1 << 20)
+            self._connected_at = time.monotonic()
         except aiohttp.WSServerHandshakeError as exc:
             raise BackboneError(f"the backbone refused the control connection ({exc.status}: "
                                 f"{exc.message})", fatal=exc.status in (401, 403, 404)) from None
@@ -106,22 +118,33 @@ class ControlClient:
             raise BackboneError(f"cannot open the control connection: {exc}") from None
 
     async def reconnect(self, stopping: asyncio.Event, give_up_after: float) -> None:
-        """Reopen the control socket with growing pauses, e.g. while the backbone restarts."""
+        """Reopen the control socket after it closed, with growing, jittered pauses (a
+        backbone that restarts is not stormed by its peers). The pauses start over only
+        once a connection has lasted STABLE seconds: one refused just after it opened
+        keeps backing off."""
+        if time.monotonic() - self._connected_at > STABLE:
+            self.backoff.reset()
         deadline = time.monotonic() + give_up_after
-        delay = 0.5
         while True:
-            try:
-                await self.connect()
-                return
-            except BackboneError as exc:
-                if exc.fatal or time.monotonic() + delay > deadline:
-                    raise
-                log.info("backbone unreachable (%s); retrying in %.0fs", exc, delay)
+            delay = self.backoff.next()
+            if time.monotonic() + delay > deadline:
+                raise BackboneError(f"the backbone stayed unreachable for {give_up_after:.0f} s")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stopping.wait(), delay)
             if stopping.is_set():
                 raise BackboneError("stopped while reconnecting")
-            delay = min(delay * 2, 10.0)
+            try:
+                await self.connect()
+                return
+            except BackboneError as exc:
+                if exc.fatal:
+                    raise
+                log.info("backbone unreachable (%s); trying again", exc)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the control socket is open."""
+        return self._ws is not None and not self._ws.closed
 
     async def send(self, msg: ControlMessage) -> bool:
         """Send a control message; False (and nothing raised) while disconnected: what a peer
@@ -154,11 +177,11 @@ class ControlClient:
         code = self._ws.close_code
         return f"code {code}" if code is not None else "connection lost"
 
-    async def upload_checkpoint(self, epoch: int, data: bytes, params_sha256: str) -> None:
+    async def upload_checkpoint(self, epoch: int, data: bytes, state_sha256: str) -> None:
         assert self._http is not None
         url = f"{self.base_url}/api/projects/{self.project_id}/checkpoints/{epoch}"
         headers = {**self._headers(), CONTENT_SHA256_HEADER: hashlib.sha256(data).hexdigest(),
-                   PARAMS_SHA256_HEADER: params_sha256, "Content-Type": "application/octet-stream"}
+                   STATE_SHA256_HEADER: state_sha256, "Content-Type": "application/octet-stream"}
         async def chunks():
             for start in range(0, len(data), 1 << 16):
                 piece = data[start : start + (1 << 16)]

@@ -64,7 +64,7 @@ class ControlLoop:
             last = opt.last_step
             if last is not None and last.epoch + 1 == opt.epoch:
                 await client.send(last)
-            await client.send(Ready(opt.epoch, await opt.params_sha256()))
+            await client.send(Ready(opt.epoch, opt.state_hash))
             await opt.report_progress(force=True)
         elif not peer.state_sync.busy:
             peer.spawn(peer.resync())
@@ -80,12 +80,17 @@ class ControlLoop:
             peer.spawn(peer.rounds.run(msg))
         elif isinstance(msg, Step):
             peer.collab_epoch = msg.epoch
+            peer.optimizer.settled(msg.epoch, msg.state_sha256)
             peer.optimizer.observe_epoch(msg.epoch)
+            peer.rounds.settled(msg)
+            peer.state_sync.note_settled(msg.epoch, msg.state_sha256)
             peer.check_behind()
         elif isinstance(msg, Resync):
             log.info("resync requested: %s", msg.reason)
             peer.collab_epoch = msg.epoch
-            peer.resync_later()
+            if (msg.epoch, msg.state_sha256) != (peer.optimizer.epoch, peer.optimizer.state_hash):
+                peer.rounds.undone()
+            peer.resync_later(msg.epoch, msg.state_sha256)
         elif isinstance(msg, Status):
             peer.status = msg
             peer.optimizer.observe(msg)

@@ -53,7 +53,7 @@ class SyncProgress(Struct):
 class Synced(Struct):
     epoch: int
     source: str
-    params_sha256: str
+    state_sha256: str
 
 
 class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):

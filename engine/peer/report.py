@@ -49,7 +49,7 @@ class ConsoleReporter:
         elif isinstance(event, Synced):
             self._sync_shown = -1
             self.line.say(f"in sync at epoch {event.epoch} (state from {event.source}, "
-                          f"params {event.params_sha256[:12]})")
+                          f"params {event.state_sha256[:12]})")
         elif isinstance(event, EpochCompleted):
             r = event.step
             loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"
@@ -57,7 +57,7 @@ class ConsoleReporter:
                           f"(mine {event.my_samples}), averaged in {r.round_seconds:.1f}s")
             if self.json_lines:
                 print(json.dumps({"epoch": r.epoch, "loss": r.loss, "samples": r.samples,
-                                  "peers": r.peers, "params_sha256": r.params_sha256,
+                                  "peers": r.peers, "state_sha256": r.state_sha256,
                                   "round_seconds": round(r.round_seconds, 3),
                                   "my_samples": event.my_samples,
                                   "paths": {p: str(v) if v else None for p, v in event.paths.items()}}),

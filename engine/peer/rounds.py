@@ -1,5 +1,9 @@
 """A peer's part in averaging rounds: the frames of the data plane, the all-reduce, the step,
-and the checkpoint the backbone may ask for afterwards."""
+and the checkpoint the backbone may ask for afterwards.
+
+A step counts once the collaboration settles on it (the backbone's Step names our hash):
+only then is it shown, kept in the history and, if asked, checkpointed. A step the
+collaboration did not settle on is undone by the Resync that follows."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import torch
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan, butterfly_allreduce
 from engine.peer.client import BackboneError
 from engine.peer.events import EpochCompleted, RoundFailed
-from engine.wire.control import RoundStart
+from engine.wire.control import RoundStart, Step
 from engine.wire.frames import Part, Result, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
 from engine.wire.tensors import encode_file
@@ -28,6 +32,8 @@ class Rounds:
         self.peer = peer
         self.uploads: set[asyncio.Task] = set()
         self._last_round = 0
+        self._unsettled: tuple[EpochCompleted, str | None] | None = None  # our step, checkpoint_by
+        self._settled: Step | None = None  # the last step the collaboration settled on
 
     async def average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                       timeout: float) -> Averaged:
@@ -54,21 +60,43 @@ class Rounds:
         step, taken = outcome
         completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
                                    paths=peer.mesh.paths())
+        self._unsettled = (completed, start.checkpoint_by)
+        self._confirm()
+
+    def settled(self, step: Step) -> None:
+        """The collaboration settled on ``step``: if it is ours, it counts now."""
+        self._settled = step
+        self._confirm()
+
+    def undone(self) -> None:
+        """The backbone says our state is not the collaboration's: our last step is void."""
+        self._unsettled = None
+
+    def _confirm(self) -> None:
+        settled, pending = self._settled, self._unsettled
+        if settled is None or pending is None or settled.epoch < pending[0].step.epoch:
+            return
+        self._unsettled = None
+        completed, checkpoint_by = pending
+        if settled.epoch != completed.step.epoch or settled.state_sha256 != completed.step.state_sha256:
+            return  # not what the collaboration settled on: a Resync undoes it
+        peer = self.peer
+        completed = EpochCompleted(step=settled, my_samples=completed.my_samples,
+                                   my_batches=completed.my_batches, paths=completed.paths)
         peer.history.append(completed)
-        peer.collab_epoch = max(peer.collab_epoch, step.epoch)
         peer.emit(completed)
-        if start.checkpoint_by == peer.peer_id:
+        if checkpoint_by == peer.peer_id:
             self.uploads.add(peer.spawn(self._upload_checkpoint()))
         max_epochs = peer.options.max_epochs
-        if max_epochs is not None and step.epoch >= max_epochs:
-            peer.stop(f"reached epoch {step.epoch}")
+        if max_epochs is not None and settled.epoch >= max_epochs:
+            peer.stop(f"reached epoch {settled.epoch}")
 
     async def _upload_checkpoint(self) -> None:
         index, payload = await self.peer.optimizer.snapshot()
         data = encode_file(index, payload)
         epoch = index.meta.epoch
         try:
-            await self.peer.client.upload_checkpoint(epoch, data, index.meta.params_sha256)
+            await self.peer.client.upload_checkpoint(epoch, data, index.meta.state_sha256)
             log.info("uploaded the checkpoint of epoch %d (%.1f MB)", epoch, len(data) / 1e6)
         except BackboneError as exc:
             log.warning("checkpoint upload failed: %s", exc)

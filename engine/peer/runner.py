@@ -31,6 +31,7 @@ from engine.tasks import Task, create_task, initial_model
 from engine.training.device import Placement, choose_device
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.schedule import build_optimizer
+from engine.training.state import state_budget
 from engine.transport.counters import LinkCounters
 from engine.transport.ice import ice_configuration, is_loopback_host
 from engine.transport.mailbox import Mailbox
@@ -214,10 +215,13 @@ class Peer:
         model = self.fresh_model()
         self.gate.install(model)
         optimizer = build_optimizer(project.optimizer, model.parameters())
+        # No honest frame is larger than this model's state: a peer's is refused at its first chunk.
+        max_frame = min(state_budget(model, optimizer), reply.max_checkpoint_bytes)
+        self.mailbox.max_bytes = 2 * max_frame
         relay_only = self.relay_only = opts.relay_only or reply.ice_policy is IcePolicy.RELAY
         ice = ice_configuration(reply.ice_servers, relay_only)
         self._mesh = PeerMesh(self.peer_id, self.control.signal, ice, self.mailbox, self.rounds.on_frame,
-                              self.rounds.on_incoming, max_payload=reply.max_checkpoint_bytes,
+                              self.rounds.on_incoming, max_payload=max_frame,
                               upload=self.upload)
         self._opt = CollaborativeOptimizer(
             model, optimizer, project.schedule, project_id=project.id, me=self.peer_id,
@@ -277,10 +281,11 @@ class Peer:
 
     # --- catching up --------------------------------------------------------------------
 
-    def resync_later(self) -> None:
-        """The backbone says we are behind: download now, or once the owner lets us run."""
+    def resync_later(self, epoch: int, state_sha256: str | None) -> None:
+        """The backbone says our state is not the collaboration's: get the settled one now,
+        or once the owner lets us run."""
         if self._running:
-            self.spawn(self.resync())
+            self.spawn(self.resync(epoch, state_sha256))
         else:
             self._resync_on_resume = True
 
@@ -301,6 +306,6 @@ class Peer:
         if not await self.state_sync.sync():
             self.stop("could not obtain the collaboration's state")
 
-    async def resync(self) -> None:
-        if not await self.state_sync.resync():
+    async def resync(self, epoch: int | None = None, state_sha256: str | None = None) -> None:
+        if not await self.state_sync.resync(epoch, state_sha256):
             self.stop("could not obtain the collaboration's state")

@@ -17,6 +17,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from msgspec.structs import replace
@@ -25,9 +27,9 @@ from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.project import ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
-from engine.training.params import params_sha256, set_grads, trainable
+from engine.training.params import set_grads, trainable
 from engine.training.schedule import lr_at
-from engine.training.state import load_state, pack_state
+from engine.training.state import load_state, pack_state, state_sha256
 from engine.training.throughput import Throughput
 from engine.wire.control import ControlMessage, Progress, RoundDone, RoundStart, Status, Step
 from engine.wire.tensors import StateFile, StateIndex
@@ -42,6 +44,17 @@ MIN_REPORT_GAP = 0.05
 # of the round's timeout; a slower device drops that micro-batch instead of stalling everyone.
 ROUND_WAIT_SHARE = 0.2
 SNAPSHOT_WAIT = 5.0  # the same for a state snapshot a joiner or a checkpoint waits for
+
+
+@dataclass
+class Kept:
+    """The state before a step the collaboration has not settled on yet: if the round is
+    discarded, the peer goes back to it at once instead of downloading it."""
+
+    epoch: int
+    state_sha256: str
+    model: dict[str, torch.Tensor]
+    optimizer: dict[int, Any]
 
 
 class CollaborativeOptimizer:
@@ -84,6 +97,10 @@ class CollaborativeOptimizer:
         self._batch_began: float | None = None  # when the micro-batch under way started
         self._outlasted_wait = False
         self.epoch = 0
+        self.state_hash = ""  # of the state held now ("" before any)
+        self.kept: Kept | None = None
+        self._round_over = asyncio.Event()
+        self._round_over.set()
         self.last_compute_seconds = 0.0
         self.last_step: RoundDone | None = None  # how our last step went, told the backbone again
         self._averager = averager
@@ -204,6 +221,7 @@ class CollaborativeOptimizer:
                                        error=f"not ready for epoch {start.epoch}"))
             return None
         self._in_round = True
+        self._round_over.clear()
         self._update()
         taken = await self._run_promptly(self.accumulator.take, ROUND_WAIT_SHARE * start.timeout)
         self._reported_samples = 0
@@ -213,7 +231,8 @@ class CollaborativeOptimizer:
             # first micro-batch looks slower than it is, and its honest claim gets cut.
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
         began = time.monotonic()
-        plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me)
+        plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me,
+                         frozenset(start.optional))
         try:
             try:
                 averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,
@@ -228,14 +247,15 @@ class CollaborativeOptimizer:
             digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
         finally:
             self._in_round = False
+            self._round_over.set()
             self._update()
         seconds = time.monotonic() - began
-        self.last_step = RoundDone(start.round_id, start.epoch, ok=True, params_sha256=digest,
+        self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
-                                   confirmed=averaged.confirmed)
+                                   received=averaged.received)
         await self._send(self.last_step)
         step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
-                    peers=len(start.group), round_seconds=seconds, params_sha256=digest)
+                    peers=len(start.group), round_seconds=seconds, state_sha256=digest)
         return step, taken
 
     async def _run_promptly(self, fn, budget: float):
@@ -295,6 +315,10 @@ class CollaborativeOptimizer:
                     replica[name].copy_(value)
 
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
+        if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
+            model = {k: v.clone() for k, v in self.model.state_dict().items()}
+            moments = copy.deepcopy(self.optimizer.state_dict()["state"])
+            self.kept = Kept(epoch, self.state_hash, model, moments)
         set_grads(self.params, vector)
         if self.clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
@@ -305,7 +329,7 @@ class CollaborativeOptimizer:
         self.optimizer.zero_grad(set_to_none=True)
         self._follow_master()
         self.epoch = epoch + 1
-        return params_sha256(self.model)
+        return self._rehash()
 
     # --- state ------------------------------------------------------------------------
 
@@ -327,22 +351,52 @@ class CollaborativeOptimizer:
             self.model.load_state_dict(fresh.state_dict())
             self.optimizer.state.clear()
             self._follow_master()
-            self.epoch = 0
-            return params_sha256(self.model)
+            self.epoch, self.kept = 0, None
+            return self._rehash()
 
         return await self._run(work)
 
     async def load(self, state: StateFile) -> str:
-        """Adopt a downloaded state; returns its parameter hash."""
+        """Adopt a downloaded state (checked by the caller); returns its hash."""
         def work() -> str:
             self.epoch = load_state(state, self.model, self.optimizer, self.project_id)
             self._follow_master()
-            return params_sha256(self.model)
+            self.kept = None
+            return self._rehash()
 
         return await self._run(work)
 
-    async def params_sha256(self) -> str:
-        return await self._run(lambda: params_sha256(self.model))
+    def settled(self, epoch: int, digest: str) -> None:
+        """The collaboration settled on ``epoch`` with this state: if it is ours, the state
+        kept from before our last step is no longer needed."""
+        if epoch == self.epoch and digest == self.state_hash:
+            self.kept = None
+
+    async def restore(self, epoch: int, digest: str) -> bool:
+        """Go back to the state kept from before a step that did not settle, if it is the
+        settled state of ``epoch``; False when there is none such (then download it)."""
+        def work() -> bool:
+            kept = self.kept
+            if kept is None or kept.epoch != epoch or kept.state_sha256 != digest:
+                return False
+            self.model.load_state_dict(kept.model)
+            groups = self.optimizer.state_dict()["param_groups"]
+            self.optimizer.load_state_dict({"state": kept.optimizer, "param_groups": groups})
+            self._follow_master()
+            self.epoch, self.state_hash, self.kept = kept.epoch, kept.state_sha256, None
+            return True
+
+        return await self._run(work)
+
+    async def round_over(self) -> None:
+        """Until no round of ours is under way: state must not land under a round's step."""
+        await self._round_over.wait()
+
+    def _rehash(self) -> str:
+        """The hash of the whole state a joiner would receive: parameters, optimizer state,
+        epoch (computed after every change, on the compute thread)."""
+        self.state_hash = state_sha256(self.model, self.optimizer, self.epoch)
+        return self.state_hash
 
     async def mark_synced(self) -> None:
         await self._run(self.accumulator.clear)

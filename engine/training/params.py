@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
-
-from engine.wire.tensors import named_sha256
 
 
 def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -33,16 +31,3 @@ def set_grads(params: Sequence[torch.nn.Parameter], vector: torch.Tensor) -> Non
         offset += n
     if offset != vector.numel():
         raise ValueError("vector does not match the parameters")
-
-
-def params_sha256(model: torch.nn.Module) -> str:
-    """Hash of every parameter and buffer, in a fixed order: equal hashes mean equal bits."""
-    return tensors_sha256(model.state_dict())
-
-
-def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:
-    return named_sha256((name, _raw(tensor)) for name, tensor in named.items())
-
-
-def _raw(tensor: torch.Tensor) -> bytes:
-    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()

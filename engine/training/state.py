@@ -7,11 +7,12 @@ the network or a checkpoint file can be checked entry by entry and runs no code.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from engine.training.params import params_sha256
 from engine.wire import ProtocolError
-from engine.wire.tensors import MODEL_PREFIX, StateFile, StateIndex, StateMeta, TensorEntry
+from engine.wire.tensors import MODEL_PREFIX, StateFile, StateIndex, StateMeta, TensorEntry, state_digest
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -53,8 +54,10 @@ def tensors_of(state: StateFile) -> dict[str, torch.Tensor]:
     return out
 
 
-def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
-               project_id: str) -> tuple[StateIndex, bytearray]:
+def contents(model: torch.nn.Module, optimizer: torch.optim.Optimizer
+             ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, int | float]]:
+    """What a state holds, named as its file names it: the model's parameters and buffers,
+    and the optimizer's per-parameter tensors and numbers."""
     tensors = [(f"{MODEL_PREFIX}{k}", v) for k, v in model.state_dict().items()]
     numbers: dict[str, int | float] = {}
     for index, entry in optimizer.state_dict()["state"].items():
@@ -62,16 +65,46 @@ def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: 
             name = f"{OPTIM_PREFIX}{index}/{key}"
             if isinstance(value, torch.Tensor):
                 tensors.append((name, value))
-            elif isinstance(value, (int, float)):
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 numbers[name] = value
-    meta = StateMeta(epoch, project_id, params_sha256(model), numbers)
+    return tensors, numbers
+
+
+def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int) -> str:
+    """The hash of everything a joiner receives (engine.wire.tensors.state_digest)."""
+    tensors, numbers = contents(model, optimizer)
+    return state_digest(((name, _NAMES[t.dtype], list(t.shape), _raw(t)) for name, t in tensors),
+                        numbers, epoch)
+
+
+def _raw(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
+               project_id: str) -> tuple[StateIndex, bytearray]:
+    tensors, numbers = contents(model, optimizer)
+    meta = StateMeta(epoch, project_id, state_sha256(model, optimizer, epoch), numbers)
     return pack(tensors, meta)
 
 
-def load_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               project_id: str) -> int:
-    """Load ``state`` into ``model`` and ``optimizer``; returns its epoch. Raises ProtocolError
-    and leaves both untouched when the state does not fit this project's model."""
+# What each optimizer keeps per parameter: a state may hold these and nothing else, all of
+# them for every parameter it holds any for ("step" is a count, the others the parameter's
+# shape); anything else would crash the step, or quietly change it.
+SLOTS: dict[type, frozenset[str]] = {
+    torch.optim.AdamW: frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    torch.optim.Adam: frozenset({"step", "exp_avg", "exp_avg_sq"}),
+    torch.optim.SGD: frozenset({"momentum_buffer"}),
+}
+NON_NEGATIVE = frozenset({"step", "exp_avg_sq"})
+
+
+def check_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                project_id: str) -> dict[str, tuple[int, str]]:
+    """Raise ProtocolError unless ``state`` is a state of this project's model and optimizer:
+    every parameter and buffer, each optimizer slot in its shape and type, every value
+    finite (second moments and steps not negative). Returns each optimizer entry's
+    (parameter index, slot)."""
     meta = state.meta
     if meta.project != project_id:
         raise ProtocolError(f"state belongs to project {meta.project!r}, not {project_id!r}")
@@ -84,22 +117,59 @@ def load_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.
         if tuple(entry.shape) != tuple(expected[name].shape) or DTYPES[entry.dtype] != expected[name].dtype:
             raise ProtocolError(f"state tensor {name} has the wrong shape or type")
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    allowed = SLOTS.get(type(optimizer), frozenset())
     slots: dict[str, tuple[int, str]] = {}
+    held: dict[int, set[str]] = {}
     for name in [*(k for k in entries if not k.startswith(MODEL_PREFIX)), *meta.numbers]:
         parts = name.split("/")
-        if len(parts) != 3 or f"{parts[0]}/" != OPTIM_PREFIX or not parts[1].isdigit() \
-                or int(parts[1]) >= len(params):
+        if (len(parts) != 3 or f"{parts[0]}/" != OPTIM_PREFIX or not parts[1].isdigit()
+                or int(parts[1]) >= len(params) or parts[2] not in allowed):
             raise ProtocolError(f"bad optimizer state entry {name}")
-        slots[name] = (int(parts[1]), parts[2])
+        index, key = int(parts[1]), parts[2]
+        slots[name] = (index, key)
+        held.setdefault(index, set()).add(key)
         found = entries.get(name)
-        if found is not None and found.shape and tuple(found.shape) != tuple(params[int(parts[1])].shape):
-            raise ProtocolError(f"optimizer state {name} has the wrong shape")
+        if found is None:
+            value = meta.numbers[name]
+            if not math.isfinite(value) or (key in NON_NEGATIVE and value < 0):
+                raise ProtocolError(f"optimizer state {name} is not a valid number")
+            continue
+        shape = () if key == "step" else tuple(params[index].shape)
+        if tuple(found.shape) != shape or DTYPES[found.dtype] != params[index].dtype:
+            raise ProtocolError(f"optimizer state {name} has the wrong shape or type")
+    if any(keys != allowed for keys in held.values()):
+        raise ProtocolError("the optimizer state holds some of a parameter's slots but not all")
+    for name, tensor in tensors_of(state).items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ProtocolError(f"state tensor {name} holds values that are not finite")
+        if slots.get(name, (0, ""))[1] in NON_NEGATIVE and bool((tensor < 0).any()):
+            raise ProtocolError(f"state tensor {name} holds negative values")
+    return slots
+
+
+def load_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               project_id: str) -> int:
+    """Load ``state`` into ``model`` and ``optimizer``; returns its epoch. Raises ProtocolError
+    and leaves both untouched when the state does not fit this project (check_state)."""
+    slots = check_state(state, model, optimizer, project_id)
     tensors = tensors_of(state)
     optim_state: dict[int, dict] = {}
     for name, (index, key) in slots.items():
-        optim_state.setdefault(index, {})[key] = tensors[name] if name in tensors else meta.numbers[name]
+        optim_state.setdefault(index, {})[key] = tensors.get(name, state.meta.numbers.get(name))
     current = optimizer.state_dict()
-    model.load_state_dict({k: tensors[MODEL_PREFIX + k] for k in weights})
+    weights = {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+    model.load_state_dict(weights)
     optimizer.load_state_dict({"state": optim_state, "param_groups": current["param_groups"]})
-    return meta.epoch
+    return state.meta.epoch
 
+
+
+def state_budget(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """The most bytes a state file of this model and optimizer can take (every slot filled,
+    a generous index): no honest frame from a peer is larger, so none is accepted that is."""
+    tensors = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    slots = len(SLOTS.get(type(optimizer), ()))
+    moments = slots * sum(p.numel() * p.element_size() for p in params)
+    entries = len(model.state_dict()) + slots * len(params)
+    return tensors + moments + 8 * len(params) + 1024 * entries + (1 << 20)

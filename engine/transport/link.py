@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable
 
 from aiortc import RTCDataChannel, RTCPeerConnection
 
 from engine.aio import spawn
+from engine.ratelimit import Buckets, Rate
 from engine.transport.counters import LinkCounters
 from engine.transport.patches import nominated_path
 from engine.transport.shaping import RateLimiter
@@ -23,7 +25,14 @@ log = logging.getLogger(__name__)
 
 HIGH_WATER = 4 * 1024 * 1024
 LOW_WATER = 1024 * 1024
-MIN_SEND_RATE = 1000.0  # bytes/s: a receive limit below this is taken as none
+# The least a peer may ask us to send it per second: lower requests are raised to it, so a
+# peer that asks for a trickle cannot hold our sends (a state it asked for, say) for ever.
+MIN_RECEIVE_LIMIT = 64 * 1024
+# A message begun and then left unfinished this long costs its sender the link.
+PARTIAL_IDLE = 60.0
+# Frames a peer may send us: ten times an honest peer's most (a part, a result and a path
+# view per round, ten rounds a second); more costs it the link.
+FRAME_RATE = Rate(300.0, 1000.0)
 
 
 class LinkClosed(ConnectionError):
@@ -37,8 +46,9 @@ class LinkClosed(ConnectionError):
 class PeerLink:
     """Sends frames with backpressure on ``bufferedAmount``; hands complete frames to ``on_frame``.
 
-    A peer that breaks the framing rules loses the link: we log why and close it, and
-    everything waiting on that peer learns at once through ``on_closed``.
+    A peer that breaks the framing rules loses the link: we log why, note it in
+    ``broke_rules`` and close it, and everything waiting on that peer learns at once
+    through ``on_closed``.
     """
 
     def __init__(
@@ -64,6 +74,10 @@ class PeerLink:
         self._remote_path: LinkPath | None = None
         self.path_announced = asyncio.Event()  # the other side told us its view
         self._reassembler = Reassembler(max_payload)
+        self.broke_rules: str | None = None  # why we dropped the link, if the peer's frames did it
+        self._frames = Buckets(FRAME_RATE, time.monotonic)
+        self._idle: asyncio.TimerHandle | None = None
+        self.last_active = time.monotonic()  # when a frame last went either way
         self._ids = itertools.count(1)
         self._drained = asyncio.Event()
         self._closed = asyncio.Event()
@@ -99,16 +113,20 @@ class PeerLink:
             self.channel.send(chunk)
             self.counters.bytes_sent += len(chunk)
         self.counters.messages_sent += 1
+        self.last_active = time.monotonic()
 
     def _on_message(self, data: bytes | str) -> None:
-        if self._closed.is_set():
+        if self._closed.is_set() or self.broke_rules:
             return
         try:
             frame, incoming = self._reassembler.feed(data)  # type: ignore[arg-type]
+            if frame is not None and not self._frames.take(""):
+                raise ProtocolError(f"more than {FRAME_RATE.per_second:.0f} frames a second")
         except ProtocolError as exc:
-            log.warning("dropping link to %s: %s", self.peer_id, exc)
-            spawn(self.close())
+            self.punish(str(exc))
             return
+        self._watch_partials()
+        self.last_active = time.monotonic()
         self.counters.bytes_received += len(data)
         if frame is not None:
             self.counters.messages_received += 1
@@ -122,11 +140,31 @@ class PeerLink:
                 self.path_announced.set()
             elif isinstance(header, ReceiveLimit):
                 rate = header.bytes_per_second
-                self.remote_limit.set_rate(rate if rate is not None and rate >= MIN_SEND_RATE else None)
+                self.remote_limit.set_rate(None if rate is None else max(rate, MIN_RECEIVE_LIMIT))
             else:
                 self._on_frame(self.peer_id, frame)
         elif incoming is not None and self._on_incoming is not None:
             self._on_incoming(self.peer_id, incoming)
+
+    def punish(self, why: str) -> None:
+        """Drop the link for what the peer sent (the mesh then keeps it away for a while)."""
+        if self.broke_rules or self._closed.is_set():
+            return
+        log.warning("dropping link to %s: %s", self.peer_id, why)
+        self.broke_rules = why
+        spawn(self.close())
+
+    def _watch_partials(self) -> None:
+        """(Re)start the idle clock while a message is under way; stop it when none is."""
+        if self._idle is not None:
+            self._idle.cancel()
+        self._idle = (asyncio.get_running_loop().call_later(PARTIAL_IDLE, self._stalled)
+                      if self._reassembler.open else None)
+
+    def _stalled(self) -> None:
+        log.warning("dropping link to %s: a message under way sent nothing for %.0fs", self.peer_id,
+                    PARTIAL_IDLE)
+        spawn(self.close())
 
     def _on_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
@@ -178,5 +216,7 @@ class PeerLink:
         if self._closed.is_set():
             return
         self._closed.set()
+        if self._idle is not None:
+            self._idle.cancel()
         self._on_closed(self)
         await self.pc.close()

@@ -14,15 +14,18 @@ Key = tuple[str, int, str]  # kind, id (a round's, a request's), sender
 class Mailbox:
     """Frames keyed by (kind, id, sender).
 
-    Early frames (a fast peer's part before our round starts) wait here, bounded in
-    count and bytes: the oldest are dropped first, so a flooding peer cannot exhaust memory.
+    Early frames (a fast peer's part before our round starts) wait here. Each sender has
+    its own quota of frames and bytes: past it, that sender's oldest frames are dropped,
+    never another's, so a flooding peer cannot exhaust memory or evict an honest message;
+    and ``on_overflow`` hears of it (an honest peer is never that far ahead of us).
     """
 
-    def __init__(self, max_items: int = 256, max_bytes: int = 1 << 30) -> None:
-        self.max_items = max_items
-        self.max_bytes = max_bytes
+    def __init__(self, max_items: int = 16, max_bytes: int = 1 << 30) -> None:
+        self.max_items = max_items  # per sender
+        self.max_bytes = max_bytes  # per sender
+        self.on_overflow: Callable[[str], None] | None = None
         self._items: OrderedDict[Key, Frame] = OrderedDict()
-        self._bytes = 0
+        self._held: dict[str, tuple[int, int]] = {}  # sender -> (frames, bytes) waiting
         self._waiters: dict[Key, asyncio.Future[Frame]] = {}
 
     def put(self, key: Key, frame: Frame) -> None:
@@ -32,14 +35,26 @@ class Mailbox:
             return
         self._remove(key)
         self._items[key] = frame
-        self._bytes += len(frame.payload)
-        while self._items and (len(self._items) > self.max_items or self._bytes > self.max_bytes):
-            self._remove(next(iter(self._items)))
+        sender = key[-1]
+        count, size = self._held.get(sender, (0, 0))
+        self._held[sender] = (count + 1, size + len(frame.payload))
+        if self._over(sender) and self.on_overflow is not None:
+            self.on_overflow(sender)
+        while self._over(sender):
+            self._remove(next(k for k in self._items if k[-1] == sender))
+
+    def held(self, sender: str) -> tuple[int, int]:
+        """(frames, bytes) of ``sender``'s waiting here."""
+        return self._held.get(sender, (0, 0))
+
+    def _over(self, sender: str) -> bool:
+        count, size = self._held.get(sender, (0, 0))
+        return count > self.max_items or size > self.max_bytes
 
     async def get(self, key: Key, timeout: float) -> Frame:
         if key in self._items:
-            frame = self._items.pop(key)
-            self._bytes -= len(frame.payload)
+            frame = self._items[key]
+            self._remove(key)
             return frame
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[key] = waiter
@@ -62,4 +77,8 @@ class Mailbox:
     def _remove(self, key: Key) -> None:
         frame = self._items.pop(key, None)
         if frame is not None:
-            self._bytes -= len(frame.payload)
+            count, size = self._held[key[-1]]
+            if count == 1:
+                del self._held[key[-1]]
+            else:
+                self._held[key[-1]] = (count - 1, size - len(frame.payload))

@@ -3,18 +3,29 @@
 Either side may need a link first (a round, a state download), so either side may offer.
 When two offers cross ("glare"), the offer of the peer with the smaller id wins and the
 other side answers it instead of waiting for its own.
+
+Offers cost sockets, so they are bounded: one answer under way per peer, and at most
+``max_connections`` connections in all -- at the limit, a new offer takes the place of
+the link idle longest, or is refused if every link is busy. An offer to a peer that could
+not be reached waits first, longer after each failure (0.5 s doubling to 8 s, jittered), so a
+peer behind a broken NAT is not dialled in a tight loop by every round and download. A peer
+whose frames broke the rules (or that sent more than anyone waits for) is neither answered nor
+dialled for a while (30 s, doubling with each offence up to an hour): each new connection costs
+us a handshake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
+from engine.backoff import Backoff
 from engine.transport import patches
 from engine.transport.counters import LinkCounters
 from engine.transport.link import LinkClosed, PeerLink
@@ -25,6 +36,32 @@ from engine.wire.framing import Frame, Incoming
 from engine.wire.types import LinkPath, SignalKind
 
 log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 200
+IDLE_LINK = 60.0  # a link with no frame either way for this long may make room for another
+REDIAL_FIRST, REDIAL_CAP = 0.5, 8.0  # seconds before offering again to a peer that failed
+SHUN_FIRST, SHUN_CAP = 30.0, 3600.0  # seconds without links to a peer that broke the rules
+
+
+class Pauses:
+    """Peers not to connect to before a time that grows with each ``extend``."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self.first, self.cap = first, cap
+        self._backoffs: dict[str, Backoff] = {}
+        self._until: dict[str, float] = {}
+
+    def left(self, peer_id: str) -> float:
+        return max(0.0, self._until.get(peer_id, 0.0) - time.monotonic())
+
+    def extend(self, peer_id: str) -> float:
+        wait = self._backoffs.setdefault(peer_id, Backoff(self.first, self.cap)).next()
+        self._until[peer_id] = time.monotonic() + wait
+        return wait
+
+    def clear(self, peer_id: str) -> None:
+        self._backoffs.pop(peer_id, None)
+        self._until.pop(peer_id, None)
 
 SendSignal = Callable[[str, SignalData], Awaitable[None]]
 
@@ -48,11 +85,13 @@ class PeerMesh:
         max_payload: int = 1 << 30,
         connect_timeout: float = 30.0,
         upload: RateLimiter | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.me = me
         self.config = config
         self.mailbox = mailbox
         self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
         self._send_signal = send_signal
         self._on_frame = on_frame
         self._on_incoming = on_incoming
@@ -63,9 +102,12 @@ class PeerMesh:
         self._arrivals: dict[str, asyncio.Future[PeerLink]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._retired = LinkCounters()
+        self._redial = Pauses(REDIAL_FIRST, REDIAL_CAP)  # peers that could not be reached lately
+        self._shunned = Pauses(SHUN_FIRST, SHUN_CAP)  # peers whose frames broke the rules
         self._closing = False
         self.upload = upload or RateLimiter()
         self.download_cap: float | None = None
+        mailbox.on_overflow = self._overflowed
         patches.apply()
 
     async def link(self, peer_id: str, timeout: float | None = None) -> PeerLink:
@@ -73,11 +115,14 @@ class PeerMesh:
         link = self._links.get(peer_id)
         if link is not None and link.is_open:
             return link
+        shunned = self._shunned.left(peer_id)
+        if shunned:
+            raise LinkClosed(f"{peer_id} broke the rules: no links to it for {shunned:.0f} s", peer_id)
         arrival = self._arrival(peer_id)
         if peer_id not in self._offers and peer_id not in self._answering:
             # An answer under way brings the link too; a second offer now would make the
             # other side drop the link it is about to open, as if ours had died.
-            self._spawn(self._offer(peer_id))
+            self.spawn(self._offer(peer_id))
         try:
             return await asyncio.wait_for(asyncio.shield(arrival), timeout or self.connect_timeout)
         except asyncio.TimeoutError:
@@ -101,7 +146,7 @@ class PeerMesh:
     def set_download_cap(self, bytes_per_second: float | None) -> None:
         """Share ``bytes_per_second`` among the open links; each peer is asked to keep to it."""
         self.download_cap = bytes_per_second
-        self._spawn(self._advertise_limits())
+        self.spawn(self._advertise_limits())
 
     async def _advertise_limits(self) -> None:
         links = [link for link in self._links.values() if link.is_open]
@@ -142,10 +187,12 @@ class PeerMesh:
             self._arrivals[peer_id] = arrival
         return arrival
 
-    def _spawn(self, coro: Awaitable) -> None:
+    def spawn(self, coro: Awaitable) -> asyncio.Future:
+        """Run ``coro`` for as long as the mesh lives (cancelled when it closes)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _new_connection(self, peer_id: str) -> tuple[RTCPeerConnection, RTCDataChannel, PeerLink]:
         """A connection whose link listens from the start: the other side may send the
@@ -156,11 +203,22 @@ class PeerMesh:
                         self._max_payload, self.upload)
         return pc, channel, link
 
+    def redial_in(self, peer_id: str) -> float:
+        """Seconds before a new offer to ``peer_id`` goes out (0 unless it failed lately)."""
+        return self._redial.left(peer_id)
+
+    def shunned_for(self, peer_id: str) -> float:
+        """Seconds before ``peer_id``, whose frames broke the rules, may connect again."""
+        return self._shunned.left(peer_id)
+
     async def _offer(self, peer_id: str) -> None:
         pc, channel, link = self._new_connection(peer_id)
         offer = _Offer(uuid.uuid4().hex, pc, asyncio.get_running_loop().create_future())
         self._offers[peer_id] = offer
         try:
+            wait = self.redial_in(peer_id)
+            if wait:
+                await asyncio.sleep(wait)  # a pause between attempts, not a synchronisation
             await pc.setLocalDescription(await pc.createOffer())
             await self._send_signal(
                 peer_id, SignalData(kind=SignalKind.OFFER, conn=offer.conn, sdp=pc.localDescription.sdp))
@@ -173,6 +231,7 @@ class PeerMesh:
             raise
         except Exception as exc:
             await pc.close()
+            self._redial.extend(peer_id)
             log.info("connecting to %s failed: %s", peer_id, exc)
             arrival = self._arrivals.get(peer_id)
             if arrival is not None and not arrival.done() and self._offers.get(peer_id) is offer:
@@ -182,6 +241,19 @@ class PeerMesh:
                 del self._offers[peer_id]
 
     async def _answer(self, sender: str, signal: SignalData) -> None:
+        if sender in self._answering:
+            log.info("ignoring another offer from %s while answering its last", sender)
+            return
+        if self._shunned.left(sender):
+            log.debug("ignoring an offer from %s: it broke the rules", sender)
+            return
+        self._answering.add(sender)
+        try:
+            await self._answer_offer(sender, signal)
+        finally:
+            self._answering.discard(sender)
+
+    async def _answer_offer(self, sender: str, signal: SignalData) -> None:
         mine = self._offers.get(sender)
         if mine is not None:
             if self.me < sender:
@@ -189,11 +261,13 @@ class PeerMesh:
             del self._offers[sender]
             if not mine.answer.done():
                 mine.answer.cancel()
+        if sender not in self._links and not await self._make_room():
+            log.warning("refusing an offer from %s: %d connections, all in use", sender, self.max_connections)
+            return
         old = self._links.get(sender)
         if old is not None:
             await old.close()  # the other side thinks this link is dead: start over
         pc, channel, link = self._new_connection(sender)
-        self._answering.add(sender)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=signal.sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
@@ -206,9 +280,18 @@ class PeerMesh:
             if arrival is not None and not arrival.done() and not isinstance(exc, asyncio.CancelledError):
                 arrival.set_exception(LinkClosed(f"could not connect to {sender}: {exc}", sender))
             raise
-        finally:
-            self._answering.discard(sender)
         self._adopt(link)
+
+    async def _make_room(self) -> bool:
+        """Whether one more connection fits, closing the link idle longest if need be."""
+        if len(self._links) + len(self._answering) + len(self._offers) < self.max_connections:
+            return True
+        now = time.monotonic()
+        idle = [link for link in self._links.values() if now - link.last_active > IDLE_LINK]
+        if not idle:
+            return False
+        await min(idle, key=lambda link: link.last_active).close()
+        return True
 
     async def _until_open(self, pc: RTCPeerConnection, channel: RTCDataChannel) -> None:
         if channel.readyState == "open":
@@ -229,25 +312,34 @@ class PeerMesh:
 
     def _adopt(self, link: PeerLink) -> None:
         if self._closing:
-            self._spawn(link.close())
+            self.spawn(link.close())
             return
         self._links[link.peer_id] = link
-        self._spawn(link.announce_path())
+        self._redial.clear(link.peer_id)
+        self.spawn(link.announce_path())
         log.debug("link to %s open", link.peer_id)
         if self.download_cap:
-            self._spawn(self._advertise_limits())
+            self.spawn(self._advertise_limits())
         arrival = self._arrival(link.peer_id)
         if not arrival.done():
             arrival.set_result(link)
+
+    def _overflowed(self, peer_id: str) -> None:
+        link = self._links.get(peer_id)
+        if link is not None:
+            link.punish(f"more frames than anyone waits for ({self.mailbox.max_items} at most)")
 
     def _link_closed(self, link: PeerLink) -> None:
         if self._links.get(link.peer_id) is not link:
             return  # a connection attempt that lost a glare or never opened
         del self._links[link.peer_id]
         self._retired = self._retired + link.counters
+        if link.broke_rules:
+            wait = self._shunned.extend(link.peer_id)
+            log.warning("no links to %s for %.0f s: %s", link.peer_id, wait, link.broke_rules)
         self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed", link.peer_id))
         if self.download_cap and not self._closing:
-            self._spawn(self._advertise_limits())
+            self.spawn(self._advertise_limits())
 
 
 def _retrieve(future: asyncio.Future) -> None:

@@ -33,7 +33,7 @@ MAX_REPLY = 16 * 1024 * 1024  # the largest answer a client reads (a catalog, a 
 PEER_TOKEN_HEADER = "X-Cotrain-Peer-Token"
 PEER_ID_HEADER = "X-Cotrain-Peer-Id"
 CONTENT_SHA256_HEADER = "X-Content-SHA256"
-PARAMS_SHA256_HEADER = "X-Params-SHA256"
+STATE_SHA256_HEADER = "X-State-SHA256"
 USERNAME_PATTERN = "^[A-Za-z0-9_.-]{3,32}$"
 MIN_PASSWORD, MAX_PASSWORD = 8, 1024
 _USERNAME = re.compile(USERNAME_PATTERN)
@@ -85,6 +85,21 @@ class LoginReply(Struct):
 
 class Revoked(Struct):
     revoked: bool
+
+
+class LoginSession(Struct):
+    """One of a user's log-ins (a token), without the token."""
+
+    id: Annotated[int, Meta(ge=1)]
+    client: Text  # what logged in, as its User-Agent said
+    created: Timestamp
+    last_used: Timestamp
+    expires: Timestamp  # unless used before: each use extends it
+    current: bool  # the token this request presented
+
+
+class SessionList(Struct):
+    sessions: list[LoginSession]
 
 
 class JoinRequest(Struct, kw_only=True):

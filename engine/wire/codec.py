@@ -73,6 +73,18 @@ class Codec(Generic[T]):
         return None
 
 
+def decode_json(data: bytes | bytearray | memoryview | str, what: str, max_bytes: int) -> Any:
+    """Untrusted JSON as plain values, for input that is rewritten before it is validated."""
+    if len(data) > max_bytes:
+        raise ProtocolError(f"{what} larger than {max_bytes} bytes")
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"{what} is nested too deeply") from None
+
+
 def convert(data: Any, type_: type[T], what: str) -> T:
     """Validate an already parsed value (a catalog entry, a task's parameters) as ``type_``."""
     try:

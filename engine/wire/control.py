@@ -75,21 +75,23 @@ class Ready(ControlMessage, tag="ready"):
     """The peer holds the state of ``epoch`` and may be put in rounds."""
 
     epoch: EpochNumber
-    params_sha256: Sha256
+    state_sha256: Sha256
 
 
 class RoundDone(ControlMessage, tag="round_done"):
-    """Outcome of one averaging round on one peer."""
+    """Outcome of one averaging round on one peer: the hash of the state its step produced
+    (the round settles on the hash a majority reports), and, as a reducer, the samples each
+    sender's part carried (credit is what a majority of reducers saw)."""
 
     round_id: RoundId
     epoch: EpochNumber
     ok: bool
-    params_sha256: Sha256 | None = None
+    state_sha256: Sha256 | None = None
     samples: Count = 0
     loss: Loss | None = None
     seconds: Seconds = 0.0
     error: Text | None = None
-    confirmed: SampleCounts = field(default_factory=dict)  # sender -> samples every reducer received
+    received: SampleCounts = field(default_factory=dict)  # sender -> samples in its part to me
     unreachable: PeerList = field(default_factory=list)  # peers it could not exchange with
 
 
@@ -114,6 +116,13 @@ class Availability(ControlMessage, tag="availability"):
     paused: bool
 
 
+class BadState(ControlMessage, tag="bad_state"):
+    """The state ``peer`` served did not check out (wrong hash, shapes, values, size)."""
+
+    peer: PeerId
+    reason: Text
+
+
 class Ping(ControlMessage, tag="ping"):
     """Asks the backbone for an immediate Pong: how long a message takes to be handled."""
 
@@ -132,7 +141,7 @@ class CheckpointInfo(Struct):
 
     epoch: EpochNumber
     sha256: Sha256
-    params_sha256: Sha256
+    state_sha256: Sha256
     size: Count
     url: Url
 
@@ -144,7 +153,7 @@ class SyncPlan(ControlMessage, tag="sync_plan"):
     source: StateSource
     peer: PeerId | None = None
     checkpoint: CheckpointInfo | None = None
-    params_sha256: Sha256 | None = None
+    state_sha256: Sha256 | None = None
 
 
 class RoundStart(ControlMessage, tag="round_start"):
@@ -156,6 +165,9 @@ class RoundStart(ControlMessage, tag="round_start"):
     shares: Annotated[list[Share], Meta(min_length=1, max_length=MAX_GROUP)]
     timeout: Annotated[float, Meta(gt=0, le=86400)]
     checkpoint_by: PeerId | None = None
+    # Members on probation (newcomers, or after a missed round): their parts are taken if
+    # they come in time, never waited for; they reduce nothing.
+    optional: Annotated[list[PeerId], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.group) != len(self.shares):
@@ -164,6 +176,11 @@ class RoundStart(ControlMessage, tag="round_start"):
             raise ValueError("group lists a peer twice")
         if sum(self.shares) <= 0:
             raise ValueError("shares must have a positive sum")
+        if not set(self.optional) <= set(self.group) or len(set(self.optional)) >= len(self.group):
+            raise ValueError("optional members must be some, not all, of the group")
+        optional = set(self.optional)
+        if any(share > 0 for peer, share in zip(self.group, self.shares, strict=True) if peer in optional):
+            raise ValueError("optional members reduce nothing")
 
 
 class Step(ControlMessage, tag="epoch"):
@@ -177,14 +194,16 @@ class Step(ControlMessage, tag="epoch"):
     samples: Count
     peers: Count
     round_seconds: Seconds
-    params_sha256: Sha256
+    state_sha256: Sha256
 
 
 class Resync(ControlMessage, tag="resync"):
-    """Your state is behind the collaboration's: download it again."""
+    """Your state is not the collaboration's: get the settled state of ``epoch`` again (a
+    peer that kept it, from before a step that did not settle, restores it at once)."""
 
     epoch: EpochNumber
     reason: Text
+    state_sha256: Sha256 | None = None
 
 
 class Status(ControlMessage, tag="status"):
@@ -216,7 +235,7 @@ class IceServers(ControlMessage, tag="ice_servers"):
     servers: IceServerList
 
 
-PeerMessage = Progress | SyncRequest | Ready | RoundDone | Signal | Availability | Ping
+PeerMessage = Progress | SyncRequest | Ready | RoundDone | Signal | Availability | BadState | Ping
 BackboneMessage = Pong | SyncPlan | RoundStart | Step | Resync | Status | Signal | IceServers
 
 from_peer: Codec[PeerMessage] = Codec(

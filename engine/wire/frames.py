@@ -57,7 +57,7 @@ class StateReply(FrameHeader, tag="state"):
 
     request_id: RequestId
     epoch: EpochNumber
-    params_sha256: Sha256
+    state_sha256: Sha256
 
 
 class StateUnavailable(FrameHeader, tag="state_unavailable"):

@@ -73,13 +73,23 @@ class Reassembler:
     """Puts chunks back into frames; any violation raises ProtocolError.
 
     A peer that declares a huge payload gets no memory up front: buffers grow with the
-    bytes that really arrive, and each message is capped at ``max_payload``.
+    bytes that really arrive. Each message is capped at ``max_payload`` (sized from the
+    model's state by the peer), at most ``max_open`` messages may be under way at once
+    (a round needs a part and a result, a join a state), and together they may hold at
+    most ``max_buffered`` bytes.
     """
 
-    def __init__(self, max_payload: int, max_open: int = 32) -> None:
+    def __init__(self, max_payload: int, max_open: int = 4, max_buffered: int | None = None) -> None:
         self.max_payload = max_payload
         self.max_open = max_open
+        self.max_buffered = 2 * max_payload if max_buffered is None else max_buffered
         self._open: dict[int, _Partial] = {}
+        self._buffered = 0
+
+    @property
+    def open(self) -> int:
+        """Messages begun and not yet complete."""
+        return len(self._open)
 
     def feed(self, chunk: bytes) -> tuple[Frame | None, Incoming | None]:
         """Consume one chunk; return a completed frame, or the progress of an open one."""
@@ -121,9 +131,13 @@ class Reassembler:
     ) -> tuple[Frame | None, Incoming | None]:
         if len(partial.buffer) + len(data) > partial.expected:
             raise ProtocolError(f"message {msg_id} carries more bytes than it declared")
+        if self._buffered + len(data) > self.max_buffered:
+            raise ProtocolError(f"messages under way would hold more than {self.max_buffered} bytes")
         partial.buffer += data
+        self._buffered += len(data)
         if flags & FLAG_LAST:
             del self._open[msg_id]
+            self._buffered -= len(partial.buffer)
             if len(partial.buffer) != partial.expected:
                 raise ProtocolError(f"message {msg_id} ended short of its declared size")
             return Frame(partial.header, partial.buffer), None

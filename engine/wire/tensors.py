@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -44,7 +44,7 @@ class TensorEntry(Struct):
 class StateMeta(Struct):
     epoch: EpochNumber
     project: ProjectId
-    params_sha256: Sha256
+    state_sha256: Sha256
     numbers: Annotated[dict[Annotated[str, Meta(max_length=512)], int | float], Meta(max_length=100_000)] = \
         field(default_factory=dict)
 
@@ -65,15 +65,19 @@ class StateFile:
     payload: memoryview
 
     def __post_init__(self) -> None:
-        size, seen = len(self.payload), set()
-        for entry in self.index.tensors:
+        """The entries must tile the payload: each where the last ended, nothing after."""
+        end, seen = 0, set()
+        for entry in sorted(self.index.tensors, key=lambda e: e.offset):
             if entry.name in seen:
                 raise ProtocolError(f"tensor {entry.name} appears twice")
             seen.add(entry.name)
             if entry.nbytes != math.prod(entry.shape) * ITEM_SIZES[entry.dtype]:
                 raise ProtocolError(f"tensor {entry.name}: size does not fit its shape")
-            if entry.offset + entry.nbytes > size:
-                raise ProtocolError(f"tensor {entry.name}: bytes beyond the end of the file")
+            if entry.offset != end:
+                raise ProtocolError(f"tensor {entry.name}: bytes out of place in the file")
+            end += entry.nbytes
+        if end != len(self.payload):
+            raise ProtocolError(f"the file holds {len(self.payload) - end} bytes beyond its tensors")
 
     @property
     def meta(self) -> StateMeta:
@@ -82,19 +86,29 @@ class StateFile:
     def data(self, entry: TensorEntry) -> memoryview:
         return self.payload[entry.offset : entry.offset + entry.nbytes]
 
-    def params_sha256(self) -> str:
-        """The parameter hash of this state, computed without building the model."""
-        return named_sha256((e.name[len(MODEL_PREFIX):], self.data(e))
-                            for e in self.index.tensors if e.name.startswith(MODEL_PREFIX))
+    def state_sha256(self) -> str:
+        """The hash of the state this file holds, computed from its bytes alone (no torch)."""
+        return state_digest(((e.name, e.dtype, e.shape, self.data(e)) for e in self.index.tensors),
+                            self.meta.numbers, self.meta.epoch)
 
 
-def named_sha256(named: Iterable[tuple[str, bytes | memoryview]]) -> str:
-    """Hash of named byte strings in name order: equal hashes mean equal bits. Parameters are
-    hashed this way on every peer after each step, and from files by the backbone."""
+def state_digest(tensors: Iterable[tuple[str, str, Sequence[int], bytes | memoryview]],
+                 numbers: Mapping[str, int | float], epoch: int) -> str:
+    """The hash of a whole training state: every tensor (name, dtype, shape, bytes) in name
+    order, every number, and the epoch, each length-prefixed so no two states share a
+    stream. Peers hash what they hold after each step; a joiner, a donor and the backbone
+    hash a state file's bytes; equal hashes mean the same model, optimizer and epoch."""
     digest = hashlib.sha256()
-    for name, data in sorted(named, key=lambda item: item[0]):
-        digest.update(name.encode())
+    for name, dtype, shape, data in sorted(tensors, key=lambda tensor: tensor[0]):
+        head = f"{name}\0{dtype}\0{','.join(map(str, shape))}".encode()
+        digest.update(struct.pack("<IQ", len(head), len(data)))
+        digest.update(head)
         digest.update(data)
+    for name, value in sorted(numbers.items()):
+        encoded = name.encode()
+        kind, fmt = (b"f", "<d") if isinstance(value, float) else (b"i", "<q")
+        digest.update(struct.pack("<I", len(encoded)) + encoded + kind + struct.pack(fmt, value))
+    digest.update(b"epoch" + struct.pack("<q", epoch))
     return digest.hexdigest()
 
 

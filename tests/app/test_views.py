@@ -130,6 +130,29 @@ def test_a_backbone_that_never_answers_does_not_hold_up_another(qtbot, home, tmp
     assert len(stuck) == 1 and "cannot reach" in stuck[0] and "timed out" in stuck[0]
 
 
+def test_a_backbone_that_is_down_is_asked_again_after_growing_pauses(qtbot, home, monkeypatch):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()  # nothing listens there: every connection is refused at once
+    controller = Controller(store=SettingsStore())
+    controller.store.add_backbone(url)
+    asked = []
+    real = controller.client.projects
+    monkeypatch.setattr(controller.client, "projects", lambda u, *a: (asked.append(u), real(u, *a)))
+    page = ProjectsPage(controller)
+    qtbot.addWidget(page)
+    page.refresh()
+    wait_until(lambda: url in page.rows and page.rows[url].error, 10, "the refusal")
+    assert "trying again in" in page.rows[url].error
+    first_pause = page._retry_at[url] - time.monotonic()
+    page.refresh()  # the ten-second timer fires: the backbone is not asked again yet
+    assert asked.count(url) == 1
+    page.refresh(force=True)  # the user presses Refresh
+    wait_until(lambda: asked.count(url) == 2 and page._retry_at[url] - time.monotonic() > first_pause,
+               10, "a longer pause after the second refusal")
+
+
 @pytest.mark.parametrize("answer", ["background", "quit", "cancel"])
 def test_without_a_tray_closing_the_window_asks(qtbot, home, monkeypatch, answer):
     window = MainWindow(Controller(store=SettingsStore()), has_tray=False)

@@ -1,10 +1,14 @@
 """Accounts and tokens, against a real backbone on loopback."""
 
 import logging
+import stat
+import time
 
 import aiohttp
 import pytest
 
+from engine.backbone.accounts import token_digest
+from engine.backbone.store import TOKEN_IDLE
 from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 
@@ -13,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 async def backbone(tmp_path):
-    projects = (tiny_project(), tiny_project(id="private-lm", allow_anonymous=False))
+    projects = (tiny_project(), tiny_project(id="private-lm", require_account=True))
     async with running_backbone(tmp_path, *projects) as bb, aiohttp.ClientSession() as http:
         bb.http = http
         yield bb
@@ -99,6 +103,36 @@ async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_
     assert b"dora" in stored  # the file is the right one
     for secret in (password, made["token"], again["token"]):
         assert secret.encode() not in stored
+
+
+async def test_a_log_in_unused_for_ninety_days_expires_and_each_use_extends_it(backbone):
+    _, made = await create(backbone, "erin", "pass-word-1", status=201)
+    _, kept = await log_in(backbone, "erin", "pass-word-1", status=200)
+    db = backbone.store.db
+    db.execute("UPDATE tokens SET last_used = last_used - ? WHERE token_sha256 = ?",
+               (TOKEN_IDLE + 60, token_digest(made["token"])))
+    db.execute("UPDATE tokens SET last_used = last_used - ? WHERE token_sha256 = ?",
+               (TOKEN_IDLE - 3600, token_digest(kept["token"])))
+    _, expired = await call(backbone, "GET", "/api/me", token=made["token"], status=401)
+    assert "not valid" in expired["error"]
+    await call(backbone, "GET", "/api/me", token=kept["token"], status=200)  # used: 90 more days
+    _, listed = await call(backbone, "GET", "/api/sessions", token=kept["token"], status=200)
+    (session,) = listed["sessions"]  # the expired one is no longer listed
+    assert session["expires"] - session["last_used"] == TOKEN_IDLE
+    assert session["expires"] > time.time() + TOKEN_IDLE - 60
+
+
+async def test_the_database_and_the_data_directory_are_the_owners_alone(tmp_path):
+    """Password hashes, token digests and checkpoints: no other user of the machine reads them."""
+    data = tmp_path / "data"
+    async with running_backbone(data, tiny_project()) as bb, aiohttp.ClientSession() as http:
+        bb.http = http
+        await create(bb, "frank", "pass-word-1", status=201)
+        files = [p for p in data.rglob("*")] + [data]
+        assert any(p.name == "backbone.sqlite3" for p in files)
+        loose = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
+                 if stat.S_IMODE(p.stat().st_mode) & 0o077}
+        assert loose == {}
 
 
 async def test_projects_without_anonymous_peers_need_a_valid_token(backbone):

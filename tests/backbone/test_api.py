@@ -102,7 +102,7 @@ async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):
     backbone, http, _ = collaboration
     joined = await _join(http, backbone.url)
     headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
-               "X-Content-SHA256": "0" * 64, "X-Params-SHA256": "0" * 64}
+               "X-Content-SHA256": "0" * 64, "X-State-SHA256": "0" * 64}
     async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/1", data=b"x" * 1000,
                         headers=headers) as resp:
         assert resp.status == 409

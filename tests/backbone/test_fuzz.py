@@ -50,7 +50,7 @@ headers = st.fixed_dictionaries({}, optional={
     "X-Cotrain-Peer-Token": st.one_of(header_values, st.just(PEER_TOKEN)),
     "X-Cotrain-Peer-Id": st.one_of(header_values, st.just(PEER_ID)),
     "X-Content-SHA256": st.sampled_from(["0" * 64, "zz"]),
-    "X-Params-SHA256": st.sampled_from(["0" * 64, ""]),
+    "X-State-SHA256": st.sampled_from(["0" * 64, ""]),
 })
 queries = st.dictionaries(st.sampled_from(["limit", "offset", "x"]), st.text(max_size=8), max_size=3)
 

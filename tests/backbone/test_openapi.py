@@ -105,6 +105,11 @@ async def test_every_request_and_answer_matches_the_published_api(tmp_path, exch
         ws = await http.ws_connect(f"{url}/api/projects/{project.id}/peers/{peer_headers[PEER_ID_HEADER]}/ws",
                                    headers=peer_headers)
         await ws.close()
+        await call("POST", "/api/sessions", {"username": "ana", "password": "pass-word-1"})  # a second log-in
+        _, sessions = await call("GET", "/api/sessions", headers=token)
+        other = next(s["id"] for s in json.loads(sessions)["sessions"] if not s["current"])
+        await call("DELETE", f"/api/sessions/{other}", headers=token)
+        await call("DELETE", "/api/sessions/999999", headers=token)  # 404
         await call("DELETE", "/api/sessions", headers=token)
         await call("DELETE", "/api/sessions")  # 401
 

@@ -39,7 +39,7 @@ def _free_port() -> int:
 
 def _catalog(path: Path) -> Path:
     project = {"id": "load", "title": "Load", "task": "demo-lm", "target_batch_size": 10**9,
-               "allow_anonymous": True}
+               "require_account": False}
     path.write_text(json.dumps({"projects": [project]}))
     return path
 

@@ -31,7 +31,7 @@ HASH = "ab" * 32
 
 
 def samples() -> list[tuple[Codec, object]]:
-    step = c.Step(epoch=4, round_id=7, loss=5.1, samples=512, peers=4, round_seconds=0.8, params_sha256=HASH)
+    step = c.Step(epoch=4, round_id=7, loss=5.1, samples=512, peers=4, round_seconds=0.8, state_sha256=HASH)
     control = [
         c.Progress(3, 120, 14.5, 5.2, 8.1, False), c.SyncRequest([PEERS[0]]), c.Ready(3, HASH),
         c.RoundDone(7, 3, True, HASH, 512, 5.1, 0.8, None, {q: 128 for q in PEERS}, []),
@@ -47,7 +47,7 @@ def samples() -> list[tuple[Codec, object]]:
     headers = [
         f.Part(round_id=7, epoch=3, index=1, samples=128, loss_sum=640.0),
         f.Result(round_id=7, epoch=3, index=1, samples=512, loss=5.1, received={q: 128 for q in PEERS}),
-        f.StateRequest(request_id=1), f.StateReply(request_id=1, epoch=3, params_sha256=HASH),
+        f.StateRequest(request_id=1), f.StateReply(request_id=1, epoch=3, state_sha256=HASH),
         f.StateUnavailable(request_id=1, reason="busy"), f.Goodbye(), f.PathView(view=None),
         f.ReceiveLimit(bytes_per_second=1e6),
     ]

@@ -54,7 +54,7 @@ async def test_a_device_slower_than_the_round_timeout_never_holds_a_round_up(tmp
     taken = [r for r in crawler.history if r.step.epoch > first and r.step.epoch in by_epoch]
     assert len(taken) >= 10, "the slow device was left out of rounds"
     assert all(by_epoch[r.step.epoch].step.peers == 3 for r in taken)
-    assert all(r.step.params_sha256 == by_epoch[r.step.epoch].step.params_sha256 for r in taken)
+    assert all(r.step.state_sha256 == by_epoch[r.step.epoch].step.state_sha256 for r in taken)
     # A round waits at most its share of the timeout for the slow micro-batch, and once
     # the device is known to be that slow, not at all.
     waits = sorted(by_epoch[r.step.epoch].step.round_seconds for r in taken)
@@ -87,10 +87,10 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
     assert len(completed) >= 3 and completed[0].step.epoch == synced.epoch + 1, (
         synced.epoch, [r.step.epoch for r in completed], late.synced())
     # The same parameters as each of the others after every step it took with them.
-    theirs = [{r.step.epoch: r.step.params_sha256 for r in p.history} for p in first]
+    theirs = [{r.step.epoch: r.step.state_sha256 for r in p.history} for p in first]
     for r in completed:
         others = [hashes[r.step.epoch] for hashes in theirs if r.step.epoch in hashes]
-        assert r.step.peers == 3 and others and set(others) == {r.step.params_sha256}, r.step.epoch
+        assert r.step.peers == 3 and others and set(others) == {r.step.state_sha256}, r.step.epoch
 
 
 async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoint(tmp_path):
@@ -106,7 +106,7 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
         assert [info.epoch for info in saved] == [4, 3]  # one per epoch, the last two kept
         on_disk = sorted(p.name for p in backbone.files.path(project.id, 0).parent.iterdir())
         assert on_disk == [backbone.files.path(project.id, e).name for e in (3, 4)]
-        assert saved[0].params_sha256 == peers[0].history[-1].step.params_sha256
+        assert saved[0].state_sha256 == peers[0].history[-1].step.state_sha256
 
         newcomer = start_peer(backbone.url, project.id, "newcomer", max_epochs=5)
         try:
@@ -114,6 +114,6 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
         finally:
             await stop_all(newcomer)
     (synced,) = newcomer.synced()
-    assert (synced.source, synced.epoch, synced.params_sha256) == ("checkpoint", 4, saved[0].params_sha256)
+    assert (synced.source, synced.epoch, synced.state_sha256) == ("checkpoint", 4, saved[0].state_sha256)
     assert newcomer.sync_progress()[-1].received == saved[0].size
     assert [r.step.epoch for r in newcomer.history] == [5]

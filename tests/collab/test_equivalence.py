@@ -47,13 +47,13 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
         finally:
             await stop_all(*peers)
         curve = backbone.store.curve(project.id)
-        recorded = {e: backbone.store.epoch_params(project.id, e) for e in range(1, epochs + 1)}
+        recorded = {e: backbone.store.epoch_state(project.id, e) for e in range(1, epochs + 1)}
 
     # Identity: after every epoch, every peer that took part holds the same parameters.
     by_epoch = {}
     for p in peers:
         for r in p.history:
-            by_epoch.setdefault(r.step.epoch, set()).add(r.step.params_sha256)
+            by_epoch.setdefault(r.step.epoch, set()).add(r.step.state_sha256)
     assert sorted(by_epoch) == list(range(1, epochs + 1))
     # All three averaged together from the second epoch on (the first may close while the
     # last of them is still starting), and none skipped a step and caught up by download.

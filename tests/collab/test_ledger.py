@@ -17,7 +17,7 @@ def peer_names(store) -> dict[str, str]:
 
 
 async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplog):
-    project = tiny_project(allow_anonymous=False, target_batch_size=96, round_timeout=10)
+    project = tiny_project(require_account=True, target_batch_size=96, round_timeout=10)
     async with running_backbone(tmp_path, project) as backbone:
         tokens = {user: await register(backbone.url, user) for user in ("alice", "bob")}
         envs = {user: home_with_login(tmp_path / user, backbone.url, user, token)

@@ -20,7 +20,7 @@ async def test_login_is_kept_used_by_peers_and_revoked_on_logout(tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "COTRAIN_HOME": str(home),
            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
-    async with running_backbone(tmp_path / "bb", tiny_project(id="private-lm", allow_anonymous=False)) as bb:
+    async with running_backbone(tmp_path / "bb", tiny_project(id="private-lm", require_account=True)) as bb:
         cli = [*engine_command()]
 
         async def terminal(*args, answers=None):

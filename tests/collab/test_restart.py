@@ -61,7 +61,7 @@ async def crash(backbone, peers) -> None:
 
 
 async def test_killing_the_backbone_loses_no_credit_and_counts_nothing_twice(tmp_path):
-    project = tiny_project(allow_anonymous=False, target_batch_size=96, round_timeout=10)
+    project = tiny_project(require_account=True, target_batch_size=96, round_timeout=10)
     catalog = write_catalog(tmp_path / "catalog.json", project)
     port, data = _free_port(), tmp_path / "backbone"
     url, db_path = f"http://127.0.0.1:{port}", data / "backbone.sqlite3"

@@ -21,7 +21,7 @@ def kinds(epoch_line: dict) -> list[str]:
 
 
 def assert_same_parameters(peers) -> list[int]:
-    hashes = [{e["epoch"]: e["params_sha256"] for e in p.epochs} for p in peers]
+    hashes = [{e["epoch"]: e["state_sha256"] for e in p.epochs} for p in peers]
     common = sorted(set.intersection(*(set(h) for h in hashes)))
     for epoch in common:
         assert len({h[epoch] for h in hashes}) == 1, f"parameters differ after epoch {epoch}"

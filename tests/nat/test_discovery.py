@@ -46,6 +46,6 @@ async def test_peers_join_a_discovered_backbone_and_connect_over_the_lan(network
         for peer in peers:
             # Both ends know the backbone's TURN server, yet a LAN needs no relay.
             assert all(path == "host" for e in peer.epochs for path in e["paths"].values()), peer.epochs
-        assert peers[0].epochs[-1]["params_sha256"] == peers[1].epochs[-1]["params_sha256"]
+        assert peers[0].epochs[-1]["state_sha256"] == peers[1].epochs[-1]["state_sha256"]
     finally:
         await terminate(*peers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from engine.aio import spawn
 from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
@@ -14,11 +16,14 @@ def blob(round_id: int) -> Part:
     return Part(round_id=round_id, epoch=0, index=0, samples=1, loss_sum=0.0)
 
 
-def make_meshes(names, connect_timeout: float = 20.0) -> dict[str, PeerMesh]:
+def make_meshes(names, connect_timeout: float = 20.0, signals: list | None = None) -> dict[str, PeerMesh]:
+    """``signals``, if given, records each signal sent as (sender, target, kind, loop time)."""
     meshes: dict[str, PeerMesh] = {}
 
     def relay(sender):
         async def send(target, data):
+            if signals is not None:
+                signals.append((sender, target, data.kind, asyncio.get_running_loop().time()))
             if meshes.get(target) is not None:  # signals to an absent peer go nowhere
                 spawn(meshes[target].handle_signal(sender, data))
         return send

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.averaging.allreduce import AveragingError, RoundPlan, butterfly_allreduce
+from engine.wire.frames import Part
 from tests.transport.mesh_pair import make_meshes
 
 
@@ -53,3 +54,69 @@ async def test_a_missing_peer_fails_the_round_within_its_timeout():
             ))
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values() if m))
+
+
+async def test_a_silent_member_on_probation_costs_the_round_only_a_short_grace():
+    """A newcomer that never sends its part: the others average without it, promptly."""
+    names = ["a", "b", "silent"]
+    meshes = make_meshes(["a", "b"])
+    meshes["silent"] = None
+    plan = {me: RoundPlan(1, 0, names, [1.0, 1.0, 0.0], me, frozenset({"silent"})) for me in ("a", "b")}
+    vectors = {"a": torch.randn(1000), "b": torch.randn(1000)}
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        results = await asyncio.gather(*(
+            butterfly_allreduce(plan[me], vectors[me] * 3, 3, 3.0, meshes[me], timeout=60.0)
+            for me in ("a", "b")))
+        took = loop.time() - began
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values() if m))
+    assert took < 10, f"the round waited {took:.1f}s for a member nobody waits for"
+    for r in results:
+        assert torch.equal(r.vector, results[0].vector) and r.samples == 6
+        assert set(r.received) == {"a", "b"}
+    torch.testing.assert_close(results[0].vector, (vectors["a"] + vectors["b"]) / 2)
+
+
+async def test_an_optional_member_whose_part_comes_in_time_is_averaged_in():
+    names = ["a", "b", "new"]
+    shares = [1.0, 1.0, 0.0]
+    vectors = [torch.randn(500) for _ in names]
+    meshes = make_meshes(names)
+    try:
+        results = await asyncio.gather(*(
+            butterfly_allreduce(RoundPlan(1, 0, names, shares, me, frozenset({"new"})), vectors[i] * 2, 2,
+                                1.0, meshes[me], timeout=60.0)
+            for i, me in enumerate(names)))
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    assert all(torch.equal(r.vector, results[0].vector) for r in results)
+    torch.testing.assert_close(results[0].vector, sum(vectors) / 3)
+    assert results[0].received == {"a": 2, "b": 2, "new": 2}
+
+
+async def test_a_malformed_part_costs_its_sender_its_share_and_nobody_the_round():
+    """``mallory`` sends both reducers a part of the wrong size: the honest peers finish
+    the round without it, and only its contribution is missing."""
+    names = ["a", "b", "mallory"]
+    shares = [1.0, 1.0, 0.0]
+    vectors = {"a": torch.randn(1000), "b": torch.randn(1000)}
+    meshes = make_meshes(names)
+
+    async def mallory():
+        for j, reducer in enumerate(("a", "b")):
+            link = await meshes["mallory"].link(reducer)
+            await link.send(Part(round_id=1, epoch=0, index=j, samples=10**9, loss_sum=0.0), b"\0" * 12)
+
+    try:
+        honest = asyncio.gather(*(
+            butterfly_allreduce(RoundPlan(1, 0, names, shares, me, frozenset({"mallory"})), vectors[me], 1,
+                                1.0, meshes[me], timeout=60.0) for me in ("a", "b")))
+        await mallory()
+        results = await honest
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    for r in results:
+        assert set(r.received) == {"a", "b"} and r.samples == 2
+    torch.testing.assert_close(results[0].vector, (vectors["a"] + vectors["b"]) / 2)

@@ -1,6 +1,8 @@
 """Real aiortc connections on loopback: framing over data channels, backpressure, counters."""
 
 import asyncio
+import contextlib
+import itertools
 import os
 import socket
 from pathlib import Path
@@ -10,8 +12,10 @@ import aioice.stun
 import pytest
 
 from engine.transport.link import HIGH_WATER, LinkClosed
+from engine.transport.mesh import REDIAL_FIRST, SHUN_FIRST
 from engine.transport.patches import UDP_RECEIVE_BUFFER
 from engine.wire.framing import MAX_CHUNK
+from engine.wire.types import SignalKind
 from tests.conftest import until
 from tests.transport.mesh_pair import blob, make_meshes
 
@@ -114,6 +118,74 @@ async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time():
         await meshes["a"].link("ghost")
     assert asyncio.get_running_loop().time() - began < 5
     await meshes["a"].close()
+
+
+async def test_a_peer_that_cannot_be_reached_is_dialled_ever_less_often_until_it_answers():
+    """Every round and download asks for links; a peer that never answers is offered to after
+    growing pauses, not in a tight loop, and at once again once a link to it opened."""
+    signals: list = []
+    meshes = make_meshes(["a", "b"], connect_timeout=0.3, signals=signals)
+    b = meshes.pop("b")  # b is away: signals to it go nowhere
+    try:
+        waits = []
+        for _ in range(3):
+            with pytest.raises(LinkClosed):
+                await meshes["a"].link("b", timeout=3)
+            waits.append(meshes["a"].redial_in("b"))
+        offers = [t for sender, _, kind, t in signals if sender == "a" and kind == SignalKind.OFFER]
+        assert len(offers) == 3
+        assert REDIAL_FIRST / 2 * 0.9 <= waits[0] <= REDIAL_FIRST
+        assert waits[2] > REDIAL_FIRST  # it grew
+        gaps = [later - earlier for earlier, later in itertools.pairwise(offers)]
+        assert all(gap >= 0.3 + REDIAL_FIRST / 2 * 0.9 for gap in gaps), gaps
+        meshes["b"] = b  # back
+        await meshes["a"].link("b", timeout=20)
+        assert meshes["a"].redial_in("b") == 0
+    finally:
+        for mesh in (*meshes.values(), b):
+            await mesh.close()
+
+
+async def test_a_peer_whose_frames_break_the_rules_is_cut_off_for_a_while():
+    """A garbage chunk costs its sender the link, and its new offers go unanswered, so it
+    cannot make us pay one handshake after another; the peer that did nothing wrong keeps
+    its link."""
+    signals: list = []
+    meshes = make_meshes(["a", "b", "c"], connect_timeout=2, signals=signals)
+    try:
+        to_a = await meshes["b"].link("a")
+        await meshes["c"].link("a")
+        to_a.channel.send(b"XX" + os.urandom(64))  # not a frame: no magic, no header
+        await until(lambda: not to_a.is_open, 10)
+        assert meshes["a"].shunned_for("b") > SHUN_FIRST / 2 * 0.9
+        with pytest.raises(LinkClosed, match="broke the rules"):
+            await meshes["a"].link("b")
+        offers = len(signals)
+        with pytest.raises(LinkClosed):
+            await meshes["b"].link("a", timeout=3)
+        assert not [signal for signal in signals[offers:] if signal[0] == "a"]  # a never answered
+        assert "c" in meshes["a"].connected()
+    finally:
+        for mesh in meshes.values():
+            await mesh.close()
+
+
+async def test_a_peer_that_sends_frames_nobody_waits_for_loses_its_link():
+    """Frames for rounds that will never be fill the sender's own mailbox quota; past it the
+    sender is cut off, and the frames of the peer that did nothing wrong still arrive."""
+    meshes = make_meshes(["a", "b", "c"])
+    try:
+        flooder, honest = await meshes["b"].link("a"), await meshes["c"].link("a")
+        with contextlib.suppress(LinkClosed):
+            for n in range(meshes["a"].mailbox.max_items * 4):
+                await flooder.send(blob(1000 + n), b"x" * 100)
+        await until(lambda: not flooder.is_open, 10, "the flooder to lose its link")
+        assert meshes["a"].shunned_for("b") > 0
+        await honest.send(blob(7), b"honest")
+        assert bytes((await meshes["a"].mailbox.get(("part", 7, "c"), timeout=10)).payload) == b"honest"
+    finally:
+        for mesh in meshes.values():
+            await mesh.close()
 
 
 async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypatch):

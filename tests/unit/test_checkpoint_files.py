@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from engine.backbone.checkpoints import CheckpointFiles, CheckpointRejected
-from engine.training.params import params_sha256
-from engine.training.state import pack_state
+from engine.training.state import pack_state, state_sha256
 from engine.wire.tensors import encode_file
 
 
@@ -16,7 +15,7 @@ def state_file(epoch: int) -> tuple[bytes, str]:
     model = torch.nn.Linear(8, 4)
     optimizer = torch.optim.AdamW(model.parameters())
     index, payload = pack_state(model, optimizer, epoch, "p")
-    return encode_file(index, payload), params_sha256(model)
+    return encode_file(index, payload), state_sha256(model, optimizer, epoch)
 
 
 async def chunks(data: bytes, size: int = 1000):
@@ -27,7 +26,7 @@ async def chunks(data: bytes, size: int = 1000):
 async def receive(files, data, epoch, *, sha=None, params_sha, max_bytes=1 << 20):
     sha = sha or hashlib.sha256(data).hexdigest()
     return await files.receive("p", epoch, chunks(data), expected_sha256=sha,
-                               expected_params_sha256=params_sha, max_bytes=max_bytes)
+                               expected_state_sha256=params_sha, max_bytes=max_bytes)
 
 
 async def test_a_genuine_checkpoint_is_kept_whole(tmp_path):
@@ -41,7 +40,7 @@ async def test_a_genuine_checkpoint_is_kept_whole(tmp_path):
 
 @pytest.mark.parametrize("damage, message", [
     ("checksum", "checksum does not match"),
-    ("params", "parameters differ"),
+    ("params", "state differs"),
     ("epoch", "holds epoch 3, not 4"),
     ("garbage", "not a valid state file"),
     ("size", "exceeds"),

@@ -33,7 +33,7 @@ def test_messages_of_any_size_come_back_whole(size):
 
 def test_interleaved_messages_are_reassembled_separately():
     a, b = os.urandom(2 * MAX_CHUNK), os.urandom(3 * MAX_CHUNK)
-    header_a, header_b = PART, StateReply(request_id=2, epoch=1, params_sha256="0" * 64)
+    header_a, header_b = PART, StateReply(request_id=2, epoch=1, state_sha256="0" * 64)
     chunks_a, chunks_b = list(encode(1, header_a, a)), list(encode(2, header_b, b))
     reassembler = Reassembler(max_payload=1 << 30)
     done = {}
@@ -92,3 +92,29 @@ def test_a_header_that_is_no_frame_kind_is_refused_at_the_first_chunk():
     forged = bytes(chunk).replace(b'"goodbye"', b'"goodbyX"')
     with pytest.raises(ProtocolError, match="goodbyX"):
         Reassembler(1 << 20).feed(forged)
+
+
+def test_a_peer_may_have_only_a_few_messages_under_way():
+    reassembler = Reassembler(max_payload=1 << 30, max_open=4)
+    for msg_id in range(4):
+        reassembler.feed(next(encode(msg_id, PART, b"x" * (2 * MAX_CHUNK))))
+    with pytest.raises(ProtocolError, match="too many messages"):
+        reassembler.feed(next(encode(99, PART, b"x" * (2 * MAX_CHUNK))))
+
+
+def test_messages_under_way_together_hold_a_bounded_number_of_bytes():
+    """Each within the per-message cap, but not all of them at once."""
+    reassembler = Reassembler(max_payload=3 * MAX_CHUNK, max_open=4, max_buffered=4 * MAX_CHUNK)
+    chunks = [list(encode(msg_id, PART, b"x" * (3 * MAX_CHUNK))) for msg_id in range(3)]
+    with pytest.raises(ProtocolError, match="more than"):
+        for step in range(3):
+            for message in chunks:
+                reassembler.feed(message[step])
+
+
+def test_bytes_are_released_as_messages_complete():
+    reassembler = Reassembler(max_payload=3 * MAX_CHUNK, max_open=4, max_buffered=4 * MAX_CHUNK)
+    for msg_id in range(10):
+        frames = [reassembler.feed(chunk)[0] for chunk in encode(msg_id, PART, b"x" * (3 * MAX_CHUNK))]
+        assert frames[-1] is not None
+    assert reassembler.open == 0

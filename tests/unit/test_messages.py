@@ -93,7 +93,7 @@ def test_bounds_are_checked_with_a_reason():
         ('{"type":"progress","epoch":true,"samples":1,"samples_per_second":1}', "int"),
         ('{"type":"progress","epoch":1}', "samples"),
         ('{"type":"launch_missiles"}', "launch_missiles"),
-        ('{"type":"ready","epoch":1,"params_sha256":"not a hash"}', "params_sha256"),
+        ('{"type":"ready","epoch":1,"state_sha256":"not a hash"}', "state_sha256"),
         ('{"type":"sync_request","exclude":["' + "x" * 65 + '"]}', "exclude"),
         ('{"type":"signal","peer":"b","data":{"kind":"offer","conn":"c","sdp":"' + "s" * 40_000 + '"}}',
          "sdp"),

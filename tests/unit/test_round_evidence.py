@@ -6,12 +6,12 @@ import time
 import pytest
 
 from engine.averaging.allreduce import Averaged
-from engine.backbone.tracker import Record, Send, Tracker
+from engine.backbone.tracker import RecordCredits, RecordStep, Send, Tracker
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.schedule import build_optimizer
-from engine.wire.control import Progress, Ready, RoundStart, SyncRequest
+from engine.wire.control import Progress, Ready, RoundDone, RoundStart, SyncRequest
 from tests.collab.harness import TINY
 from tests.unit.test_tracker import Clock, project
 
@@ -68,7 +68,13 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
                 if isinstance(o, Send) and o.to == "me" and isinstance(o.msg, RoundStart)]
     clock.now += 0.05
     assert await opt.run_round(start) is not None
-    (record,) = [o for o in outs if isinstance(o, Record)]
+    mine = opt.last_step
+    assert mine is not None and mine.state_sha256
+    # The other member, a reducer too, saw the same parts and reached the same state.
+    outs.extend(tracker.handle("other", RoundDone(start.round_id, 0, ok=True, state_sha256=mine.state_sha256,
+                                                  samples=brought + 100, received=dict(mine.received))))
+    (step,) = [o.step for o in outs if isinstance(o, RecordStep)]
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
     assert record.credits["me"].samples == brought
-    assert sum(c.samples for c in record.credits.values()) == record.step.samples == brought + 100
+    assert sum(c.samples for c in record.credits.values()) == step.samples == brought + 100
 

@@ -3,8 +3,7 @@ import json
 import pytest
 import torch
 
-from engine.training.params import params_sha256
-from engine.training.state import load_state, pack, pack_state, tensors_of
+from engine.training.state import contents, load_state, pack, pack_state, state_sha256, tensors_of
 from engine.wire import ProtocolError
 from engine.wire.tensors import FILE_MAGIC, ITEM_SIZES, StateFile, StateMeta, decode_file, encode_file
 
@@ -35,14 +34,14 @@ def test_every_dtype_the_format_names_has_a_size():
         assert torch.empty((), dtype=DTYPES[name]).element_size() == size
 
 
-def test_the_backbone_hashes_parameters_as_peers_do_without_torch():
+def test_the_backbone_hashes_a_state_as_peers_do_without_torch():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 4)).sum().backward()
     optimizer.step()
     index, payload = pack_state(model, optimizer, 5, "p")
     state = decode_file(encode_file(index, payload))
-    assert state.params_sha256() == params_sha256(model) == state.meta.params_sha256
+    assert state.state_sha256() == state_sha256(model, optimizer, 5) == state.meta.state_sha256
 
 
 def test_a_state_file_loads_into_a_fresh_model_and_optimizer():
@@ -54,7 +53,7 @@ def test_a_state_file_loads_into_a_fresh_model_and_optimizer():
     fresh = torch.nn.Linear(4, 3)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters())
     assert load_state(state, fresh, fresh_optimizer, "p") == 9
-    assert params_sha256(fresh) == params_sha256(model)
+    assert state_sha256(fresh, fresh_optimizer, 9) == state_sha256(model, optimizer, 9)
     moments = fresh_optimizer.state[fresh.weight]["exp_avg"], optimizer.state[model.weight]["exp_avg"]
     assert torch.equal(*moments)
     with pytest.raises(ProtocolError, match="project"):
@@ -64,7 +63,7 @@ def test_a_state_file_loads_into_a_fresh_model_and_optimizer():
 @pytest.mark.parametrize(
     "change, reason",
     [
-        ({"offset": 10**9}, "beyond the end"),
+        ({"offset": 10**9}, "out of place"),
         ({"nbytes": 20}, "does not fit its shape"),
         ({"dtype": "object"}, "dtype"),
         ({"shape": [-1]}, "shape"),
@@ -93,3 +92,61 @@ def test_a_tensor_named_twice_is_refused():
 def test_files_that_are_not_state_files_are_refused(data):
     with pytest.raises(ProtocolError):
         decode_file(data)
+
+
+def trained(epoch_steps: int = 1):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(epoch_steps):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def test_the_state_hash_covers_optimizer_state_and_epoch_not_just_parameters():
+    """A donor that serves the right weights with forged moments, or another epoch's state,
+    is caught by the hash a joiner checks."""
+    model, optimizer = trained()
+    digest = state_sha256(model, optimizer, 1)
+    assert state_sha256(model, optimizer, 2) != digest
+    optimizer.state[model.weight]["exp_avg"].mul_(2)
+    assert state_sha256(model, optimizer, 1) != digest
+
+
+def forged_state(change) -> StateFile:
+    """A state of ``trained()`` whose tensors and numbers ``change`` edits, packed as a donor
+    would send it (its own hash in the meta: only the contents are wrong)."""
+    model, optimizer = trained()
+    tensors, numbers = contents(model, optimizer)
+    named = dict(tensors)
+    change(named, numbers)
+    index, payload = pack(list(named.items()), StateMeta(1, "p", "0" * 64, numbers))
+    return decode_file(encode_file(index, payload))
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda t, n: t.update({"optim/0/exp_avg": torch.tensor(0.0)}), "wrong shape"),
+    (lambda t, n: t["optim/0/exp_avg_sq"].fill_(float("nan")), "not finite"),
+    (lambda t, n: t["optim/1/exp_avg_sq"].fill_(-1.0), "negative"),
+    (lambda t, n: t.pop("optim/1/exp_avg"), "some of a parameter's slots"),
+    (lambda t, n: t.update({"optim/0/momentum": torch.zeros(3, 4)}), "bad optimizer state entry"),
+    (lambda t, n: t.update({"optim/7/exp_avg": torch.zeros(3)}), "bad optimizer state entry"),
+    (lambda t, n: t.update({"optim/0/exp_avg": torch.zeros(3, 4, dtype=torch.float64)}),
+     "wrong shape or type"),
+    (lambda t, n: t.update({"model/weight": torch.zeros(4, 3)}), "wrong shape"),
+    (lambda t, n: t.pop("model/bias"), "does not match this project's model"),
+])
+def test_a_state_that_would_crash_or_corrupt_a_joiner_is_refused_untouched(change, reason):
+    state = forged_state(change)
+    model, optimizer = trained(epoch_steps=2)
+    before = state_sha256(model, optimizer, 2)
+    with pytest.raises(ProtocolError, match=reason):
+        load_state(state, model, optimizer, "p")
+    assert state_sha256(model, optimizer, 2) == before
+
+
+def test_bytes_after_the_last_tensor_are_refused():
+    index, payload = pack([("w", torch.randn(4))], META)
+    with pytest.raises(ProtocolError, match="beyond its tensors"):
+        StateFile(index, memoryview(bytes(payload) + b"x" * 1000))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.backbone.tracker import Broadcast, Record, Send, Tracker
+from engine.backbone.tracker import Broadcast, RecordCredits, RecordStep, RoundOpened, Send, Tracker
 from engine.project import ProjectSpec
 from engine.wire.control import (
     Availability,
@@ -50,7 +50,10 @@ def open_round(t, samples):
 
 
 def ready_tracker(clock, peers=("a", "b"), **kw):
-    t = Tracker(project(**kw), clock=clock)
+    """A collaboration at epoch 0 whose state "h0" is settled and checkpointed: joiners
+    copy it from a peer (with no checkpoint, epoch 0 is the seed everyone builds alone)."""
+    t = Tracker(project(**kw), clock=clock, state_sha256="h0",
+                checkpoint=CheckpointInfo(0, "s" * 64, "h0", 10, "/c"))
     for p in peers:
         t.join(p, p)
         t.handle(p, SyncRequest())
@@ -58,15 +61,25 @@ def ready_tracker(clock, peers=("a", "b"), **kw):
     return t
 
 
-def test_first_peer_initialises_from_the_seed_and_later_ones_copy_a_peer(clock):
+def done(start, digest="h1", ok=True, **kw):
+    """A member's outcome; as a reducer, it got a part from every member (unless told)."""
+    kw.setdefault("received", {p: 1 for p in start.group} if ok else {})
+    return RoundDone(start.round_id, start.epoch, ok, digest if ok else None, **kw)
+
+
+def test_every_peer_builds_epoch_0_from_the_seed_and_later_ones_copy_a_peer(clock):
     t = Tracker(project(), clock=clock)
-    t.join("a", "a")
-    ((_, plan),) = sent(t.handle("a", SyncRequest()), SyncPlan)
-    assert plan.source == "init" and plan.epoch == 0
-    t.handle("a", Ready(0, "h0"))
-    t.join("b", "b")
-    ((_, plan),) = sent(t.handle("b", SyncRequest()), SyncPlan)
-    assert plan.source == "peer" and plan.peer == "a"
+    for p in "ab":
+        t.join(p, p)
+        ((_, plan),) = sent(t.handle(p, SyncRequest()), SyncPlan)
+        assert plan.source == "init" and plan.epoch == 0
+        t.handle(p, Ready(0, "h0"))
+    start = open_round(t, {"a": 60, "b": 60})
+    for p in "ab":
+        t.handle(p, done(start))
+    t.join("c", "c")
+    ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
+    assert (plan.source, plan.epoch, plan.state_sha256) == ("peer", 1, "h1")  # and what to expect
 
 
 def test_excluded_donors_are_avoided_when_another_exists(clock):
@@ -81,7 +94,7 @@ def test_a_joiner_that_no_peer_could_serve_falls_back_to_a_checkpoint_of_this_ep
     t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
     t.join("c", "c")
     ((_, plan),) = sent(t.handle("c", SyncRequest(exclude=["a", "b"])), SyncPlan)
-    assert (plan.source, plan.epoch, plan.params_sha256) == ("checkpoint", 0, "h0")
+    assert (plan.source, plan.epoch, plan.state_sha256) == ("checkpoint", 0, "h0")
     assert t.epoch == 0
 
 
@@ -89,7 +102,7 @@ def test_an_older_checkpoint_is_no_fallback_while_peers_hold_the_epoch(clock):
     t = ready_tracker(clock, peers=("a", "b"))
     start = open_round(t, {"a": 60, "b": 60})
     for p in "ab":
-        t.handle(p, RoundDone(start.round_id, 0, True, "h1"))
+        t.handle(p, done(start))
     t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
     t.join("c", "c")
     ((_, plan),) = sent(t.handle("c", SyncRequest(exclude=["a", "b"])), SyncPlan)
@@ -110,8 +123,8 @@ def test_a_paused_peer_is_not_resynced_until_it_resumes(clock):
     t.handle("c", Availability(paused=True))
     start = open_round(t, {"a": 60, "b": 60})
     assert start.group == ["a", "b"]
-    outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
-    outs += t.handle("b", RoundDone(start.round_id, 0, True, "h1"))
+    outs = t.handle("a", done(start))
+    outs += t.handle("b", done(start))
     assert not sent(outs, Resync), "a paused peer would download the state while its owner works"
     ((to, resync),) = sent(t.handle("c", Availability(paused=False)), Resync)
     assert to == "c" and resync.epoch == 1
@@ -122,7 +135,8 @@ def test_peers_paused_through_a_rewind_to_a_checkpoint_are_resynced_on_resuming(
     t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
     start = open_round(t, {"a": 60, "b": 60})
     for p in "ab":
-        t.handle(p, RoundDone(start.round_id, 0, True, "h1"))
+        t.handle(p, done(start))
+    for p in "ab":
         t.handle(p, Availability(paused=True))
     t.join("c", "c")  # nobody can serve epoch 1: the collaboration goes back to the checkpoint
     ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
@@ -134,26 +148,51 @@ def test_peers_paused_through_a_rewind_to_a_checkpoint_are_resynced_on_resuming(
     assert to == "b" and resync.epoch == 0
 
 
-def test_a_step_taken_while_the_backbone_was_down_is_recorded_from_the_replay_uncredited(clock):
-    t = Tracker(project(), clock=clock, epoch=4, params_sha256="h4")  # restarted at epoch 4
-    t.join("a", "a")
-    t.join("b", "b")
-    done = RoundDone(77, 4, True, "h5", samples=120, loss=2.0, seconds=0.5, confirmed={"a": 60, "b": 60})
-    outs = t.handle("a", done)
-    (record,) = [o for o in outs if isinstance(o, Record)]
+def test_a_step_taken_while_the_backbone_was_down_settles_on_its_members_replays(clock):
+    """Restarted at epoch 4 with round 77 open at the crash: its members come back and say how
+    it ended; a majority of them settles it (recorded, credited to nobody)."""
+    t = Tracker(project(), clock=clock, epoch=4, state_sha256="h4",
+                unsettled=RoundOpened(77, 4, ["a", "b", "c"]))
+    for p in "abc":
+        t.join(p, p)
+    replay = RoundDone(77, 4, True, "h5", samples=120, loss=2.0, seconds=0.5)
+    assert not [o for o in t.handle("a", replay) if isinstance(o, RecordStep)], "one peer's word"
+    assert not sent(t.handle("a", Ready(5, "h5")), Resync) and t.epoch == 4  # it waits for the others
+    outs = t.handle("b", replay)
+    (record,) = [o for o in outs if isinstance(o, RecordStep)]
     step = record.step
-    assert (step.epoch, step.round_id, step.samples, step.loss, step.peers) == (5, 77, 120, 2.0, 2)
-    assert record.credits == {} and (t.epoch, t.params_sha256) == (5, "h5")
-    assert not [o for o in t.handle("b", done) if isinstance(o, Record)], "recorded twice"
-    t.handle("a", Ready(5, "h5"))
-    t.handle("b", Ready(5, "h5"))
+    assert (step.epoch, step.round_id, step.samples, step.loss, step.peers) == (5, 77, 120, 2.0, 3)
+    assert (t.epoch, t.state_sha256) == (5, "h5")
+    outs = t.handle("c", RoundDone(77, 4, False, error="x"))
+    assert not [o for o in outs if isinstance(o, RecordCredits)], "a replay credits nobody"
     assert {p.peer_id for p in t.live_peers()} == {"a", "b"}
 
 
-def test_a_late_round_outcome_from_a_peer_in_rounds_is_no_replay(clock):
+def test_a_replayed_round_nobody_else_confirms_moves_nothing(clock):
+    t = Tracker(project(), clock=clock, epoch=4, state_sha256="h4",
+                unsettled=RoundOpened(77, 4, ["a", "b", "c"]))
+    for p in "abc":
+        t.join(p, p)
+    t.handle("a", RoundDone(77, 4, True, "forged", samples=10**12))
+    clock.now += 100
+    outs = t.tick()
+    assert t.epoch == 4 and not [o for o in outs if isinstance(o, RecordStep)]
+    assert [to for to, msg in sent(outs, Resync) if msg.state_sha256 == "h4"][:1] == ["a"]
+
+
+def test_a_late_round_outcome_moves_nothing(clock):
     t = ready_tracker(clock)
     assert not t.handle("a", RoundDone(99, 0, True, "elsewhere", samples=100))
-    assert (t.epoch, t.params_sha256) == (0, "h0")
+    assert (t.epoch, t.state_sha256) == (0, "h0")
+
+
+def test_a_ready_for_the_next_epoch_never_moves_the_collaboration(clock):
+    """The takeover of one message: Ready(E+1, any hash) with no round open."""
+    t = ready_tracker(clock)
+    t.join("mallory", "mallory")
+    outs = t.handle("mallory", Ready(1, "f" * 64))
+    assert (t.epoch, t.state_sha256) == (0, "h0")
+    assert sent(outs, Resync) and not [o for o in outs if not isinstance(o, Send)]
 
 
 def test_a_round_opens_only_when_reported_samples_reach_the_target(clock):
@@ -182,39 +221,67 @@ def test_a_peer_still_inside_a_long_micro_batch_stays_in_rounds_while_it_reports
     assert start.group == ["a", "b"]
 
 
-def test_first_success_advances_the_epoch_and_records_it(clock):
-    t = ready_tracker(clock)
-    start = open_round(t, {"a": 70, "b": 40})
+def test_a_majority_of_members_settles_the_epoch_and_it_is_recorded(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"a": 70, "b": 40, "c": 10})
     clock.now += 2
-    outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1", samples=110, loss=2.5))
-    (record,) = [o for o in outs if isinstance(o, Record)]
-    assert (record.step.epoch, record.step.samples, record.step.loss, record.step.peers) == (1, 110, 2.5, 2)
+    assert not t.handle("a", done(start, samples=120, loss=2.5)) or t.epoch == 0  # one of three
+    assert t.epoch == 0
+    outs = t.handle("b", done(start, samples=120, loss=2.7))
+    (record,) = [o for o in outs if isinstance(o, RecordStep)]
+    assert (record.step.epoch, record.step.samples, record.step.peers) == (1, 120, 3)
+    assert record.step.loss == pytest.approx(2.6)  # the median of those that agree
     assert any(isinstance(o, Broadcast) and isinstance(o.msg, Step) for o in outs)
-    assert t.epoch == 1 and t.round is not None  # still waiting for b
-    t.handle("b", RoundDone(start.round_id, 0, True, "h1", samples=110, loss=2.5))
+    assert t.epoch == 1 and t.round is not None  # still waiting for c
+    t.handle("c", done(start, samples=120, loss=2.5))
     assert t.round is None
 
 
-def test_a_peer_whose_step_differs_is_resynced(clock):
+def test_the_first_report_decides_nothing_while_others_may_still_disagree(clock):
     t = ready_tracker(clock)
-    start = open_round(t, {"b": 0, "a": 100})
-    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
-    outs = t.handle("b", RoundDone(start.round_id, 0, True, "DIFFERENT"))
-    assert sent(outs, Resync)[0][0] == "b"
+    start = open_round(t, {"a": 70, "b": 40})
+    t.handle("a", done(start, "forged", samples=10**12))
+    assert (t.epoch, t.state_sha256) == (0, "h0")
+    outs = t.handle("b", done(start))  # one against one: no strict majority, nothing settles
+    assert (t.epoch, t.state_sha256) == (0, "h0") and t.round is None
+    assert {to for to, msg in sent(outs, Resync) if msg.state_sha256 == "h0"} == {"a", "b"}
 
 
-def test_a_failed_peer_is_resynced_once_another_succeeded(clock):
-    t = ready_tracker(clock)
-    start = open_round(t, {"b": 0, "a": 100})
-    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
-    assert sent(t.handle("b", RoundDone(start.round_id, 0, False, error="x")), Resync)
+def test_a_member_whose_step_differs_resyncs_and_twice_in_a_row_sits_rounds_out(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    for epoch in range(2):
+        start = open_round(t, {"a": 50, "b": 50, "c": 40})
+        assert start.group == ["a", "b", "c"]
+        t.handle("a", done(start, f"h{epoch + 1}"))
+        t.handle("b", done(start, f"h{epoch + 1}"))
+        outs = t.handle("c", done(start, "DIFFERENT"))
+        assert sent(outs, Resync)[0][0] == "c"
+        t.handle("c", SyncRequest())
+        t.handle("c", Ready(epoch + 1, f"h{epoch + 1}"))
+    start = open_round(t, {"a": 50, "b": 50, "c": 50})
+    assert start.group == ["a", "b"], "a peer that dissented twice is still in rounds"
+    t.handle("a", done(start, "h3"))
+    t.handle("b", done(start, "h3"))
+    clock.now += 31
+    t.handle("c", SyncRequest())
+    t.handle("c", Ready(3, "h3"))
+    start = open_round(t, {"a": 50, "b": 50, "c": 50})
+    assert start.group == ["a", "b", "c"] and start.optional == ["c"], "back on probation"
+
+
+def test_a_failed_member_is_resynced_once_the_round_settled(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"b": 0, "c": 0, "a": 100})
+    t.handle("a", done(start))
+    t.handle("b", done(start))
+    assert sent(t.handle("c", done(start, ok=False, error="x")), Resync)
 
 
 def test_when_everyone_fails_the_epoch_stays_and_a_new_round_follows_after_a_pause(clock):
     t = ready_tracker(clock)
     start = open_round(t, {"b": 0, "a": 100})
-    t.handle("a", RoundDone(start.round_id, 0, False, error="x"))
-    t.handle("b", RoundDone(start.round_id, 0, False, error="x"))
+    t.handle("a", done(start, ok=False, error="x"))
+    t.handle("b", done(start, ok=False, error="x"))
     assert t.epoch == 0 and t.round is None
     assert not sent(t.handle("a", Progress(0, 100, 10.0)), RoundStart)
     assert not sent(t.tick(), RoundStart)
@@ -225,19 +292,73 @@ def test_when_everyone_fails_the_epoch_stays_and_a_new_round_follows_after_a_pau
 def test_a_peer_that_leaves_mid_round_does_not_block_closing_it(clock):
     t = ready_tracker(clock, peers=("a", "b", "c"))
     start = open_round(t, {"b": 0, "c": 0, "a": 100})
-    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
-    t.handle("b", RoundDone(start.round_id, 0, True, "h1"))
+    t.handle("a", done(start))
+    t.handle("b", done(start))
     t.leave("c")
     assert t.round is None and t.epoch == 1
 
 
-def test_round_deadline_resyncs_members_that_never_answered(clock):
+def test_a_member_that_leaves_does_not_count_against_the_majority(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    start = open_round(t, {"b": 0, "a": 100})
+    t.handle("a", done(start))
+    t.leave("b")  # crashed mid-round: the one that stayed decides
+    assert t.round is None and (t.epoch, t.state_sha256) == (1, "h1")
+
+
+def test_at_the_deadline_those_that_answered_settle_and_the_silent_are_resynced(clock):
     t = ready_tracker(clock)
     start = open_round(t, {"b": 0, "a": 100})
-    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    t.handle("a", done(start))
     clock.now += start.timeout + 10
     outs = t.tick()
     assert [to for to, _ in sent(outs, Resync)] == ["b"] and t.round is None
+    assert (t.epoch, t.state_sha256) == (1, "h1")
+
+
+def test_a_silent_newcomer_never_holds_a_round_and_soon_sits_rounds_out(clock):
+    """Free identities that join and never send a part: on probation, nobody waits for
+    them, their claimed samples open no round, and after two rounds unseen they are out."""
+    t = ready_tracker(clock, peers=("a", "b"), target_batch_size=90)
+    start = open_round(t, {"a": 50, "b": 50})
+    for p in "ab":
+        t.handle(p, done(start, "h1"))
+    t.join("sybil", "sybil")
+    t.handle("sybil", SyncRequest())
+    t.handle("sybil", Ready(1, "h1"))
+    assert not sent(t.handle("sybil", Progress(1, 10**6, 1e6)), RoundStart), "its word opens nothing"
+    for epoch in (1, 2):
+        start = open_round(t, {"a": 50, "b": 50, "sybil": 10**6})
+        assert (start.group, start.optional) == (["a", "b", "sybil"], ["sybil"])
+        assert start.shares[start.group.index("sybil")] == 0
+        t.handle("a", done(start, f"h{epoch + 1}", received={"a": 50, "b": 50}))
+        t.handle("b", done(start, f"h{epoch + 1}", received={"a": 50, "b": 50}))
+        assert t.round is None and t.epoch == epoch + 1, "the round did not wait for the silent one"
+        t.handle("sybil", Progress(epoch + 1, 10, 1.0))  # it claims the step it never took
+        t.handle("sybil", SyncRequest())
+        t.handle("sybil", Ready(epoch + 1, f"h{epoch + 1}"))
+    start = open_round(t, {"a": 50, "b": 50, "sybil": 10**6})
+    assert start.group == ["a", "b"]
+
+
+def test_a_newcomer_whose_part_arrived_is_proven_and_counts_from_then_on(clock):
+    t = ready_tracker(clock, peers=("a", "b"), target_batch_size=90)
+    start = open_round(t, {"a": 50, "b": 50})
+    for p in "ab":
+        t.handle(p, done(start, "h1"))
+    t.join("c", "c")
+    t.handle("c", SyncRequest())
+    t.handle("c", Ready(1, "h1"))
+    start = open_round(t, {"a": 50, "b": 50, "c": 30})
+    assert start.optional == ["c"]
+    seen = {"a": 50, "b": 50, "c": 30}
+    t.handle("a", done(start, "h2", received=seen))
+    outs = t.handle("b", done(start, "h2", received=seen))
+    assert next(o for o in outs if isinstance(o, RecordCredits)).credits["c"].samples == 30
+    assert not sent(t.handle("c", done(start, "h2")), Resync), "its late outcome agrees"
+    assert not sent(t.handle("a", Progress(2, 45, 10.0)), RoundStart)
+    ((_, start), *_) = sent(t.handle("c", Progress(2, 45, 10.0)), RoundStart)  # its samples count now
+    assert start.optional == [] and "c" in start.group
 
 
 def test_peers_outside_the_round_are_resynced_when_it_advances(clock):
@@ -246,7 +367,8 @@ def test_peers_outside_the_round_are_resynced_when_it_advances(clock):
     t.join("late", "late")
     t.handle("late", SyncRequest())
     t.handle("late", Ready(0, "h0"))
-    outs = t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
+    t.handle("a", done(start))
+    outs = t.handle("b", done(start))
     assert ("late" in [to for to, _ in sent(outs, Resync)])
 
 
@@ -260,10 +382,10 @@ def test_ready_with_a_stale_epoch_or_wrong_hash_is_resynced(clock):
 
 def test_with_nobody_left_a_joiner_resumes_from_the_latest_checkpoint(clock):
     ckpt = CheckpointInfo(4, "f" * 64, "p" * 64, 123, "/x")
-    t = Tracker(project(), epoch=5, params_sha256="h5", checkpoint=ckpt, clock=clock)
+    t = Tracker(project(), epoch=5, state_sha256="h5", checkpoint=ckpt, clock=clock)
     t.join("a", "a")
     ((_, plan),) = sent(t.handle("a", SyncRequest()), SyncPlan)
-    assert plan.source == "checkpoint" and plan.epoch == 4 and plan.params_sha256 == "p" * 64
+    assert plan.source == "checkpoint" and plan.epoch == 4 and plan.state_sha256 == "p" * 64
     assert not sent(t.handle("a", Ready(4, "p" * 64)), Resync)
 
 
@@ -274,7 +396,7 @@ def test_checkpoints_are_requested_every_k_epochs(clock):
         start = open_round(t, {"b": 0, "a": 100})
         starts.append(start)
         for p in ("a", "b"):
-            t.handle(p, RoundDone(start.round_id, epoch, True, f"h{epoch + 1}"))
+            t.handle(p, done(start, f"h{epoch + 1}"))
         if start.checkpoint_by:
             assert t.expects_checkpoint(start.checkpoint_by, epoch + 1)
             t.checkpoint_stored(start.checkpoint_by, CheckpointInfo(epoch + 1, "s", "p", 1, "/"))
@@ -298,6 +420,23 @@ def test_the_next_round_waits_a_bounded_time_for_a_peer_downloading_state(clock)
     t.handle("c", Ready(0, "h0"))
     ((_, start), *_) = sent(t.handle("c", Progress(0, 0, 0.0)), RoundStart)
     assert start.group == ["a", "b", "c"]
+
+
+def test_joiners_that_keep_asking_hold_an_epoch_back_no_longer_than_one_wait(clock):
+    """A SyncRequest repeated without end, or one identity after another, held rounds for as
+    long as it went on; now an epoch waits for downloads once, and boundedly."""
+    t = ready_tracker(clock)
+    hold = min(t.join_grace, t.project.round_timeout)
+    began = clock.now
+    for i in range(int(hold / 3) + 1):
+        t.join(f"j{i}", "j")
+        t.handle(f"j{i}", SyncRequest())
+        assert not sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+        clock.now += 3
+        t.handle(f"j{i}", SyncRequest())  # and asks again
+    assert clock.now - began > hold
+    ((_, start), *_) = sent(t.handle("a", Progress(0, 200, 10.0)), RoundStart)
+    assert start.group == ["a", "b"]
 
 
 def test_a_joiner_that_never_finishes_downloading_stops_holding_rounds_back(clock):
@@ -342,10 +481,21 @@ def test_a_report_of_fewer_samples_during_the_round_does_not_shrink_a_members_cr
     clock.now += 1
     start = open_round(t, {"b": 0, "a": 100})
     t.handle("a", Progress(0, 0, 10.0))  # sent after the round took its accumulator
-    (record,) = [o for o in t.handle("a", RoundDone(start.round_id, 0, True, "h1", samples=104,
-                                                  confirmed={"a": 104}))
-                 if isinstance(o, Record)]
-    assert record.credits["a"].samples == 104
+    outs = t.handle("a", done(start, samples=104, received={"a": 52}))
+    outs += t.handle("b", done(start, samples=104, received={"a": 52}))
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    assert record.credits["a"].samples == 52
+
+
+def test_credit_is_what_a_majority_of_reducers_saw_not_what_a_member_says(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    seen = {"a": 40, "b": 40, "c": 40}
+    outs = t.handle("a", done(start, samples=10**12, received=seen))
+    outs += t.handle("b", done(start, samples=120, received=seen))
+    outs += t.handle("c", done(start, samples=120, received={"a": 10**9, "b": 0, "c": 40}))  # a liar
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    assert {p: c.samples for p, c in record.credits.items()} == {"a": 40, "b": 40, "c": 40}
 
 
 def fail_pair(t, start, x, y):
@@ -359,21 +509,21 @@ def test_a_pair_that_cannot_connect_is_kept_apart_with_growing_backoff(clock):
     start = open_round(t, {"a": 40, "b": 40, "c": 40})
     assert start.group == ["a", "b", "c"]
     fail_pair(t, start, "b", "c")
-    t.handle("a", RoundDone(start.round_id, 0, False, error="timeout"))
+    t.handle("a", done(start, ok=False, error="timeout"))
     clock.now += 2
     start = open_round(t, {"a": 50, "b": 50, "c": 30})
     assert start.group == ["a", "b"], "b and c were put in one round again at once"
-    t.handle("a", RoundDone(start.round_id, 0, True, "h1"))
-    t.handle("b", RoundDone(start.round_id, 0, True, "h1"))
+    t.handle("a", done(start))
+    t.handle("b", done(start))
 
     clock.now += 31  # the first cooldown is over: they are tried together again, and fail
     for p in "abc":
         t.handle(p, SyncRequest())
         t.handle(p, Ready(1, "h1"))
-    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    start = open_round(t, {"a": 50, "b": 50, "c": 40})
     assert start.group == ["a", "b", "c"]
     fail_pair(t, start, "b", "c")
-    t.handle("a", RoundDone(start.round_id, 1, False, error="timeout"))
+    t.handle("a", done(start, ok=False, error="timeout"))
     clock.now += 31  # the second failure doubled the wait
     start = open_round(t, {"a": 50, "b": 50, "c": 30})
     assert start.group == ["a", "b"]
@@ -393,7 +543,7 @@ def test_a_peer_resyncs_from_a_donor_it_can_reach(clock):
     t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
     start = open_round(t, {"a": 40, "b": 40, "c": 40})
     fail_pair(t, start, "a", "c")
-    t.handle("b", RoundDone(start.round_id, 0, False, error="timeout"))
+    t.handle("b", done(start, ok=False, error="timeout"))
     ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
     assert plan.peer == "b"
 
@@ -402,7 +552,7 @@ def test_after_the_cooldown_a_donor_that_failed_the_peer_is_still_asked_last(clo
     t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
     start = open_round(t, {"a": 40, "b": 40, "c": 40})
     fail_pair(t, start, "a", "c")
-    t.handle("b", RoundDone(start.round_id, 0, False, error="timeout"))
+    t.handle("b", done(start, ok=False, error="timeout"))
     clock.now += 31  # kept apart no longer, but nothing says their path works again
     for p in "ab":
         t.handle(p, Progress(0, 10, 1.0))
@@ -414,17 +564,14 @@ def test_a_left_out_peer_waits_for_a_donor_it_can_reach_rather_than_ask_one_it_c
     t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
     start = open_round(t, {"a": 40, "b": 40, "c": 40})
     fail_pair(t, start, "b", "c")
-    t.handle("a", RoundDone(start.round_id, 0, False, error="timeout"))
+    t.handle("a", done(start, ok=False, error="timeout"))
     clock.now += 2
     start = open_round(t, {"a": 50, "b": 50, "c": 30})
     assert start.group == ["a", "b"]
-    outs = t.handle("b", RoundDone(start.round_id, 0, True, "h1"))  # b steps first
-    ((to, _),) = sent(outs, Resync)
-    assert to == "c"
-    # Only b holds epoch 1 yet, and c cannot reach b: no plan until a reports.
-    assert not sent(t.handle("c", SyncRequest()), SyncPlan)
-    ((to, plan),) = sent(t.handle("a", RoundDone(start.round_id, 0, True, "h1")), SyncPlan)
-    assert (to, plan.source, plan.peer, plan.epoch) == ("c", "peer", "a", 1)
+    t.leave("a")  # crashed before reporting
+    outs = t.handle("b", done(start))  # b steps and, alone in the round now, settles it
+    assert ("c" in [to for to, _ in sent(outs, Resync)])
+    assert t.epoch == 1
 
 
 def test_a_peer_reachable_only_through_a_relay_is_given_nothing_to_reduce(clock):
@@ -441,3 +588,45 @@ def test_when_every_peer_is_relayed_they_all_reduce(clock):
     t.handle("a", Progress(0, 50, 10.0, client_mode=True))
     start = sent(t.handle("b", Progress(0, 50, 10.0, client_mode=True)), RoundStart)[0][1]
     assert all(share > 0 for share in start.shares)
+
+
+def test_a_member_that_withholds_its_result_and_reports_success_settles_nothing(clock):
+    """In a round of two, mallory keeps its result from a (whose round then fails) and
+    reports a forged step: one success against one failure settles nothing."""
+    t = ready_tracker(clock)
+    start = open_round(t, {"a": 50, "b": 50})
+    t.handle("b", done(start, "forged"))
+    outs = t.handle("a", done(start, ok=False, error="timeout", unreachable=["b"]))
+    assert (t.epoch, t.state_sha256) == (0, "h0") and t.round is None
+    assert [to for to, msg in sent(outs, Resync) if msg.state_sha256 == "h0"] == ["b"]
+
+
+def test_a_member_that_resyncs_mid_round_has_answered(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"a": 50, "b": 50, "c": 0})
+    t.handle("a", done(start))
+    t.handle("b", done(start))
+    assert t.round is not None
+    t.handle("c", SyncRequest())  # it gave up on the round
+    assert t.round is None and t.epoch == 1
+
+
+def test_identities_that_ask_for_the_state_and_never_download_it_hold_rounds_a_tenth_of_the_time(clock):
+    """Ten simulated minutes; every ten seconds a new identity asks where to download the
+    state, and never does. Before, each one held the rounds back for a round timeout."""
+    t = ready_tracker(clock)
+    hold = min(t.join_grace, t.project.round_timeout)
+    held = 0
+    for second in range(600):
+        if second % 10 == 0:
+            t.join(f"sybil{second}", "s")
+            t.handle(f"sybil{second}", SyncRequest())
+        starts = sent(t.handle("a", Progress(t.epoch, 200, 10.0)), RoundStart)
+        if starts:
+            start = starts[0][1]
+            for p in "ab":
+                t.handle(p, done(start, f"h{start.epoch + 1}"))
+        else:
+            held += 1
+        clock.now += 1
+    assert hold <= held <= 600 / 10 + hold

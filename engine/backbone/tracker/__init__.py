@@ -13,7 +13,15 @@ import time
 from collections.abc import Callable
 
 from engine.backbone.tracker.membership import Members, Pace, PeerState
-from engine.backbone.tracker.outputs import Broadcast, CollaborationState, Out, Record, Send
+from engine.backbone.tracker.outputs import (
+    Broadcast,
+    CollaborationState,
+    Out,
+    RecordCredits,
+    RecordStep,
+    RoundOpened,
+    Send,
+)
 from engine.backbone.tracker.pairs import Pairs
 from engine.backbone.tracker.scheduling import OpenRound, Scheduler
 from engine.backbone.tracker.settlement import Settlement
@@ -21,6 +29,7 @@ from engine.backbone.tracker.syncing import StateSources
 from engine.project import ProjectSpec
 from engine.wire.control import (
     Availability,
+    BadState,
     CheckpointInfo,
     ControlMessage,
     Progress,
@@ -31,7 +40,8 @@ from engine.wire.control import (
     SyncRequest,
 )
 
-__all__ = ["Broadcast", "CollaborationState", "Out", "Record", "Send", "Tracker"]
+__all__ = ["Broadcast", "CollaborationState", "Out", "RecordCredits", "RecordStep", "RoundOpened", "Send",
+           "Tracker"]
 
 
 class Tracker:
@@ -40,7 +50,7 @@ class Tracker:
         project: ProjectSpec,
         *,
         epoch: int = 0,
-        params_sha256: str | None = None,
+        state_sha256: str | None = None,
         checkpoint: CheckpointInfo | None = None,
         clock: Callable[[], float] = time.monotonic,
         peer_timeout: float = 15.0,
@@ -49,12 +59,12 @@ class Tracker:
         join_grace: float = 30.0,
         last_round_id: int = 0,
         pair_cooldown: float = 30.0,
+        unsettled: RoundOpened | None = None,
     ) -> None:
         self.project = project
         self.epoch = epoch
-        self.params_sha256 = params_sha256
+        self.state_sha256 = state_sha256
         self.checkpoint = checkpoint
-        self.recorded_epoch = epoch  # the last epoch whose step is in the store
         self.round: OpenRound | None = None
         self.round_grace = round_grace
         self.expected_checkpoints: set[tuple[str, int]] = set()
@@ -65,6 +75,13 @@ class Tracker:
                                    join_grace=join_grace, last_round_id=last_round_id)
         self.sources = StateSources(self)
         self.settlement = Settlement(self)
+        if unsettled is not None and unsettled.epoch == epoch:
+            # We died while this round was under way: its members replay how it ended, and it
+            # settles on what a majority of them say, as it would have.
+            now = clock()
+            self.round = OpenRound(unsettled.round_id, epoch, unsettled.voters, [1.0] * len(unsettled.voters),
+                                   opened_at=now, deadline=now + project.round_timeout, checkpoint_by=None,
+                                   members={}, recovering=True)
 
     @property
     def peers(self) -> dict[str, PeerState]:
@@ -87,7 +104,7 @@ class Tracker:
     def leave(self, peer_id: str) -> list[Out]:
         self.members.leave(peer_id)
         self.expected_checkpoints = {c for c in self.expected_checkpoints if c[0] != peer_id}
-        return self.settlement.settle()
+        return self.settlement.close_if_answered()
 
     def live_peers(self) -> list[PeerState]:
         return self.members.live(self.epoch)
@@ -101,13 +118,15 @@ class Tracker:
         if isinstance(msg, Progress):
             return self._progress(peer, msg)
         if isinstance(msg, SyncRequest):
-            return self.sources.request(peer, msg)
+            return self.settlement.abandoned(peer) + self.sources.request(peer, msg)
         if isinstance(msg, Ready):
             return self.sources.ready(peer, msg)
         if isinstance(msg, RoundDone):
             return self.settlement.round_done(peer, msg)
         if isinstance(msg, Availability):
             return self._availability(peer, msg)
+        if isinstance(msg, BadState):
+            return self.sources.bad_state(peer, msg)
         return []
 
     def _availability(self, peer: PeerState, msg: Availability) -> list[Out]:
@@ -128,10 +147,14 @@ class Tracker:
             if not self.in_round(peer.peer_id):
                 return self.resync(peer, f"the collaboration is at epoch {self.epoch}")
             return []
+        if peer.epoch != self.epoch and not self.in_round(peer.peer_id):
+            # It says it holds the current epoch, but we never saw it get there (its step was
+            # never judged, or the round closed without it): show us.
+            return self.resync(peer, f"your step to epoch {self.epoch} was not judged")
         now = self.clock()
         self.members.report(peer, msg, now)
         rnd = self.round
-        if (rnd is not None and rnd.advanced_to is None and peer.peer_id in rnd.members
+        if (rnd is not None and rnd.settled_to is None and peer.peer_id in rnd.members
                 and msg.samples >= rnd.members[peer.peer_id].samples):
             # The micro-batch that was under way when the round opened, reported: evidence.
             rnd.members[peer.peer_id] = Pace.of(peer, [peer])
@@ -141,10 +164,7 @@ class Tracker:
 
     def resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False
-        return [Send(peer.peer_id, Resync(self.epoch, reason))]
-
-    def recorded(self, epoch: int) -> bool:
-        return epoch <= self.recorded_epoch
+        return [Send(peer.peer_id, Resync(self.epoch, reason, self.state_sha256))]
 
     # --- rounds -----------------------------------------------------------------------------
 
@@ -159,7 +179,7 @@ class Tracker:
             return []
         self.round = rnd
         start = rnd.start(self.project.round_timeout)
-        return [Send(pid, start) for pid in rnd.group]
+        return [RoundOpened(rnd.round_id, rnd.epoch, rnd.voters), *(Send(pid, start) for pid in rnd.group)]
 
     def tick(self) -> list[Out]:
         """Deadlines: called about every quarter second."""

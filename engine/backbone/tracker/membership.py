@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,8 +10,14 @@ from dataclasses import dataclass
 from engine.backbone.ledger import Claim
 from engine.wire.control import Progress, SyncRequest
 
+log = logging.getLogger(__name__)
 PACE_DECAY = 0.9
 BEST_DECAY = 0.995
+# A member that dissents from the settled state, or misses a round, twice in a row is left
+# out of rounds for this long, doubling with each further strike (up to an hour): a liar or
+# a silent identity costs the others a round or two, not every round.
+EXCLUSION = 30.0
+MAX_EXCLUSION = 3600.0
 # Progress reports between two counts of the live peers' samples only add what they report:
 # summing a thousand peers on each of their reports cost the backbone a third of its time.
 RECOUNT_INTERVAL = 0.1
@@ -40,6 +47,13 @@ class PeerState:
     paused: bool = False  # its owner needs the machine: not in rounds, not a donor
     sync_request: SyncRequest | None = None  # asked where to get the state, not answered yet
     client_mode: bool = False  # reachable only through a relay: sends parts, reduces none
+    strikes: int = 0  # rounds in a row it dissented from or missed
+    # Its part reached the reducers of a settled round and its step agreed: its reports
+    # count toward opening rounds, and rounds wait for it. Until then (and again after a
+    # strike) it is on probation: in rounds, but never waited for.
+    proven: bool = False
+    accused: int = 0  # joiners that said its state did not check out
+    excluded_until: float = 0.0  # left out of rounds until then
 
 
 @dataclass
@@ -88,12 +102,24 @@ class Members:
         return self.peers.get(peer_id)
 
     def live(self, epoch: int) -> list[PeerState]:
-        """In sync with ``epoch``, allowed to compute, and heard from lately."""
+        """In sync with ``epoch``, allowed to compute, heard from lately, and not excluded."""
         now = self._clock()
         return [
             p for p in self.peers.values()
             if p.ready and not p.paused and p.epoch == epoch and now - p.heard_at <= self.peer_timeout
+            and p.excluded_until <= now
         ]
+
+    def strike(self, peer: PeerState, why: str) -> None:
+        """It dissented from the settled state or missed a round: twice in a row, and it sits
+        rounds out for a growing time."""
+        peer.strikes += 1
+        peer.proven = False
+        if peer.strikes >= 2:
+            pause = min(EXCLUSION * 2 ** (peer.strikes - 2), MAX_EXCLUSION)
+            peer.excluded_until = self._clock() + pause
+            log.warning("leaving %s out of rounds for %.0f s: %s (%d in a row)", peer.peer_id, pause, why,
+                        peer.strikes)
 
     def report(self, peer: PeerState, msg: Progress, now: float) -> None:
         """Take in a progress report of the current epoch: its samples, and how fast it goes."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.backbone.ledger import Credit
 from engine.wire.control import ControlMessage, Step
@@ -20,20 +20,37 @@ class Broadcast:
 
 
 @dataclass
-class Record:
-    """Store a step the collaboration took, and what each member is credited for it."""
+class RoundOpened:
+    """Keep whose reports settle a round: after a restart, it settles on what a majority of
+    these members replay, never on what one peer says."""
+
+    round_id: int
+    epoch: int
+    voters: list[str]
+
+
+@dataclass
+class RecordStep:
+    """Store a step the collaboration settled on."""
 
     step: Step
-    credits: dict[str, Credit] = field(default_factory=dict)
+
+
+@dataclass
+class RecordCredits:
+    """Store what each member of a settled round is credited for it."""
+
+    round_id: int
+    credits: dict[str, Credit]
 
 
 @dataclass
 class CollaborationState:
-    """The epoch and parameters the collaboration continues from changed without a step
-    (a rewind to a checkpoint, a fresh start, or a step adopted after a crash)."""
+    """The epoch and state the collaboration continues from changed without a step (a
+    rewind to a checkpoint, or a fresh start)."""
 
     epoch: int
-    params_sha256: str | None
+    state_sha256: str | None
 
 
-Out = Send | Broadcast | Record | CollaborationState
+Out = Send | Broadcast | RoundOpened | RecordStep | RecordCredits | CollaborationState

@@ -1,10 +1,14 @@
-"""When a round opens, and with whom: the live peers' samples reach the target batch, no
-joiner is still downloading the state, and the group can all reach each other."""
+"""When a round opens, and with whom: the proven peers' samples reach the target batch, no
+joiner is still downloading the state (a wait that takes at most a tenth of the time,
+however many joiners come and go), and the group can all reach each other. Peers on probation join
+the round as optional members: their parts are welcome, but nobody waits for them and
+their word does not open it."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,6 +18,9 @@ from engine.project import ProjectSpec
 from engine.wire.control import RoundDone, RoundStart
 
 log = logging.getLogger(__name__)
+# Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
+# identities that ask for the state and never download it cannot stall the rest.
+HOLD_SHARE = 1 / 10
 
 
 @dataclass
@@ -26,14 +33,28 @@ class OpenRound:
     deadline: float
     checkpoint_by: str | None
     members: dict[str, Pace]  # what each member had reported, refreshed during the round
+    optional: set[str] = field(default_factory=set)  # on probation: not waited for, no vote
     outcomes: dict[str, RoundDone] = field(default_factory=dict)
-    advanced_to: str | None = None  # params hash of the first success
+    settled_to: str | None = None  # the state hash a majority of members reported
+    settled_at: float = 0.0
+    recovering: bool = False  # reopened after a restart: settles, credits nobody
 
-    def settled(self, alive: set[str]) -> bool:
-        return all(p in self.outcomes or p not in alive for p in self.group)
+    @property
+    def voters(self) -> list[str]:
+        """The members whose reports settle the round, and whom it waits for."""
+        return [p for p in self.group if p not in self.optional]
+
+    def answered(self, alive: set[str]) -> bool:
+        """Every voter still here has said how the round ended."""
+        return all(p in self.outcomes or p not in alive for p in self.voters)
+
+    def weights(self) -> dict[str, float]:
+        """Each member's share of the vector: its weight as a reducer."""
+        return dict(zip(self.group, self.shares, strict=True))
 
     def start(self, timeout: float) -> RoundStart:
-        return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by)
+        return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,
+                          sorted(self.optional))
 
 
 class Scheduler:
@@ -47,6 +68,8 @@ class Scheduler:
         self._clock = clock
         self._retry_at = 0.0
         self._round_ids = itertools.count(last_round_id + 1)
+        self._hold_began: float | None = None  # when downloads began holding rounds back
+        self._next_hold = -math.inf  # no new hold before then
 
     def retry_later(self) -> None:
         """A round failed: give the peers a moment before the next."""
@@ -66,37 +89,54 @@ class Scheduler:
         if now < self._retry_at:
             return None
         live = self.members.live(epoch)
-        if not live or sum(p.samples for p in live) < target:
+        # Until some peer has proven itself (a fresh collaboration, a restarted backbone),
+        # everyone's word counts.
+        counted = [p for p in live if p.proven] or live
+        if not live or sum(p.samples for p in counted) < target:
             return None
         # A download still under way after a round's timeout holds the others no longer: its
         # donor may sit behind a link that died unnoticed (a NAT that rebound), and a
-        # failed round would not have cost them more.
+        # failed round would not have cost them more. Nor do downloads hold rounds longer
+        # than that at a time, or more than HOLD_SHARE of the time: joiners that keep
+        # coming (or asking) cannot stall the collaboration.
         hold = min(self.join_grace, self.project.round_timeout)
         if any(p.syncing_since is not None and now - p.syncing_since < hold and self.may_download(p, now)
                for p in self.members.peers.values()):
-            # A joiner is downloading the current state. Opening the round now would make
-            # that state stale on arrival; everyone keeps accumulating meanwhile, so
-            # waiting costs a slightly larger batch, not wasted work.
-            return None
-        group = self.pairs.connected_group([(p.peer_id, p.samples) for p in live], now)
+            if self._hold_began is not None and now - self._hold_began >= hold:
+                self._hold_began = None
+            if self._hold_began is None and now >= self._next_hold:
+                self._hold_began, self._next_hold = now, now + hold / HOLD_SHARE
+            if self._hold_began is not None:
+                # A joiner is downloading the current state. Opening the round now would make
+                # that state stale on arrival; everyone keeps accumulating meanwhile, so
+                # waiting costs a slightly larger batch, not wasted work.
+                return None
+        else:
+            self._hold_began = None
+        proven = {p.peer_id for p in counted}
+        group = self.pairs.connected_group(
+            [(p.peer_id, p.samples if p.peer_id in proven else -1) for p in live], now)
         members = [p for p in live if p.peer_id in group]
-        if sum(p.samples for p in members) < target:
+        voters = [p for p in members if p.peer_id in proven]
+        if not voters or sum(p.samples for p in voters) < target:
             return None
+        optional = {p.peer_id for p in members} - proven
         due = epoch + 1 - last_checkpoint >= self.project.checkpoint_every
         rnd = OpenRound(
-            round_id=next(self._round_ids), epoch=epoch, group=group, shares=shares(members, group),
+            round_id=next(self._round_ids), epoch=epoch, group=group, shares=shares(members, group, optional),
             opened_at=now, deadline=now + self.project.round_timeout,
-            checkpoint_by=group[0] if due else None,
-            members={p.peer_id: Pace.of(p, members) for p in members},
+            checkpoint_by=next(p for p in group if p in proven) if due else None,
+            members={p.peer_id: Pace.of(p, members) for p in members}, optional=optional,
         )
         log.info("%s: round %d for epoch %d with %d peers, %d samples", self.project.id,
                  rnd.round_id, rnd.epoch, len(group), sum(m.samples for m in rnd.members.values()))
         return rnd
 
 
-def shares(members: list[PeerState], group: list[str]) -> list[float]:
-    """Equal parts, except that client-mode peers reduce nothing (unless all are)."""
-    client = {p.peer_id for p in members if p.client_mode}
-    if len(client) == len(group):
-        return [1.0] * len(group)
+def shares(members: list[PeerState], group: list[str], optional: set[str]) -> list[float]:
+    """Equal parts for the voters, except that client-mode peers reduce nothing (unless all
+    voters are); members on probation reduce nothing."""
+    client = {p.peer_id for p in members if p.client_mode} | optional
+    if client >= set(group) - optional:
+        client = optional
     return [0.0 if peer in client else 1.0 for peer in group]

@@ -1,15 +1,23 @@
-"""How a round ends: the first member that took the step advances the epoch (and the
-ledger credits the members), those that diverged or failed resync, and pairs that could
-not exchange are kept apart. Also: a step the peers took while the backbone was down."""
+"""How a round ends: never on one member's word. Every member reports the hash of the state
+its step produced; the round settles on the hash a strict majority of the voters that
+count hold (voters: the members not on probation; those that count: the voters that
+answered, and those still connected who may yet answer -- a member that reports failure
+counts too: it may have failed because the one reporting success withheld its result).
+Then the epoch advances, members that dissent resync (twice in a row, and they sit rounds
+out), and once every voter has answered, each member is credited with what a majority of
+reducers saw it send; one the reducers did not see is struck. A round that does not
+settle is discarded: its members go back to the last settled state, which they kept."""
 
 from __future__ import annotations
 
 import logging
+import statistics
+from collections import Counter
 from typing import TYPE_CHECKING
 
-from engine.backbone.ledger import credits
+from engine.backbone.ledger import credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
-from engine.backbone.tracker.outputs import Broadcast, CollaborationState, Out, Record
+from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound
 from engine.wire.control import RoundDone, Step
 
@@ -22,50 +30,85 @@ log = logging.getLogger(__name__)
 class Settlement:
     def __init__(self, tracker: Tracker) -> None:
         self.t = tracker
+        self.closed: OpenRound | None = None  # the last round closed: its optional members may report late
 
     def round_done(self, peer: PeerState, msg: RoundDone) -> list[Out]:
         t = self.t
         rnd = t.round
         if rnd is None or msg.round_id != rnd.round_id:
-            return self._replayed_step(peer, msg)
+            return self._late(peer, msg)  # a round long closed: what it settled on stands
         if peer.peer_id not in rnd.group or peer.peer_id in rnd.outcomes:
             return []
         rnd.outcomes[peer.peer_id] = msg
         out: list[Out] = []
-        if msg.ok and msg.params_sha256:
-            if rnd.advanced_to is None:
-                out += self._advance(rnd, msg, msg.params_sha256)
-            elif msg.params_sha256 != rnd.advanced_to:
-                log.error("%s: peer %s diverged in round %d", t.project.id, peer.peer_id, rnd.round_id)
-                out += t.resync(peer, "your step differs from the collaboration's")
-            if msg.params_sha256 == rnd.advanced_to:
-                peer.ready, peer.epoch = True, t.epoch
-                t.members.restart_accumulation(peer)
-        elif rnd.advanced_to is not None:
-            out += t.resync(peer, "the round finished without you")
+        if rnd.settled_to is None:
+            out += self._try_settle(rnd, final=False)
+        else:
+            out += self._judge(rnd, peer, msg)
         if not msg.ok:
             for other in msg.unreachable:
                 if other in rnd.group and other != peer.peer_id:
                     t.pairs.keep_apart(peer.peer_id, other)
-        return out + t.sources.answer_waiting(patient=True) + self.settle()
+        return out + t.sources.answer_waiting(patient=True) + self.close_if_answered()
 
-    def _advance(self, rnd: OpenRound, msg: RoundDone, params_sha256: str) -> list[Out]:
+    def abandoned(self, peer: PeerState) -> list[Out]:
+        """A member asked for the state mid-round: it will not report a step."""
+        rnd = self.t.round
+        if rnd is None or peer.peer_id not in rnd.group or peer.peer_id in rnd.outcomes:
+            return []
+        return self.round_done(peer, RoundDone(rnd.round_id, rnd.epoch, ok=False, error="it resynced"))
+
+    def _late(self, peer: PeerState, msg: RoundDone) -> list[Out]:
+        """An optional member's outcome after its round closed (nobody waited for it)."""
+        rnd, t = self.closed, self.t
+        if (rnd is None or msg.round_id != rnd.round_id or peer.peer_id not in rnd.optional
+                or peer.peer_id in rnd.outcomes):
+            return []
+        rnd.outcomes[peer.peer_id] = msg
+        if rnd.settled_to is not None and t.epoch == rnd.epoch + 1 and t.state_sha256 == rnd.settled_to:
+            return self._judge(rnd, peer, msg)
+        return t.resync(peer, "the round did not settle") if msg.ok else []
+
+    def _try_settle(self, rnd: OpenRound, final: bool) -> list[Out]:
+        """Settle on the hash a strict majority of the voters that count reported. Before
+        the deadline, voters still connected count (they may yet report); at the deadline,
+        only those that answered -- except in a round replayed after a restart, where every
+        voter counts: the first to reconnect must not decide it alone."""
+        voters = rnd.voters
+        votes = Counter(o.state_sha256 for p, o in rnd.outcomes.items()
+                        if p in voters and o.ok and o.state_sha256)
+        if not votes:
+            return []
+        counted = {p for p in voters if p in rnd.outcomes}  # a failure counts: it may be a victim's
+        if rnd.recovering:
+            counted = set(voters)
+        elif not final:
+            counted |= {m for m in voters if m in self.t.members.peers}
+        digest, held = votes.most_common(1)[0]
+        if digest is None or held * 2 <= len(counted):
+            return []
+        return self._settle(rnd, digest)
+
+    def _settle(self, rnd: OpenRound, digest: str) -> list[Out]:
         t = self.t
-        now = t.clock()
-        rnd.advanced_to = params_sha256
-        t.epoch = rnd.epoch + 1
-        t.params_sha256 = params_sha256
-        t.recorded_epoch = t.epoch
-        step = Step(epoch=t.epoch, round_id=rnd.round_id, loss=msg.loss, samples=msg.samples,
-                    peers=len(rnd.group), round_seconds=round(now - rnd.opened_at, 3),
-                    params_sha256=params_sha256)
-        out: list[Out] = [
-            Record(step, credits(msg.confirmed, {p: m.claim(now) for p, m in rnd.members.items()})),
-            Broadcast(step),
-        ]
-        if rnd.checkpoint_by is not None:
+        voters = rnd.voters
+        holders = [o for p, o in rnd.outcomes.items() if p in voters and o.ok and o.state_sha256 == digest]
+        losses = [o.loss for o in holders if o.loss is not None]
+        rnd.settled_to, rnd.settled_at = digest, t.clock()
+        t.epoch, t.state_sha256 = rnd.epoch + 1, digest
+        step = Step(epoch=t.epoch, round_id=rnd.round_id, loss=statistics.median(losses) if losses else None,
+                    samples=int(statistics.median_low(o.samples for o in holders)), peers=len(rnd.group),
+                    round_seconds=round(t.clock() - rnd.opened_at, 3), state_sha256=digest)
+        log.info("%s: round %d settled epoch %d (%d of %d voters agree)", t.project.id, rnd.round_id,
+                 t.epoch, len(holders), len(rnd.voters))
+        out: list[Out] = [RecordStep(step), Broadcast(step)]
+        if rnd.checkpoint_by is not None and not rnd.recovering:
             t.expected_checkpoints.add((rnd.checkpoint_by, t.epoch))
-        t.pairs.exchanged(rnd.group)
+        t.pairs.exchanged(p for p, o in rnd.outcomes.items() if o.ok and o.state_sha256 == digest)
+        for member, outcome in rnd.outcomes.items():
+            peer = t.members.get(member)
+            if peer is not None:
+                out += self._judge(rnd, peer, outcome)
         for p in t.members.peers.values():
             # A paused peer is told when it resumes: downloading the state now would take
             # the machine its owner asked back.
@@ -73,48 +116,62 @@ class Settlement:
                 out += t.resync(p, "an epoch finished while you were not in the round")
         return out
 
-    def settle(self) -> list[Out]:
-        """Close the open round once every member still here has answered."""
+    def _judge(self, rnd: OpenRound, peer: PeerState, msg: RoundDone) -> list[Out]:
+        """A member's outcome against the settled state."""
+        t = self.t
+        if msg.ok and msg.state_sha256 == rnd.settled_to:
+            peer.ready, peer.epoch, peer.strikes = True, t.epoch, 0
+            t.members.restart_accumulation(peer)
+            return []
+        if msg.ok:
+            log.error("%s: peer %s dissented in round %d", t.project.id, peer.peer_id, rnd.round_id)
+            t.members.strike(peer, "its state differed from the collaboration's")
+            return t.resync(peer, "your step differs from the collaboration's")
+        return t.resync(peer, "the round finished without you")
+
+    def close_if_answered(self) -> list[Out]:
+        """Close the open round once every voter still here has answered."""
         rnd = self.t.round
-        if rnd is None or not rnd.settled(set(self.t.members.peers)):
+        if rnd is None or not rnd.answered(set(self.t.members.peers)):
             return []
         return self.close(rnd)
 
     def close(self, rnd: OpenRound) -> list[Out]:
         t = self.t
-        t.round = None
-        out: list[Out] = t.sources.answer_waiting(patient=False)
-        if rnd.advanced_to is None:
-            log.info("%s: round %d for epoch %d failed", t.project.id, rnd.round_id, rnd.epoch)
+        t.round, self.closed = None, rnd
+        out: list[Out] = []
+        if rnd.settled_to is None:
+            out += self._try_settle(rnd, final=True)
+        out += t.sources.answer_waiting(patient=False)
+        if rnd.settled_to is None:
+            log.info("%s: round %d for epoch %d did not settle", t.project.id, rnd.round_id, rnd.epoch)
             t.scheduler.retry_later()
-        for pid in rnd.group:
+            for member, outcome in rnd.outcomes.items():
+                peer = t.members.get(member)
+                if peer is not None and outcome.ok:  # it took a step that did not settle: undo it
+                    out += t.resync(peer, "the round did not settle")
+        elif not rnd.recovering:
+            out.append(RecordCredits(rnd.round_id, self._credit(rnd)))
+        for pid in rnd.voters:
             peer = t.members.get(pid)
             if peer is not None and pid not in rnd.outcomes:
+                t.members.strike(peer, "it did not finish a round")
                 out += t.resync(peer, "you did not finish the round in time")
         return out
 
-    def adopt(self, peer: PeerState, epoch: int, params_sha256: str) -> list[Out]:
-        t = self.t
-        log.warning("%s: adopting epoch %d from %s", t.project.id, epoch, peer.peer_id)
-        t.epoch, t.params_sha256 = epoch, params_sha256
-        t.recorded_epoch = max(t.recorded_epoch, epoch)
-        out: list[Out] = [CollaborationState(epoch, params_sha256)]
-        for other in t.members.peers.values():
-            if other.ready and other.peer_id != peer.peer_id:
-                out += t.resync(other, f"the collaboration is at epoch {epoch}")
-        return out
-
-    def _replayed_step(self, peer: PeerState, msg: RoundDone) -> list[Out]:
-        """A peer back after we restarted tells how its last round ended. If that round took
-        the step for our current epoch and we never recorded it (we died first), record it --
-        the learning curve and the checkpoint checks need every epoch -- but credit nobody:
-        the bounds that judge claims died with the previous process, and a replay is one
-        peer's word."""
-        t = self.t
-        if (peer.ready or t.round is not None or not msg.ok or not msg.params_sha256
-                or msg.epoch != t.epoch or t.recorded(msg.epoch + 1)):
-            return []
-        step = Step(epoch=msg.epoch + 1, round_id=msg.round_id, loss=msg.loss, samples=msg.samples,
-                    peers=len(msg.confirmed), round_seconds=round(msg.seconds, 3),
-                    params_sha256=msg.params_sha256)
-        return [Record(step), *self.adopt(peer, msg.epoch + 1, msg.params_sha256)]
+    def _credit(self, rnd: OpenRound) -> dict:
+        """What a majority of reducers saw each member send, capped by its measured pace.
+        A member whose part they did not see is struck (a silent stranger sits rounds out
+        soon); one they saw with samples, whose step agreed, has proven itself."""
+        reports = {member: outcome.received for member, outcome in rnd.outcomes.items()}
+        seen = seen_by_reducers(reports, rnd.weights())
+        for pid in rnd.group:
+            peer = self.t.members.get(pid)
+            if peer is None:
+                continue
+            if pid not in seen:
+                if pid in rnd.optional or pid in rnd.outcomes:  # (a silent voter is struck below)
+                    self.t.members.strike(peer, "the reducers did not get its part")
+            elif seen[pid] > 0 and peer.strikes == 0:
+                peer.proven = True
+        return credits(seen, {p: m.claim(rnd.settled_at) for p, m in rnd.members.items()})

@@ -1,5 +1,7 @@
 """Where a peer that is behind gets the collaboration's state: a live peer it can reach, the
-latest checkpoint, or a fresh model -- and when it is ready to take part again."""
+latest checkpoint, or a fresh model -- always with the settled hash to check it against --
+and when it is ready to take part again. A peer's Ready never moves the collaboration:
+it is accepted only for the settled epoch and state."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import CollaborationState, Out, Send
-from engine.wire.control import Ready, SyncPlan, SyncRequest
+from engine.wire.control import BadState, Ready, SyncPlan, SyncRequest
 from engine.wire.types import StateSource
 
 if TYPE_CHECKING:
@@ -23,9 +25,20 @@ class StateSources:
 
     def request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
         peer.ready = False
-        peer.syncing_since = self.t.clock()
+        if peer.syncing_since is None:  # asking again does not restart the rounds' wait for it
+            peer.syncing_since = self.t.clock()
         peer.sync_request = msg
         return self._answer(peer, patient=True)
+
+    def bad_state(self, peer: PeerState, msg: BadState) -> list[Out]:
+        """A joiner says a donor's state did not check out. One peer's word costs the donor
+        nothing but being asked later than others (it may be the joiner that lies)."""
+        donor = self.t.members.get(msg.peer)
+        if donor is not None and donor is not peer:
+            donor.accused += 1
+            log.warning("%s: %s says %s served bad state: %s", self.t.project.id, peer.peer_id, msg.peer,
+                        msg.reason)
+        return []
 
     def answer_waiting(self, patient: bool) -> list[Out]:
         out: list[Out] = []
@@ -53,34 +66,38 @@ class StateSources:
             return []  # answered when the round's members report (or it closes)
         peer.sync_request = None
         checkpoint = t.checkpoint
+        if t.epoch == 0 and checkpoint is None:
+            # Epoch 0 is the project's seed: every peer builds it alone, nobody downloads it.
+            return [Send(peer.peer_id, SyncPlan(0, StateSource.INIT, state_sha256=t.state_sha256))]
         if donors:
             if not untried and checkpoint is not None and checkpoint.epoch == t.epoch:
                 # Every peer holding this epoch failed to serve it; the checkpoint holds it too.
                 return [Send(peer.peer_id, SyncPlan(t.epoch, StateSource.CHECKPOINT, checkpoint=checkpoint,
-                                                    params_sha256=t.params_sha256))]
+                                                    state_sha256=t.state_sha256))]
             usable = reachable or untried or donors
             # A silent peer may be hung, and a pair whose last exchange failed may still be
             # cut off (its cooldown over, but not yet proven): ask the others first.
             donor = min(usable, key=lambda p: (
                 now - p.heard_at > t.members.peer_timeout, pairs.failed_lately(peer.peer_id, p.peer_id),
-                p.serving, p.joined_at))
+                p.accused, p.serving, p.joined_at))
             self.release_donor(peer)
             donor.serving += 1
             peer.donor = donor.peer_id
-            return [Send(peer.peer_id, SyncPlan(t.epoch, StateSource.PEER, peer=donor.peer_id))]
+            return [Send(peer.peer_id, SyncPlan(t.epoch, StateSource.PEER, peer=donor.peer_id,
+                                                state_sha256=t.state_sha256))]
         if checkpoint is not None:
             if t.epoch != checkpoint.epoch:
                 log.warning("%s: no live peer holds epoch %d; resuming from the checkpoint of epoch %d",
                             t.project.id, t.epoch, checkpoint.epoch)
-            t.epoch, t.params_sha256 = checkpoint.epoch, checkpoint.params_sha256
+            t.epoch, t.state_sha256 = checkpoint.epoch, checkpoint.state_sha256
             plan = SyncPlan(t.epoch, StateSource.CHECKPOINT, checkpoint=checkpoint,
-                            params_sha256=t.params_sha256)
-            return [CollaborationState(t.epoch, t.params_sha256), Send(peer.peer_id, plan)]
+                            state_sha256=t.state_sha256)
+            return [CollaborationState(t.epoch, t.state_sha256), Send(peer.peer_id, plan)]
         if t.epoch != 0:
             log.warning("%s: no live peer and no checkpoint; starting over from epoch 0", t.project.id)
-            t.epoch, t.params_sha256 = 0, None
+            t.epoch, t.state_sha256 = 0, None
             return [CollaborationState(0, None), Send(peer.peer_id, SyncPlan(0, StateSource.INIT))]
-        return [Send(peer.peer_id, SyncPlan(0, StateSource.INIT, params_sha256=t.params_sha256))]
+        return [Send(peer.peer_id, SyncPlan(0, StateSource.INIT, state_sha256=t.state_sha256))]
 
     def release_donor(self, peer: PeerState) -> None:
         donor = self.t.members.get(peer.donor or "")
@@ -90,20 +107,18 @@ class StateSources:
 
     def ready(self, peer: PeerState, msg: Ready) -> list[Out]:
         """The peer holds the state of ``msg.epoch``: in rounds from now on, if that is the
-        collaboration's."""
+        settled one (before the first settlement, epoch 0's seed state: rounds settle it)."""
         t = self.t
         self.release_donor(peer)
         peer.syncing_since = None
-        out: list[Out] = []
-        if msg.epoch == t.epoch + 1 and t.round is None and not t.recorded(msg.epoch):
-            # We crashed after this step completed but before it was recorded; the peers
-            # that took it are ahead of us. Adopt their state rather than lose the step.
-            out += t.settlement.adopt(peer, msg.epoch, msg.params_sha256)
+        rnd = t.round
+        if (rnd is not None and rnd.recovering and peer.peer_id in rnd.group
+                and msg.epoch == rnd.epoch + 1 and peer.peer_id in rnd.outcomes):
+            return []  # it took the round we are recovering: its replayed outcome decides
         if msg.epoch != t.epoch:
             return t.resync(peer, f"the collaboration is at epoch {t.epoch}, not {msg.epoch}")
-        if t.params_sha256 is not None and msg.params_sha256 != t.params_sha256:
-            return t.resync(peer, "your parameters differ from the collaboration's")
-        t.params_sha256 = msg.params_sha256
+        if t.state_sha256 is not None and msg.state_sha256 != t.state_sha256:
+            return t.resync(peer, "your state differs from the collaboration's")
         peer.ready, peer.epoch = True, msg.epoch
         t.members.restart_accumulation(peer)
-        return out
+        return []

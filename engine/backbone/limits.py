@@ -1,0 +1,143 @@
+"""Rate limits, on the sender: what one peer or one address may ask of the backbone.
+
+Token buckets per key (pure, with a clock, tested without a network). A peer that sends
+faster than its bucket allows has the excess dropped (it is slowed); one that keeps at it
+is disconnected and its id refused for a while, doubling with each repeat; an address
+whose peers keep being thrown out is refused new peers too. Nothing here ever touches the
+peer a flood is aimed at.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.ratelimit import Buckets, Rate
+from engine.wire.control import (
+    Availability,
+    BadState,
+    PeerMessage,
+    Ping,
+    Progress,
+    Ready,
+    RoundDone,
+    Signal,
+    SyncRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Kind(Enum):
+    """What a peer's message asks of the backbone, each with its own bucket."""
+
+    SIGNAL = "signal"  # relayed to another peer
+    SYNC = "sync"  # a SyncRequest: the tracker looks for a donor
+    REPORT = "report"  # progress, availability, pings
+    OUTCOME = "outcome"  # ready, round done, bad state
+
+
+def kind_of(msg: PeerMessage) -> Kind:
+    if isinstance(msg, Signal):
+        return Kind.SIGNAL
+    if isinstance(msg, SyncRequest):
+        return Kind.SYNC
+    if isinstance(msg, (Progress, Availability, Ping)):
+        return Kind.REPORT
+    assert isinstance(msg, (Ready, RoundDone, BadState))
+    return Kind.OUTCOME
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Ten times what an honest peer sends at the fastest: a report and an outcome per
+    round, and a small project's rounds come ten a second; a signal or two per new link;
+    a state request per join or resync. An honest message must never be dropped: one lost
+    outcome holds a round to its deadline."""
+
+    per_peer: dict[Kind, Rate] = field(default_factory=lambda: {
+        Kind.SIGNAL: Rate(50.0, 500.0),
+        Kind.SYNC: Rate(2.0, 20.0),
+        Kind.REPORT: Rate(150.0, 1500.0),
+        Kind.OUTCOME: Rate(100.0, 1000.0),
+    })
+    joins_per_address: Rate = Rate(0.2, 30.0)
+    registrations_per_address: Rate = Rate(1 / 600, 5.0)
+    peers_per_address: int = 64  # connected at once
+    drops_before_disconnect: int = 200
+    refuse_for: float = 60.0  # first time; doubles with each repeat, up to an hour
+    max_refusal: float = 3600.0
+    bans_before_address_refused: int = 3
+
+
+class Refusals:
+    """Keys (peer ids, addresses) refused until a time that doubles with each repeat."""
+
+    def __init__(self, first: float, longest: float, clock: Callable[[], float]) -> None:
+        self.first = first
+        self.longest = longest
+        self._clock = clock
+        self._until: dict[str, float] = {}
+        self._times: dict[str, int] = {}
+
+    def refuse(self, key: str) -> float:
+        times = self._times.get(key, 0) + 1
+        self._times[key] = times
+        pause = min(self.first * 2 ** (times - 1), self.longest)
+        self._until[key] = self._clock() + pause
+        return pause
+
+    def retry_after(self, key: str) -> float:
+        until = self._until.get(key)
+        if until is None:
+            return 0.0
+        left = until - self._clock()
+        if left <= 0:
+            del self._until[key]
+            return 0.0
+        return left
+
+
+class Throttle:
+    """The backbone's limits on peers and addresses."""
+
+    def __init__(self, config: LimitsConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or LimitsConfig()
+        self._clock = clock
+        self._messages = {kind: Buckets(rate, clock) for kind, rate in self.config.per_peer.items()}
+        self.joins = Buckets(self.config.joins_per_address, clock)
+        self.registrations = Buckets(self.config.registrations_per_address, clock)
+        self.refused = Refusals(self.config.refuse_for, self.config.max_refusal, clock)
+        self._drops: dict[str, int] = {}
+        self._bans: dict[str, list[float]] = {}  # address -> when its peers were thrown out
+
+    def allow(self, peer_id: str, msg: PeerMessage) -> bool:
+        """Whether to act on ``msg``; False drops it (the sender is slowed)."""
+        if self._messages[kind_of(msg)].take(peer_id):
+            return True
+        self._drops[peer_id] = self._drops.get(peer_id, 0) + 1
+        return False
+
+    def should_disconnect(self, peer_id: str) -> bool:
+        return self._drops.get(peer_id, 0) >= self.config.drops_before_disconnect
+
+    def disconnected(self, peer_id: str, address: str) -> float:
+        """``peer_id`` was thrown out for flooding: refuse it (and, if its address keeps
+        sending such peers, the address) for a while; returns for how long."""
+        self._drops.pop(peer_id, None)
+        pause = self.refused.refuse(peer_id)
+        now = self._clock()
+        recent = [t for t in self._bans.get(address, []) if now - t < 600] + [now]
+        self._bans[address] = recent
+        if len(recent) >= self.config.bans_before_address_refused:
+            log.warning("refusing new peers from %s for %.0f s: %d of its peers flooded", address,
+                        self.refused.refuse(address), len(recent))
+        return pause
+
+    def forget(self, peer_id: str) -> None:
+        """A peer that left: its counters go (its refusal, if any, stays)."""
+        self._drops.pop(peer_id, None)

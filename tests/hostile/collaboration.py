@@ -1,0 +1,289 @@
+"""A collaboration as users run it -- `cotrain backbone` and `cotrain peer --json`, each its
+own process -- watched from outside: the epochs each honest peer prints, the backbone's
+SQLite file (read-only), the processes' memory. Hostile tests attack it and measure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sqlite3
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from engine.paths import engine_command
+from engine.project import ProjectSpec
+from tests.collab.harness import tiny_project
+from tests.collab.processes import write_catalog
+
+
+def hostile_project(**overrides) -> ProjectSpec:
+    """A small, quick project: rounds of three peers finish in well under a second."""
+    settings = {"target_batch_size": 96, "round_timeout": 3, "checkpoint_every": 1000}
+    return tiny_project(**{**settings, **overrides})
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def rss(self) -> int:
+        return psutil.Process(self.popen.pid).memory_info().rss
+
+    def fds(self) -> int:
+        """Open files and sockets."""
+        return psutil.Process(self.popen.pid).num_fds()
+
+    def stop(self) -> None:
+        if self.alive:
+            self.popen.terminate()
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+
+@dataclass
+class HonestPeer(Process):
+    epochs: list[dict] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # monotonic time of each epoch line
+
+    @property
+    def epoch(self) -> int:
+        return self.epochs[-1]["epoch"] if self.epochs else 0
+
+    def read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.epochs.append(json.loads(line))
+            self.arrivals.append(time.monotonic())
+
+
+class Collaboration:
+    """A backbone and ``peers`` honest peers on loopback (127.0.0.1)."""
+
+    def __init__(self, root: Path, project: ProjectSpec | None = None, peers: int = 3,
+                 backbone_args: tuple[str, ...] = ()) -> None:
+        self.root = root
+        self.project = project or hostile_project()
+        self.names = [f"honest-{i}" for i in range(peers)]
+        self.backbone_args = backbone_args
+        self.peers: list[HonestPeer] = []
+        self.backbone: Process | None = None
+        self.url = ""
+
+    # --- running ------------------------------------------------------------------------
+
+    def start_backbone(self, port: int = 0) -> None:
+        """Start the backbone (on ``port``, or any free one), its data kept in ``root``."""
+        catalog = write_catalog(self.root / "catalog.json", self.project)
+        log = self.root / "backbone.log"
+        popen = subprocess.Popen(
+            [*engine_command(), "backbone", "--port", str(port), "--data-dir", str(self.root / "backbone"),
+             "--catalog", str(catalog), *self.backbone_args],
+            stdout=subprocess.PIPE, stderr=log.open("ab"), stdin=subprocess.DEVNULL, text=True)
+        self.backbone = Process("backbone", popen, log)
+        assert popen.stdout is not None
+        line = popen.stdout.readline()  # "backbone listening on URL", or nothing if it died
+        assert line.startswith("backbone listening on "), self.backbone.tail()
+        self.url = line.split()[-1]
+
+    def start_peer(self, name: str, *args: str) -> HonestPeer:
+        log = self.root / f"{name}.log"
+        popen = subprocess.Popen(
+            [*engine_command(), "peer", "--backbone", self.url, "--project", self.project.id, "--name", name,
+             "--json", "--threads", "1", *args],
+            stdout=subprocess.PIPE, stderr=log.open("wb"), stdin=subprocess.DEVNULL, text=True,
+            env={**os.environ})
+        peer = HonestPeer(name, popen, log)
+        threading.Thread(target=peer.read, daemon=True).start()
+        self.peers.append(peer)
+        return peer
+
+    def start(self, warm_up_epochs: int = 3, timeout: float = 120) -> None:
+        self.start_backbone()
+        for name in self.names:
+            self.start_peer(name)
+        self.wait_for(lambda: all(p.epoch >= warm_up_epochs for p in self.peers), timeout,
+                      f"every honest peer at epoch {warm_up_epochs}")
+
+    def stop(self) -> None:
+        for process in [*self.peers, self.backbone]:
+            if process is not None:
+                process.stop()
+
+    def wait_for(self, condition, timeout: float, what: str) -> None:
+        """Block until ``condition()`` (for set-up, outside any event loop)."""
+        deadline = time.monotonic() + timeout
+        while not self._settled(condition, deadline, what):
+            time.sleep(0.05)
+
+    async def until(self, condition, timeout: float, what: str) -> None:
+        """Wait until ``condition()`` while the test's adversary runs on the event loop."""
+        deadline = time.monotonic() + timeout
+        while not self._settled(condition, deadline, what):
+            await asyncio.sleep(0.05)
+
+    def _settled(self, condition, deadline: float, what: str) -> bool:
+        """Whether ``condition()`` holds; fails with the logs if a process died or time ran out."""
+        if condition():
+            return True
+        dead = [p.name for p in self.processes() if not p.alive]
+        if dead or time.monotonic() > deadline:
+            raise AssertionError(f"{what}: {'died: ' + ', '.join(dead) if dead else 'timed out'}\n"
+                                 + "\n".join(f"--- {p.name}\n{p.tail(1500)}" for p in self.processes()))
+        return False
+
+    def processes(self) -> list[Process]:
+        return [p for p in [self.backbone, *self.peers] if p is not None]
+
+    # --- what happened -------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return max((p.epoch for p in self.peers), default=0)
+
+    def hashes(self, epoch: int) -> dict[str, str]:
+        return {p.name: e["state_sha256"] for p in self.peers for e in p.epochs if e["epoch"] == epoch}
+
+    def db(self) -> sqlite3.Connection:
+        path = self.root / "backbone" / "backbone.sqlite3"
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+
+    def credited(self, peer_ids: list[str]) -> int:
+        """Samples the ledger credits to these peers."""
+        if not peer_ids:
+            return 0
+        with self.db() as db:
+            marks = ",".join("?" * len(peer_ids))
+            query = f"SELECT COALESCE(SUM(samples), 0) FROM contributions WHERE peer_id IN ({marks})"
+            row = db.execute(query, peer_ids).fetchone()
+        return int(row[0])
+
+    def recorded(self) -> dict[int, tuple[float | None, str]]:
+        """epoch -> (loss, state hash) of every step the backbone recorded."""
+        with self.db() as db:
+            rows = db.execute("SELECT epoch, loss, state_sha256 FROM steps WHERE project=?",
+                              (self.project.id,)).fetchall()
+        return {epoch: (loss, digest) for epoch, loss, digest in rows}
+
+    def rss(self) -> dict[str, int]:
+        return {p.name: p.rss() for p in self.processes()}
+
+
+@contextlib.contextmanager
+def running(root: Path, **options) -> Iterator[Collaboration]:
+    """A started collaboration (backbone and honest peers at work), stopped on the way out."""
+    collaboration = Collaboration(root, **options)
+    try:
+        collaboration.start()
+        yield collaboration
+    finally:
+        collaboration.stop()
+
+
+@dataclass
+class Window:
+    """How fast the collaboration made epochs over a stretch of time, and what each honest
+    peer printed meanwhile."""
+
+    first_epoch: int
+    last_epoch: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return (self.last_epoch - self.first_epoch) / self.seconds
+
+
+async def timed_epochs(collab: Collaboration, epochs: int, timeout: float) -> Window:
+    """Wait for the collaboration to make ``epochs`` more epochs and time it."""
+    first, began = collab.epoch, time.monotonic()
+    await collab.until(lambda: collab.epoch >= first + epochs, timeout, f"{epochs} more epochs")
+    return Window(first, collab.epoch, time.monotonic() - began)
+
+
+@dataclass
+class Verdict:
+    """An attack's effect: the collaboration just before it and while it went on."""
+
+    before: Window
+    during: Window
+    rss_before: dict[str, int]
+    rss_after: dict[str, int]
+
+    @property
+    def ratio(self) -> float:
+        return self.during.rate / self.before.rate
+
+    def figure(self) -> str:
+        growth = max(self.rss_after[k] - self.rss_before[k] for k in self.rss_before) / 1e6
+        return (f"{self.before.rate:.2f} epochs/s before, {self.during.rate:.2f} under attack "
+                f"({self.ratio:.2f}x); memory grew at most {growth:.0f} MB")
+
+
+EPOCHS = 100  # per measured window: ten seconds or so of a healthy collaboration
+RATE_FLOOR = 0.8
+MAX_GROWTH = 150 * 1024 * 1024
+LOSS_NOISE = 0.15  # mean loss over a window, as it varies between runs of the same epochs
+
+
+async def under_attack(collab: Collaboration, attack, epochs: int = EPOCHS, timeout: float = 120) -> Verdict:
+    """Time ``epochs`` epochs as they are, then ``epochs`` more while ``attack()`` runs."""
+    rss_before = collab.rss()
+    before = await timed_epochs(collab, epochs, timeout)
+    task = asyncio.ensure_future(attack())
+    try:
+        during = await timed_epochs(collab, epochs, timeout)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await collab.until(lambda: all(p.epoch >= during.last_epoch for p in collab.peers), 30,
+                       "every honest peer to print the window's last epoch")
+    return Verdict(before, during, rss_before, collab.rss())
+
+
+def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list[str]) -> None:
+    """What the issue asks of every attack: the collaboration kept its pace, every honest peer
+    took every step and holds the same state, the record is the honest peers' own, the
+    adversary earned nothing, nobody crashed, and memory stayed bounded."""
+    assert verdict.ratio >= RATE_FLOOR, verdict.figure()
+    recorded = collab.recorded()
+    for epoch in range(verdict.during.first_epoch + 1, verdict.during.last_epoch + 1):
+        printed = {p.name: e for p in collab.peers for e in p.epochs if e["epoch"] == epoch}
+        everyone = {p.name for p in collab.peers}
+        assert set(printed) == everyone, f"epoch {epoch}: only {sorted(printed)} took it"
+        assert len({e["state_sha256"] for e in printed.values()}) == 1, f"epoch {epoch}: states differ"
+        one = next(iter(printed.values()))
+        theirs = (one["loss"], one["state_sha256"])
+        assert recorded[epoch] == theirs, f"epoch {epoch}: the record is not theirs"
+    # Training goes on as it did: the loss keeps to its course (it falls, or holds, within noise).
+    losses = {epoch: loss for epoch, (loss, _) in recorded.items()}
+    before = [losses[e] for e in range(verdict.before.first_epoch + 1, verdict.before.last_epoch + 1)]
+    during = [losses[e] for e in range(verdict.during.first_epoch + 1, verdict.during.last_epoch + 1)]
+    assert all(loss is not None and math.isfinite(loss) for loss in before + during)
+    assert statistics.mean(during) <= statistics.mean(before) + LOSS_NOISE, (before, during)
+    assert collab.credited(adversary_ids) == 0
+    assert all(p.alive for p in collab.processes())
+    for name, before in verdict.rss_before.items():
+        assert verdict.rss_after[name] - before < MAX_GROWTH, f"{name}: {verdict.figure()}"

@@ -1,0 +1,57 @@
+"""The backbone's rate limits, on a controllable clock."""
+
+from engine.backbone.limits import Kind, LimitsConfig, Throttle, kind_of
+from engine.ratelimit import Buckets, Rate
+from engine.wire.control import Progress, Signal, SignalData, SyncRequest
+from engine.wire.types import SignalKind
+from tests.unit.test_tracker import Clock
+
+SIGNAL = Signal("victim", SignalData(kind=SignalKind.OFFER, conn="c", sdp="v=0"))
+
+
+def test_a_bucket_allows_its_burst_then_its_rate():
+    clock = Clock()
+    bucket = Buckets(Rate(2.0, 5.0), clock)
+    assert all(bucket.take("k") for _ in range(5)) and not bucket.take("k")
+    assert bucket.wait("k") == 0.5
+    clock.now += 1.0
+    assert bucket.take("k") and bucket.take("k") and not bucket.take("k")
+    assert bucket.take("other"), "keys do not share a bucket"
+
+
+def test_every_message_a_peer_sends_has_a_bucket():
+    assert kind_of(SIGNAL) is Kind.SIGNAL and kind_of(SyncRequest()) is Kind.SYNC
+    assert kind_of(Progress(0, 1, 1.0)) is Kind.REPORT
+
+
+def test_an_honest_peer_reporting_twice_a_second_is_never_slowed():
+    clock = Clock()
+    limits = Throttle(clock=clock)
+    for _ in range(3600):
+        assert limits.allow("honest", Progress(0, 1, 1.0))
+        clock.now += 0.5
+
+
+def test_a_flooding_peer_is_slowed_then_thrown_out_and_refused_longer_each_time():
+    clock = Clock()
+    limits = Throttle(LimitsConfig(drops_before_disconnect=10, refuse_for=60.0), clock=clock)
+    allowed = sum(limits.allow("mallory", SIGNAL) for _ in range(600))
+    assert allowed == LimitsConfig().per_peer[Kind.SIGNAL].burst
+    assert limits.should_disconnect("mallory")
+    assert limits.disconnected("mallory", "10.0.0.9") == 60.0
+    assert limits.refused.retry_after("mallory") == 60.0
+    assert limits.refused.retry_after("honest") == 0.0 and limits.allow("honest", SIGNAL)
+    clock.now += 61
+    assert limits.refused.retry_after("mallory") == 0.0
+    assert limits.disconnected("mallory", "10.0.0.9") == 120.0
+
+
+def test_an_address_whose_peers_keep_flooding_is_refused_new_peers():
+    clock = Clock()
+    limits = Throttle(LimitsConfig(bans_before_address_refused=3), clock=clock)
+    for i in range(2):
+        limits.disconnected(f"sybil{i}", "10.0.0.9")
+    assert limits.refused.retry_after("10.0.0.9") == 0.0
+    limits.disconnected("sybil2", "10.0.0.9")
+    assert limits.refused.retry_after("10.0.0.9") > 0
+    assert limits.refused.retry_after("10.0.0.10") == 0.0
