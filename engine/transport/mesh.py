@@ -311,7 +311,7 @@ class PeerMesh:
         await asyncio.wait_for(opened, self.connect_timeout)
 
     def _adopt(self, link: PeerLink) -> None:
-        if self._closing:
+        if self._closing or link.broke_rules:
             self.spawn(link.close())
             return
         self._links[link.peer_id] = link
@@ -330,13 +330,13 @@ class PeerMesh:
             link.punish(f"more frames than anyone waits for ({self.mailbox.max_items} at most)")
 
     def _link_closed(self, link: PeerLink) -> None:
+        if link.broke_rules:  # even before it was adopted: frames may come as the channel opens
+            wait = self._shunned.extend(link.peer_id)
+            log.warning("no links to %s for %.0f s: %s", link.peer_id, wait, link.broke_rules)
         if self._links.get(link.peer_id) is not link:
             return  # a connection attempt that lost a glare or never opened
         del self._links[link.peer_id]
         self._retired = self._retired + link.counters
-        if link.broke_rules:
-            wait = self._shunned.extend(link.peer_id)
-            log.warning("no links to %s for %.0f s: %s", link.peer_id, wait, link.broke_rules)
         self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed", link.peer_id))
         if self.download_cap and not self._closing:
             self.spawn(self._advertise_limits())
