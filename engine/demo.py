@@ -94,7 +94,7 @@ async def _read_epochs(peer: PeerProcess, line: StatusLine) -> None:
             loss = record.get("loss")
             line.say(f"{peer.name}: epoch {record['epoch']} loss "
                      f"{loss:.4f} ({record['samples']} samples, {record['peers']} peers, "
-                     f"params {record['state_sha256'][:12]})" if loss is not None else
+                     f"state {record['state_sha256'][:12]})" if loss is not None else
                      f"{peer.name}: epoch {record['epoch']}")
 
 

@@ -16,6 +16,21 @@ class Rate:
     burst: float
 
 
+class Sweeps:
+    """When to sweep stale entries from a table whose keys strangers choose: once it has
+    doubled since the last sweep, so the cost per entry added stays constant."""
+
+    def __init__(self, floor: int = 1024) -> None:
+        self.floor = floor
+        self._next = floor
+
+    def due(self, size: int) -> bool:
+        return size > self._next
+
+    def swept(self, size: int) -> None:
+        self._next = max(self.floor, 2 * size)
+
+
 class Buckets:
     """A token bucket per key. Full buckets are forgotten, so idle keys cost nothing."""
 
@@ -23,6 +38,7 @@ class Buckets:
         self.rate = rate
         self._clock = clock
         self._tokens: dict[str, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._sweeps = Sweeps(10_000)
 
     def take(self, key: str, cost: float = 1.0) -> bool:
         now = self._clock()
@@ -32,7 +48,7 @@ class Buckets:
             self._tokens[key] = (tokens, now)
             return False
         self._tokens[key] = (tokens - cost, now)
-        if len(self._tokens) > 10_000:
+        if self._sweeps.due(len(self._tokens)):
             self._forget_full(now)
         return True
 
@@ -48,3 +64,4 @@ class Buckets:
                 if tokens + (now - at) * self.rate.per_second >= self.rate.burst]
         for key in full:
             del self._tokens[key]
+        self._sweeps.swept(len(self._tokens))

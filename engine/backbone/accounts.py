@@ -12,6 +12,8 @@ import secrets
 import time
 from collections import deque
 
+from engine.ratelimit import Sweeps
+
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32, "maxmem": 64 * 1024 * 1024}
 
 
@@ -45,6 +47,7 @@ class AttemptLimiter:
         self.window = window
         self._clock = clock
         self._failures: dict[str, deque[float]] = {}
+        self._sweeps = Sweeps()
 
     def retry_after(self, key: str) -> float:
         """Seconds until ``key`` may try again (0 when it may now)."""
@@ -58,10 +61,24 @@ class AttemptLimiter:
         wait = self.retry_after(key)
         if wait == 0:
             self._failures.setdefault(key, deque()).append(self._clock())
+            if self._sweeps.due(len(self._failures)):
+                for stale in [k for k, times in self._failures.items() if not self._recent_in(times)]:
+                    del self._failures[stale]
+                self._sweeps.swept(len(self._failures))
         return wait
 
     def succeeded(self, key: str) -> None:
+        """The key's owner got in: its failures are forgiven."""
         self._failures.pop(key, None)
+
+    def uncount(self, key: str) -> None:
+        """The attempt just made succeeded: it is no failure (the others still count)."""
+        failures = self._failures.get(key)
+        if failures:
+            failures.pop()
+
+    def _recent_in(self, failures: deque[float]) -> bool:
+        return bool(failures) and failures[-1] >= self._clock() - self.window
 
     def _recent(self, key: str) -> deque[float]:
         failures = self._failures.get(key, deque())

@@ -53,7 +53,8 @@ async def login(request: web.Request) -> web.Response:
     backbone = backbone_of(request)
     address = client_address(request)
     # Failures count per account *and address*: an attacker elsewhere cannot lock the
-    # owner out; and per address, across accounts. Both before the slow hash is checked.
+    # owner out; and per address, across accounts. Both before the slow hash is checked
+    # (then a success is taken back).
     key = f"{body.username.lower()}\0{address}"
     wait = max(backbone.logins_by_address.retry_after(address), backbone.logins_by_account.retry_after(key))
     if wait == 0:
@@ -68,6 +69,7 @@ async def login(request: web.Request) -> web.Response:
     if not ok or found is None:
         raise web.HTTPUnauthorized(text="wrong username or password")
     backbone.logins_by_account.succeeded(key)
+    backbone.logins_by_address.uncount(address)  # many users behind one NAT log in fine
     token, stored = new_token()
     backbone.store.add_token(found[0], stored, _client(request))
     return json_reply(LoginReply(found[0].username, token))

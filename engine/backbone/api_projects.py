@@ -99,11 +99,19 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     refused = max(throttle.refused.retry_after(peer_id), throttle.refused.retry_after(address))
     if refused:
         raise _too_many(refused, "this peer sent more than the backbone accepts")
-    if sum(s.address == address for s in backbone.sessions.values()) >= throttle.config.peers_per_address:
+    if _from_address(backbone, address) >= throttle.config.peers_per_address:
         raise _too_many(60, f"{throttle.config.peers_per_address} peers from your address are connected "
                             "already")
     ws = web.WebSocketResponse(heartbeat=20, max_msg_size=MAX_CONTROL_MESSAGE)
     await ws.prepare(request)
+    # Other sockets may have been upgraded meanwhile: checked again, with no pause before
+    # this one is counted.
+    if peer_id in backbone.sessions:
+        await ws.close(code=1008, message=b"this peer is already connected")
+        return ws
+    if _from_address(backbone, address) >= throttle.config.peers_per_address:
+        await ws.close(code=1013, message=b"too many peers from your address are connected")
+        return ws
     tracker = backbone.trackers[spec.id]
     session = PeerSession(peer_id, spec.id, name, owner, ws, address)
     backbone.sessions[peer_id] = session
@@ -122,13 +130,17 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
                 await ws.close(code=1003, message=b"binary messages are not accepted")
                 break
     finally:
-        backbone.sessions.pop(peer_id, None)
+        del backbone.sessions[peer_id]
         throttle.forget(peer_id)
         await session.close()
         backbone.store.peer_left(peer_id)
         backbone.execute(spec.id, tracker.leave(peer_id))
         log.info("%s: peer %s left", spec.id, peer_id)
     return ws
+
+
+def _from_address(backbone, address: str) -> int:
+    return sum(s.address == address for s in backbone.sessions.values())
 
 
 def _on_peer_message(backbone, session: PeerSession, text: str) -> str | None:

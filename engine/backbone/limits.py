@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from engine.ratelimit import Buckets, Rate
+from engine.ratelimit import Buckets, Rate, Sweeps
 from engine.wire.control import (
     Availability,
     BadState,
@@ -67,38 +67,42 @@ class LimitsConfig:
     joins_per_address: Rate = Rate(0.2, 30.0)
     registrations_per_address: Rate = Rate(1 / 600, 5.0)
     peers_per_address: int = 64  # connected at once
-    drops_before_disconnect: int = 200
+    drops_before_disconnect: int = 200  # within a minute
     refuse_for: float = 60.0  # first time; doubles with each repeat, up to an hour
     max_refusal: float = 3600.0
     bans_before_address_refused: int = 3
 
 
+DROP_WINDOW = 60.0  # seconds over which dropped messages add up to a disconnect
+BAN_MEMORY = 600.0  # seconds an address's thrown-out peers count against it
+
+
 class Refusals:
-    """Keys (peer ids, addresses) refused until a time that doubles with each repeat."""
+    """Keys (peer ids, addresses) refused until a time that doubles with each repeat; a key
+    refused nothing for as long as the longest refusal is forgiven its repeats."""
 
     def __init__(self, first: float, longest: float, clock: Callable[[], float]) -> None:
         self.first = first
         self.longest = longest
         self._clock = clock
-        self._until: dict[str, float] = {}
-        self._times: dict[str, int] = {}
+        self._refused: dict[str, tuple[float, int]] = {}  # key -> (until, times)
+        self._sweeps = Sweeps()
 
     def refuse(self, key: str) -> float:
-        times = self._times.get(key, 0) + 1
-        self._times[key] = times
-        pause = min(self.first * 2 ** (times - 1), self.longest)
-        self._until[key] = self._clock() + pause
+        now = self._clock()
+        until, times = self._refused.get(key, (now, 0))
+        if now - until > self.longest:
+            times = 0
+        pause = min(self.first * 2**times, self.longest)
+        self._refused[key] = (now + pause, times + 1)
+        if self._sweeps.due(len(self._refused)):
+            self._refused = {k: v for k, v in self._refused.items() if now - v[0] <= self.longest}
+            self._sweeps.swept(len(self._refused))
         return pause
 
     def retry_after(self, key: str) -> float:
-        until = self._until.get(key)
-        if until is None:
-            return 0.0
-        left = until - self._clock()
-        if left <= 0:
-            del self._until[key]
-            return 0.0
-        return left
+        until, _ = self._refused.get(key, (0.0, 0))
+        return max(until - self._clock(), 0.0)
 
 
 class Throttle:
@@ -112,18 +116,23 @@ class Throttle:
         self.joins = Buckets(self.config.joins_per_address, clock)
         self.registrations = Buckets(self.config.registrations_per_address, clock)
         self.refused = Refusals(self.config.refuse_for, self.config.max_refusal, clock)
-        self._drops: dict[str, int] = {}
+        self._drops: dict[str, tuple[float, int]] = {}  # peer -> (since, messages dropped since)
         self._bans: dict[str, list[float]] = {}  # address -> when its peers were thrown out
+        self._ban_sweeps = Sweeps()
 
     def allow(self, peer_id: str, msg: PeerMessage) -> bool:
         """Whether to act on ``msg``; False drops it (the sender is slowed)."""
         if self._messages[kind_of(msg)].take(peer_id):
             return True
-        self._drops[peer_id] = self._drops.get(peer_id, 0) + 1
+        now = self._clock()
+        since, dropped = self._drops.get(peer_id, (now, 0))
+        if now - since > DROP_WINDOW:  # a burst long ago does not count toward this one
+            since, dropped = now, 0
+        self._drops[peer_id] = (since, dropped + 1)
         return False
 
     def should_disconnect(self, peer_id: str) -> bool:
-        return self._drops.get(peer_id, 0) >= self.config.drops_before_disconnect
+        return self._drops.get(peer_id, (0.0, 0))[1] >= self.config.drops_before_disconnect
 
     def disconnected(self, peer_id: str, address: str) -> float:
         """``peer_id`` was thrown out for flooding: refuse it (and, if its address keeps
@@ -131,8 +140,11 @@ class Throttle:
         self._drops.pop(peer_id, None)
         pause = self.refused.refuse(peer_id)
         now = self._clock()
-        recent = [t for t in self._bans.get(address, []) if now - t < 600] + [now]
+        recent = [t for t in self._bans.get(address, []) if now - t < BAN_MEMORY] + [now]
         self._bans[address] = recent
+        if self._ban_sweeps.due(len(self._bans)):
+            self._bans = {a: ts for a, ts in self._bans.items() if now - ts[-1] < BAN_MEMORY}
+            self._ban_sweeps.swept(len(self._bans))
         if len(recent) >= self.config.bans_before_address_refused:
             log.warning("refusing new peers from %s for %.0f s: %d of its peers flooded", address,
                         self.refused.refuse(address), len(recent))

@@ -51,6 +51,7 @@ class BackboneConfig:
     catalog: Path = field(default_factory=default_catalog)
     ice: IceConfig = field(default_factory=IceConfig)
     peer_timeout: float = 15.0
+    recovery: float = 60.0  # after a restart, how long the peers get to come back (their backoff's cap)
     report_interval: float = 0.5
     status_interval: float = 1.0
     max_checkpoint_bytes: int = 1 << 30
@@ -80,7 +81,7 @@ class Backbone:
             self.trackers[spec.id] = Tracker(
                 spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
                 peer_timeout=config.peer_timeout, last_round_id=last_round,
-                unsettled=self.store.unsettled_round(spec.id),
+                unsettled=self.store.unsettled_round(spec.id), recovery=config.recovery,
             )
         self.sessions: dict[str, PeerSession] = {}
         self.throttle = Throttle(config.limits)

@@ -49,7 +49,7 @@ class ConsoleReporter:
         elif isinstance(event, Synced):
             self._sync_shown = -1
             self.line.say(f"in sync at epoch {event.epoch} (state from {event.source}, "
-                          f"params {event.state_sha256[:12]})")
+                          f"state {event.state_sha256[:12]})")
         elif isinstance(event, EpochCompleted):
             r = event.step
             loss = f"{r.loss:.4f}" if r.loss is not None else "n/a"

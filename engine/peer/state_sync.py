@@ -64,6 +64,7 @@ class StateSync:
         self._lock = asyncio.Lock()
         self._plan: asyncio.Future[SyncPlan] | None = None
         self._requests = itertools.count(1)
+        self._asked: tuple[int, str] | None = None  # the request under way, and its donor
         self._serving = asyncio.Semaphore(MAX_SERVES)
         self._serving_to: set[str] = set()  # one state at a time per peer
         self._settled: dict[int, str] = {}  # epoch -> the hash the collaboration settled on (recent)
@@ -92,48 +93,53 @@ class StateSync:
         what we kept before a step that did not settle, or else downloaded."""
         if self._lock.locked():
             return True
-        opt = self.optimizer
-        await opt.round_over()
-        if opt.synced and (epoch, state_sha256) == (opt.epoch, opt.state_hash):
-            # Our step was judged after the round closed, or a message crossed: we hold it.
-            opt.settled(opt.epoch, opt.state_hash)
-            await self.client.send(Ready(opt.epoch, opt.state_hash))
-            return True
-        if epoch is not None and state_sha256 is not None and await opt.restore(epoch, state_sha256):
-            log.info("back to the settled state of epoch %d, kept from before the last step", epoch)
-            await opt.mark_synced()
-            self.emit(Synced(opt.epoch, "kept", state_sha256))
-            await self.client.send(Ready(opt.epoch, state_sha256))
-            return True
-        opt.unsync()
-        return await self.sync()
+        async with self._lock:  # (taken at once: nothing ran since the check)
+            opt = self.optimizer
+            await opt.round_over()
+            if opt.synced and (epoch, state_sha256) == (opt.epoch, opt.state_hash):
+                # Our step was judged after the round closed, or a message crossed: we hold it.
+                opt.settled(opt.epoch, opt.state_hash)
+                await self.client.send(Ready(opt.epoch, opt.state_hash))
+                return True
+            if epoch is not None and state_sha256 is not None and await opt.restore(epoch, state_sha256):
+                log.info("back to the settled state of epoch %d, kept from before the last step", epoch)
+                await opt.mark_synced()
+                self.emit(Synced(opt.epoch, "kept", state_sha256))
+                await self.client.send(Ready(opt.epoch, state_sha256))
+                return True
+            opt.unsync()
+            return await self._download()
 
     async def sync(self) -> bool:
         """Obtain the state and tell the backbone we are ready; False if every attempt failed."""
         async with self._lock:
-            exclude: list[str] = []
-            backoff = Backoff(0.5, 5.0)
-            for _ in range(ATTEMPTS):
-                try:
-                    plan = await self._ask(exclude)
-                    await self.optimizer.round_over()
-                    digest = await self._fetch(plan)
-                except (SyncError, LinkClosed, ProtocolError, BackboneError, asyncio.TimeoutError) as exc:
-                    log.warning("getting the state failed: %s", exc)
-                    if self._last_donor:
-                        if isinstance(exc, BadDonorState):
-                            await self.client.send(BadState(self._last_donor, str(exc)[:1000]))
-                        exclude.append(self._last_donor)
-                        await self.mesh.drop(self._last_donor)  # renegotiated if asked again
-                    await asyncio.sleep(backoff.next())
-                    continue
-                opt = self.optimizer
-                await opt.mark_synced()
-                self.emit(Synced(opt.epoch, plan.source, digest))
-                await self.client.send(Ready(opt.epoch, digest))
-                await opt.report_progress(force=True)
-                return True
-            return False
+            return await self._download()
+
+    async def _download(self) -> bool:
+        """Ask for a source and fetch from it until one serves the settled state (the lock held)."""
+        exclude: list[str] = []
+        backoff = Backoff(0.5, 5.0)
+        for _ in range(ATTEMPTS):
+            try:
+                plan = await self._ask(exclude)
+                await self.optimizer.round_over()
+                digest = await self._fetch(plan)
+            except (SyncError, LinkClosed, ProtocolError, BackboneError, asyncio.TimeoutError) as exc:
+                log.warning("getting the state failed: %s", exc)
+                if self._last_donor:
+                    if isinstance(exc, BadDonorState):
+                        await self.client.send(BadState(self._last_donor, str(exc)[:1000]))
+                    exclude.append(self._last_donor)
+                    await self.mesh.drop(self._last_donor)  # renegotiated if asked again
+                await asyncio.sleep(backoff.next())
+                continue
+            opt = self.optimizer
+            await opt.mark_synced()
+            self.emit(Synced(opt.epoch, plan.source, digest))
+            await self.client.send(Ready(opt.epoch, digest))
+            await opt.report_progress(force=True)
+            return True
+        return False
 
     async def _ask(self, exclude: list[str]) -> SyncPlan:
         self._last_donor = None
@@ -177,17 +183,21 @@ class StateSync:
         backbone knows none yet (just upgraded from parameter hashes), against its own claim."""
         request_id = next(self._requests)
         link = await self.mesh.link(donor)
-        await link.send(StateRequest(request_id=request_id))
-        source = f"peer {donor[:8]}"
-        self.emit(SyncProgress(source, 0, 0))
-        self._activity = time.monotonic()
-        while True:
-            try:
-                frame = await self.mailbox.get(("state", request_id, donor), timeout=5.0)
-                break
-            except asyncio.TimeoutError:
-                if time.monotonic() - self._activity > STALL_TIMEOUT:
-                    raise SyncError(f"state download from {donor} stalled") from None
+        self._asked = (request_id, donor)
+        try:
+            await link.send(StateRequest(request_id=request_id))
+            source = f"peer {donor[:8]}"
+            self.emit(SyncProgress(source, 0, 0))
+            self._activity = time.monotonic()
+            while True:
+                try:
+                    frame = await self.mailbox.get(("state", request_id, donor), timeout=5.0)
+                    break
+                except asyncio.TimeoutError:
+                    if time.monotonic() - self._activity > STALL_TIMEOUT:
+                        raise SyncError(f"state download from {donor} stalled") from None
+        finally:
+            self._asked = None
         reply = frame.header
         if isinstance(reply, StateUnavailable):
             raise SyncError(f"{donor} cannot serve state: {reply.reason}")
@@ -207,7 +217,9 @@ class StateSync:
         """Handle state frames; returns the task serving a request, if one was started."""
         if isinstance(header, StateRequest):
             return asyncio.ensure_future(self._serve(sender, header.request_id))
-        self.mailbox.put(("state", header.request_id, sender), frame)
+        if self._asked == (header.request_id, sender):
+            self.mailbox.put(("state", header.request_id, sender), frame)
+        # else: an answer we no longer wait for (or never asked for) holds no memory here
         return None
 
     def on_incoming(self, sender: str, incoming: Incoming) -> None:

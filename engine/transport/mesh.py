@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 
 from engine.backoff import Backoff
+from engine.ratelimit import Sweeps
 from engine.transport import patches
 from engine.transport.counters import LinkCounters
 from engine.transport.link import LinkClosed, PeerLink
@@ -50,13 +51,19 @@ class Pauses:
         self.first, self.cap = first, cap
         self._backoffs: dict[str, Backoff] = {}
         self._until: dict[str, float] = {}
+        self._sweeps = Sweeps()
 
     def left(self, peer_id: str) -> float:
         return max(0.0, self._until.get(peer_id, 0.0) - time.monotonic())
 
     def extend(self, peer_id: str) -> float:
+        now = time.monotonic()
         wait = self._backoffs.setdefault(peer_id, Backoff(self.first, self.cap)).next()
-        self._until[peer_id] = time.monotonic() + wait
+        self._until[peer_id] = now + wait
+        if self._sweeps.due(len(self._until)):  # peers long past their pause are forgiven
+            for peer in [p for p, until in self._until.items() if now - until > self.cap]:
+                self.clear(peer)
+            self._sweeps.swept(len(self._until))
         return wait
 
     def clear(self, peer_id: str) -> None:
@@ -283,8 +290,9 @@ class PeerMesh:
         self._adopt(link)
 
     async def _make_room(self) -> bool:
-        """Whether one more connection fits, closing the link idle longest if need be."""
-        if len(self._links) + len(self._answering) + len(self._offers) < self.max_connections:
+        """Whether the connection being answered fits (it counts among ``_answering``),
+        closing the link idle longest if need be."""
+        if len(self._links) + len(self._answering) + len(self._offers) <= self.max_connections:
             return True
         now = time.monotonic()
         idle = [link for link in self._links.values() if now - link.last_active > IDLE_LINK]

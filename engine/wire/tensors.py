@@ -41,11 +41,15 @@ class TensorEntry(Struct):
     nbytes: ByteOffset
 
 
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # what the hash packs it as
+NumberName = Annotated[str, Meta(max_length=512)]
+
+
 class StateMeta(Struct):
     epoch: EpochNumber
     project: ProjectId
     state_sha256: Sha256
-    numbers: Annotated[dict[Annotated[str, Meta(max_length=512)], int | float], Meta(max_length=100_000)] = \
+    numbers: Annotated[dict[NumberName, Int64 | float], Meta(max_length=100_000)] = \
         field(default_factory=dict)
 
 

@@ -1,6 +1,7 @@
 """Bad input to the backbone: clear 4xx answers or a closed socket with a reason, while
 the server stays up and the peers already training are unaffected."""
 
+import asyncio
 import json
 import re
 
@@ -10,6 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.wire import WIRE_VERSION
+from engine.wire.codec import encode_text
+from engine.wire.control import Ping, Pong, from_backbone
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 
 pytestmark = pytest.mark.slow
@@ -96,6 +99,34 @@ async def test_a_wrong_peer_token_is_refused(collaboration):
         await http.ws_connect(f"{backbone.url}/api/projects/tiny-lm/peers/{joined['peer_id']}/ws",
                               headers={"X-Cotrain-Peer-Token": "forged"})
     assert err.value.status == 401
+
+
+async def test_two_sockets_for_one_peer_at_once_leave_exactly_one_connected(collaboration):
+    """Both upgrades pass the first check together: the second is closed, and the first
+    keeps its session (before, the loser's exit removed the winner's)."""
+    backbone, http, _ = collaboration
+    joined = await _join(http, backbone.url)
+    url = f"{backbone.url}/api/projects/tiny-lm/peers/{joined['peer_id']}/ws"
+    headers = {"X-Cotrain-Peer-Token": joined["token"]}
+    results = await asyncio.gather(*(http.ws_connect(url, headers=headers) for _ in range(4)),
+                                   return_exceptions=True)
+    opened = [ws for ws in results if isinstance(ws, aiohttp.ClientWebSocketResponse)]
+    refused = [err for err in results if isinstance(err, aiohttp.WSServerHandshakeError)]
+    closed, alive = [], []
+    for ws in opened:
+        msg = await ws.receive(timeout=10)
+        (closed if msg.type == aiohttp.WSMsgType.CLOSE else alive).append((ws, msg))
+    assert len(alive) == 1 and len(closed) + len(refused) == 3, (alive, closed, refused)
+    assert all("already connected" in msg.extra for _, msg in closed)
+    assert all(err.status == 409 for err in refused)
+    assert joined["peer_id"] in backbone.sessions
+    ws = alive[0][0]
+    await ws.send_str(encode_text(Ping(7)))
+    while (msg := await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
+        if isinstance(reply := from_backbone.decode(msg.data), Pong):
+            break
+    assert reply == Pong(7), "the socket left connected is not served"
+    await ws.close()
 
 
 async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):

@@ -26,7 +26,7 @@ def _free_port() -> int:
 
 async def start_backbone(port: int, data_dir, catalog) -> asyncio.subprocess.Process:
     process = await asyncio.create_subprocess_exec(
-        *engine_command(), "backbone", "--port", str(port), "--data-dir", str(data_dir),
+        *engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data_dir),
         "--catalog", str(catalog), stdout=asyncio.subprocess.PIPE, stderr=sys.stderr,
     )
     line = await asyncio.wait_for(process.stdout.readline(), 60)

@@ -224,21 +224,29 @@ async def timed_epochs(collab: Collaboration, epochs: int, timeout: float) -> Wi
 
 @dataclass
 class Verdict:
-    """An attack's effect: the collaboration just before it and while it went on."""
+    """An attack's effect: the collaboration while it went on, against the same collaboration
+    just before and just after it (their mean cancels the drift of a shared machine)."""
 
     before: Window
     during: Window
+    after: Window
     rss_before: dict[str, int]
     rss_after: dict[str, int]
 
     @property
+    def baseline(self) -> float:
+        quiet = (self.before, self.after)
+        return sum(w.last_epoch - w.first_epoch for w in quiet) / sum(w.seconds for w in quiet)
+
+    @property
     def ratio(self) -> float:
-        return self.during.rate / self.before.rate
+        return self.during.rate / self.baseline
 
     def figure(self) -> str:
         growth = max(self.rss_after[k] - self.rss_before[k] for k in self.rss_before) / 1e6
-        return (f"{self.before.rate:.2f} epochs/s before, {self.during.rate:.2f} under attack "
-                f"({self.ratio:.2f}x); memory grew at most {growth:.0f} MB")
+        return (f"{self.baseline:.2f} epochs/s without the attack (before {self.before.rate:.2f}, after "
+                f"{self.after.rate:.2f}), {self.during.rate:.2f} under it ({self.ratio:.2f}x); "
+                f"memory grew at most {growth:.0f} MB")
 
 
 EPOCHS = 100  # per measured window: ten seconds or so of a healthy collaboration
@@ -248,9 +256,11 @@ LOSS_NOISE = 0.15  # mean loss over a window, as it varies between runs of the s
 
 
 async def under_attack(collab: Collaboration, attack, epochs: int = EPOCHS, timeout: float = 120) -> Verdict:
-    """Time ``epochs`` epochs as they are, then ``epochs`` more while ``attack()`` runs."""
+    """Time ``epochs`` epochs while ``attack()`` runs, and as many without it: half just
+    before, half just after."""
     rss_before = collab.rss()
-    before = await timed_epochs(collab, epochs, timeout)
+    quiet = max(min(epochs, EPOCHS) // 2, 1)
+    before = await timed_epochs(collab, quiet, timeout)
     task = asyncio.ensure_future(attack())
     try:
         during = await timed_epochs(collab, epochs, timeout)
@@ -258,9 +268,11 @@ async def under_attack(collab: Collaboration, attack, epochs: int = EPOCHS, time
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    rss_after = collab.rss()
+    after = await timed_epochs(collab, quiet, timeout)
     await collab.until(lambda: all(p.epoch >= during.last_epoch for p in collab.peers), 30,
                        "every honest peer to print the window's last epoch")
-    return Verdict(before, during, rss_before, collab.rss())
+    return Verdict(before, during, after, rss_before, rss_after)
 
 
 def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Attacks on the control plane, by a stranger from its own address, against a backbone and
 three honest peers started as users start them. Each is timed against the same
-collaboration just before it."""
+collaboration just before and just after it."""
 
 import asyncio
 import contextlib
@@ -117,6 +117,7 @@ async def test_silent_identities_cost_the_collaboration_almost_nothing(collab, r
         in_rounds = sum(1 for s in sybils if s.rounds())
         report_figure(f"{verdict.figure()}; {in_rounds} of {len(sybils)} silent identities "
                       "were put in rounds")
+        assert in_rounds, "no silent identity was put in a round: the test proves nothing"
         assert_unharmed(collab, verdict, adversary.peer_ids)
 
 

@@ -1,6 +1,6 @@
 """Attacks on the data plane (WebRTC links between peers), by a stranger from its own address,
 against a backbone and three honest peers started as users start them. Each is timed against
-the same collaboration just before it."""
+the same collaboration just before and just after it."""
 
 import asyncio
 import contextlib

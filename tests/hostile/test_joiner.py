@@ -14,7 +14,7 @@ import torch
 from engine.training.state import pack, tensors_of
 from engine.transport.link import LinkClosed
 from engine.transport.mesh import PeerMesh
-from engine.wire.frames import StateReply, StateRequest
+from engine.wire.frames import StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame
 from engine.wire.tensors import decode_file, encode_file
 from tests.hostile.adversary import Adversary, Stranger
@@ -47,7 +47,7 @@ class Liar:
     spoiled -- under the honest state's epoch and hash."""
 
     def __init__(self, adversary: Adversary, stranger: Stranger, lie: str) -> None:
-        self.stranger, self.lie = stranger, lie
+        self.adversary, self.stranger, self.lie = adversary, stranger, lie
         self.fetched: dict[int, asyncio.Future[Frame]] = {}
         self.served: list[str] = []
         self.mesh: PeerMesh = adversary.mesh(stranger, self.on_frame)
@@ -56,12 +56,12 @@ class Liar:
         header = frame.header
         if isinstance(header, StateRequest):
             self.mesh.spawn(self.serve(sender, header.request_id))
-        elif isinstance(header, StateReply) and header.request_id in self.fetched:
+        elif isinstance(header, (StateReply, StateUnavailable)) and header.request_id in self.fetched:
             self.fetched.pop(header.request_id).set_result(frame)
 
     def honest_peers(self) -> list[str]:
         members = {p for start in self.stranger.rounds() for p in start.group}
-        return sorted(members - {self.stranger.peer_id})
+        return sorted(members - set(self.adversary.peer_ids))
 
     async def serve(self, joiner: str, request_id: int) -> None:
         for donor in self.honest_peers():
@@ -74,7 +74,8 @@ class Liar:
             except (LinkClosed, asyncio.TimeoutError):
                 continue
             header = honest.header
-            assert isinstance(header, StateReply)
+            if not isinstance(header, StateReply):
+                continue  # busy serving another: ask the next
             await (await self.mesh.link(joiner, timeout=10)).send(header, self.spoil(honest.payload))
             self.served.append(joiner)
             return

@@ -2,7 +2,9 @@
 
 import asyncio
 
+from engine.peer.state_sync import StateSync
 from engine.transport.mailbox import Mailbox
+from engine.wire.frames import StateReply
 from engine.wire.framing import Frame
 from tests.transport.mesh_pair import blob
 
@@ -37,3 +39,17 @@ async def test_a_waiter_gets_its_frame_without_it_counting_against_the_sender():
     asyncio.get_running_loop().call_soon(box.put, ("result", 3, "a"), frame())  # once get() waits
     assert (await box.get(("result", 3, "a"), timeout=5)).payload == b"x" * 10
     assert box.held("a") == (0, 0)
+
+
+async def test_state_replies_nobody_waits_for_are_not_kept():
+    """A donor's answer that came after the joiner gave up on it (or that nobody asked for)
+    takes no memory, and never counts as that donor flooding us."""
+    box = Mailbox(max_items=1, max_bytes=100)
+    overflowed = []
+    box.on_overflow = overflowed.append
+    sync = StateSync(client=None, mesh=None, mailbox=box, optimizer=None, fresh_model=None,  # type: ignore[arg-type]
+                     emit=lambda event: None)
+    for request_id in range(1, 4):
+        reply = StateReply(request_id=request_id, epoch=3, state_sha256="a" * 64)
+        sync.on_frame("donor", Frame(reply, b"x" * 80), reply)
+    assert box.held("donor") == (0, 0) and not overflowed

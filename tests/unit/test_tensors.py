@@ -82,6 +82,19 @@ def test_forged_indexes_are_refused(change, reason):
         decode_file(data[:head] + len(forged).to_bytes(4, "big") + forged + bytes(payload))
 
 
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**64])
+def test_a_number_the_hash_cannot_hold_is_refused(value):
+    """A donor's optimizer step count past 64 bits would crash whoever hashes it."""
+    index, payload = pack([("w", torch.randn(4))], META)
+    data = encode_file(index, payload)
+    head = len(FILE_MAGIC) + 1
+    parsed = json.loads(data[head + 4 : head + 4 + int.from_bytes(data[head : head + 4], "big")])
+    parsed["meta"]["numbers"]["optimizer/step"] = value
+    forged = json.dumps(parsed).encode()
+    with pytest.raises(ProtocolError, match="numbers"):
+        decode_file(data[:head] + len(forged).to_bytes(4, "big") + forged + bytes(payload))
+
+
 def test_a_tensor_named_twice_is_refused():
     index, payload = pack([("w", torch.randn(2)), ("w", torch.randn(2))], META)
     with pytest.raises(ProtocolError, match="twice"):

@@ -6,6 +6,7 @@ from engine.backbone.tracker import Broadcast, RecordCredits, RecordStep, RoundO
 from engine.project import ProjectSpec
 from engine.wire.control import (
     Availability,
+    BadState,
     CheckpointInfo,
     Progress,
     Ready,
@@ -89,6 +90,25 @@ def test_excluded_donors_are_avoided_when_another_exists(clock):
     assert plan.peer == "b"
 
 
+def test_a_donor_accused_by_the_joiner_it_served_is_asked_after_the_others(clock):
+    """A joiner's word counts once, and only against the donor it was sent to: a peer
+    accusing every other over and over cannot put itself first in line."""
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.join("c", "c")
+    ((_, plan),) = sent(t.handle("c", SyncRequest()), SyncPlan)
+    first = plan.peer
+    other = "b" if first == "a" else "a"
+    for _ in range(5):
+        t.handle("c", BadState(other, "forged"))  # not the donor it was sent to: moves nothing
+    t.handle("c", BadState(first, "its hash is not the collaboration's"))
+    ((_, plan),) = sent(t.handle("c", SyncRequest(exclude=[first])), SyncPlan)
+    assert plan.peer == other  # busy serving c now, yet still asked before the accused one
+    t.join("d", "d")
+    ((_, plan),) = sent(t.handle("d", SyncRequest()), SyncPlan)
+    assert plan.peer == other
+    assert (len(t.peers[first].accusers), len(t.peers[other].accusers)) == (1, 0)
+
+
 def test_a_joiner_that_no_peer_could_serve_falls_back_to_a_checkpoint_of_this_epoch(clock):
     t = ready_tracker(clock, peers=("a", "b"))
     t.checkpoint = CheckpointInfo(0, "s" * 64, "h0", 10, "/c")
@@ -166,6 +186,45 @@ def test_a_step_taken_while_the_backbone_was_down_settles_on_its_members_replays
     outs = t.handle("c", RoundDone(77, 4, False, error="x"))
     assert not [o for o in outs if isinstance(o, RecordCredits)], "a replay credits nobody"
     assert {p.peer_id for p in t.live_peers()} == {"a", "b"}
+
+
+def test_a_replayed_round_waits_for_members_still_reconnecting(clock):
+    """After a restart the members come back one by one: the first one's replay neither
+    settles the round nor closes it, so the second one's still counts."""
+    t = Tracker(project(), clock=clock, epoch=4, state_sha256="h4",
+                unsettled=RoundOpened(77, 4, ["a", "b", "c"]), recovery=60)
+    t.join("a", "a")
+    replay = RoundDone(77, 4, True, "h5", samples=120)
+    assert not sent(t.handle("a", replay), Resync)
+    assert not sent(t.handle("a", Ready(5, "h5")), Resync) and t.round is not None
+    clock.now += 2
+    t.join("b", "b")
+    assert [o.step.epoch for o in t.handle("b", replay) if isinstance(o, RecordStep)] == [5]
+    t.join("c", "c")
+    assert not sent(t.handle("c", Ready(5, "h5")), Resync)  # back late, with the settled state
+    assert {p.peer_id for p in t.live_peers()} == {"a", "b", "c"}
+
+
+def test_after_a_restart_an_asker_waits_for_the_holders_of_the_epoch(clock):
+    """No peer is back yet and no checkpoint holds epoch 4: one that asks for the state does
+    not send the collaboration back to the start; a holder's Ready answers it."""
+    t = Tracker(project(), clock=clock, epoch=4, state_sha256="h4", recovery=60)
+    t.join("x", "x")
+    assert not t.handle("x", SyncRequest()) and t.epoch == 4
+    t.join("a", "a")
+    ((to, plan),) = sent(t.handle("a", Ready(4, "h4")), SyncPlan)
+    assert (to, plan.source, plan.peer, plan.epoch) == ("x", "peer", "a", 4)
+
+
+def test_when_no_holder_comes_back_after_a_restart_the_collaboration_starts_over(clock):
+    t = Tracker(project(), clock=clock, epoch=4, state_sha256="h4", recovery=60)
+    t.join("x", "x")
+    t.handle("x", SyncRequest())
+    clock.now += 30
+    assert not sent(t.tick(), SyncPlan)
+    clock.now += 31
+    ((to, plan),) = sent(t.tick(), SyncPlan)
+    assert (to, plan.source, t.epoch) == ("x", "init", 0)
 
 
 def test_a_replayed_round_nobody_else_confirms_moves_nothing(clock):

@@ -60,6 +60,7 @@ class Tracker:
         last_round_id: int = 0,
         pair_cooldown: float = 30.0,
         unsettled: RoundOpened | None = None,
+        recovery: float = 0.0,
     ) -> None:
         self.project = project
         self.epoch = epoch
@@ -73,7 +74,10 @@ class Tracker:
         self.pairs = Pairs(project.id, clock, pair_cooldown)
         self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
                                    join_grace=join_grace, last_round_id=last_round_id)
-        self.sources = StateSources(self)
+        # After a restart the peers holding the recorded epoch are reconnecting, each after
+        # its own backoff: for this long, a peer asking for the state waits for them rather
+        # than the collaboration going back to an older checkpoint (or starting over).
+        self.sources = StateSources(self, holders_due=clock() + recovery if epoch > 0 else 0.0)
         self.settlement = Settlement(self)
         if unsettled is not None and unsettled.epoch == epoch:
             # We died while this round was under way: its members replay how it ended, and it
@@ -182,11 +186,11 @@ class Tracker:
         return [RoundOpened(rnd.round_id, rnd.epoch, rnd.voters), *(Send(pid, start) for pid in rnd.group)]
 
     def tick(self) -> list[Out]:
-        """Deadlines: called about every quarter second."""
+        """Deadlines (a round's, the wait for a restart's peers): called about every quarter second."""
         rnd = self.round
         if rnd is not None and self.clock() > rnd.deadline + self.round_grace:
             return self.settlement.close(rnd)
-        return self._maybe_open_round()
+        return self.sources.recovery_over() + self._maybe_open_round()
 
     # --- checkpoints and status ---------------------------------------------------------
 

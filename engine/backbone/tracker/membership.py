@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.backbone.ledger import Claim
 from engine.wire.control import Progress, SyncRequest
@@ -52,7 +52,7 @@ class PeerState:
     # count toward opening rounds, and rounds wait for it. Until then (and again after a
     # strike) it is on probation: in rounds, but never waited for.
     proven: bool = False
-    accused: int = 0  # joiners that said its state did not check out
+    accusers: set[str] = field(default_factory=set)  # joiners it served state that did not check out
     excluded_until: float = 0.0  # left out of rounds until then
 
 

@@ -85,7 +85,7 @@ class Settlement:
         elif not final:
             counted |= {m for m in voters if m in self.t.members.peers}
         digest, held = votes.most_common(1)[0]
-        if digest is None or held * 2 <= len(counted):
+        if held * 2 <= len(counted):
             return []
         return self._settle(rnd, digest)
 
@@ -130,9 +130,16 @@ class Settlement:
         return t.resync(peer, "the round finished without you")
 
     def close_if_answered(self) -> list[Out]:
-        """Close the open round once every voter still here has answered."""
+        """Close the open round once every voter still here has answered -- or, in a round
+        replayed after a restart and not yet settled, every voter: the others are still
+        reconnecting, and the first back must not decide it alone."""
         rnd = self.t.round
-        if rnd is None or not rnd.answered(set(self.t.members.peers)):
+        if rnd is None:
+            return []
+        waited = set(self.t.members.peers)
+        if rnd.recovering and rnd.settled_to is None:
+            waited |= set(rnd.voters)
+        if not rnd.answered(waited):
             return []
         return self.close(rnd)
 
@@ -155,7 +162,8 @@ class Settlement:
         for pid in rnd.voters:
             peer = t.members.get(pid)
             if peer is not None and pid not in rnd.outcomes:
-                t.members.strike(peer, "it did not finish a round")
+                if not rnd.recovering:  # (after a restart, it may have been away reconnecting)
+                    t.members.strike(peer, "it did not finish a round")
                 out += t.resync(peer, "you did not finish the round in time")
         return out
 

@@ -20,8 +20,10 @@ log = logging.getLogger(__name__)
 
 
 class StateSources:
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, holders_due: float = 0.0) -> None:
         self.t = tracker
+        self.holders_due = holders_due  # until then, a restart's peers may still come back
+        self._deferred = False  # an asker waits for them
 
     def request(self, peer: PeerState, msg: SyncRequest) -> list[Out]:
         peer.ready = False
@@ -31,11 +33,13 @@ class StateSources:
         return self._answer(peer, patient=True)
 
     def bad_state(self, peer: PeerState, msg: BadState) -> list[Out]:
-        """A joiner says a donor's state did not check out. One peer's word costs the donor
-        nothing but being asked later than others (it may be the joiner that lies)."""
+        """A joiner says the donor we named it served state that did not check out. One
+        peer's word costs the donor nothing but being asked later than donors fewer peers
+        accuse (it may be the joiner that lies); a peer counts once, and only against the
+        donor it was sent to."""
         donor = self.t.members.get(msg.peer)
-        if donor is not None and donor is not peer:
-            donor.accused += 1
+        if donor is not None and donor is not peer and peer.donor == msg.peer:
+            donor.accusers.add(peer.peer_id)
             log.warning("%s: %s says %s served bad state: %s", self.t.project.id, peer.peer_id, msg.peer,
                         msg.reason)
         return []
@@ -47,10 +51,18 @@ class StateSources:
                 out += self._answer(peer, patient)
         return out
 
+    def recovery_over(self) -> list[Out]:
+        """Once the peers of a restart had their time to come back: answer who waited."""
+        if not self._deferred or self.t.clock() < self.holders_due:
+            return []
+        self._deferred = False
+        return self.answer_waiting(patient=False)
+
     def _answer(self, peer: PeerState, patient: bool) -> list[Out]:
-        """Tell ``peer`` where to get the state -- or, when ``patient`` and no peer it can
-        reach holds the epoch yet but one is about to (a member of the round under way that
-        has not reported), nothing yet: asking one it cannot reach would stall its download."""
+        """Tell ``peer`` where to get the state -- or nothing yet: when ``patient`` and no peer
+        it can reach holds the epoch but one is about to (a member of the round under way
+        that has not reported; asking one it cannot reach would stall its download), or when
+        nobody holds it but, just after a restart, its holders may still be coming back."""
         t, pairs = self.t, self.t.pairs
         msg = peer.sync_request
         assert msg is not None
@@ -64,8 +76,12 @@ class StateSources:
                 m != peer.peer_id and m not in rnd.outcomes and m in t.members.peers
                 and pairs.reachable(peer.peer_id, m, now) for m in rnd.group):
             return []  # answered when the round's members report (or it closes)
-        peer.sync_request = None
         checkpoint = t.checkpoint
+        if (not donors and now < self.holders_due
+                and (checkpoint is None or checkpoint.epoch != t.epoch)):
+            self._deferred = True
+            return []  # going back now would lose the epochs its holders are bringing back
+        peer.sync_request = None
         if t.epoch == 0 and checkpoint is None:
             # Epoch 0 is the project's seed: every peer builds it alone, nobody downloads it.
             return [Send(peer.peer_id, SyncPlan(0, StateSource.INIT, state_sha256=t.state_sha256))]
@@ -79,7 +95,7 @@ class StateSources:
             # cut off (its cooldown over, but not yet proven): ask the others first.
             donor = min(usable, key=lambda p: (
                 now - p.heard_at > t.members.peer_timeout, pairs.failed_lately(peer.peer_id, p.peer_id),
-                p.accused, p.serving, p.joined_at))
+                len(p.accusers), p.serving, p.joined_at))
             self.release_donor(peer)
             donor.serving += 1
             peer.donor = donor.peer_id
@@ -121,4 +137,4 @@ class StateSources:
             return t.resync(peer, "your state differs from the collaboration's")
         peer.ready, peer.epoch = True, msg.epoch
         t.members.restart_accumulation(peer)
-        return []
+        return self.answer_waiting(patient=True)  # it may serve those asking
