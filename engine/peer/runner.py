@@ -217,7 +217,7 @@ class Peer:
         optimizer = build_optimizer(project.optimizer, model.parameters())
         # No honest frame is larger than this model's state: a peer's is refused at its first chunk.
         max_frame = min(state_budget(model, optimizer), reply.max_checkpoint_bytes)
-        self.mailbox.max_bytes = 2 * max_frame
+        self.mailbox.max_bytes, self.mailbox.max_total = 2 * max_frame, 4 * max_frame
         relay_only = self.relay_only = opts.relay_only or reply.ice_policy is IcePolicy.RELAY
         ice = ice_configuration(reply.ice_servers, relay_only)
         self._mesh = PeerMesh(self.peer_id, self.control.signal, ice, self.mailbox, self.rounds.on_frame,

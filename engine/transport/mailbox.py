@@ -17,15 +17,19 @@ class Mailbox:
     Early frames (a fast peer's part before our round starts) wait here. Each sender has
     its own quota of frames and bytes: past it, that sender's oldest frames are dropped,
     never another's, so a flooding peer cannot exhaust memory or evict an honest message;
-    and ``on_overflow`` hears of it (an honest peer is never that far ahead of us).
+    and ``on_overflow`` hears of it (an honest peer is never that far ahead of us). Many
+    senders together (Sybils, each within its quota) hold at most ``max_total`` bytes:
+    past it, the sender holding the most loses its oldest frames.
     """
 
-    def __init__(self, max_items: int = 16, max_bytes: int = 1 << 30) -> None:
+    def __init__(self, max_items: int = 16, max_bytes: int = 1 << 30, max_total: int = 4 << 30) -> None:
         self.max_items = max_items  # per sender
         self.max_bytes = max_bytes  # per sender
+        self.max_total = max_total  # all senders
         self.on_overflow: Callable[[str], None] | None = None
         self._items: OrderedDict[Key, Frame] = OrderedDict()
         self._held: dict[str, tuple[int, int]] = {}  # sender -> (frames, bytes) waiting
+        self._total = 0
         self._waiters: dict[Key, asyncio.Future[Frame]] = {}
 
     def put(self, key: Key, frame: Frame) -> None:
@@ -38,10 +42,14 @@ class Mailbox:
         sender = key[-1]
         count, size = self._held.get(sender, (0, 0))
         self._held[sender] = (count + 1, size + len(frame.payload))
+        self._total += len(frame.payload)
         if self._over(sender) and self.on_overflow is not None:
             self.on_overflow(sender)
         while self._over(sender):
             self._remove(next(k for k in self._items if k[-1] == sender))
+        while self._total > self.max_total:
+            biggest = max(self._held, key=lambda s: self._held[s][1])
+            self._remove(next(k for k in self._items if k[-1] == biggest))
 
     def held(self, sender: str) -> tuple[int, int]:
         """(frames, bytes) of ``sender``'s waiting here."""
@@ -77,6 +85,7 @@ class Mailbox:
     def _remove(self, key: Key) -> None:
         frame = self._items.pop(key, None)
         if frame is not None:
+            self._total -= len(frame.payload)
             count, size = self._held[key[-1]]
             if count == 1:
                 del self._held[key[-1]]

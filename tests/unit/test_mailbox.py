@@ -53,3 +53,13 @@ async def test_state_replies_nobody_waits_for_are_not_kept():
         reply = StateReply(request_id=request_id, epoch=3, state_sha256="a" * 64)
         sync.on_frame("donor", Frame(reply, b"x" * 80), reply)
     assert box.held("donor") == (0, 0) and not overflowed
+
+
+async def test_many_senders_each_within_its_quota_hold_at_most_the_total():
+    box = Mailbox(max_items=4, max_bytes=400, max_total=1000)
+    box.put(("part", 1, "honest"), frame(100))
+    for i in range(50):
+        box.put(("part", 2, f"sybil{i}"), frame(300))
+    held = sum(box.held(s)[1] for s in ["honest", *(f"sybil{i}" for i in range(50))])
+    assert held <= 1000
+    assert (await box.get(("part", 1, "honest"), timeout=0)).payload == b"x" * 100
