@@ -66,6 +66,8 @@ class LimitsConfig:
     })
     joins_per_address: Rate = Rate(0.2, 30.0)
     registrations_per_address: Rate = Rate(1 / 600, 5.0)
+    failed_logins_per_account: int = 5  # a minute, from one address
+    failed_logins_per_address: int = 30  # a minute, across accounts
     peers_per_address: int = 64  # connected at once
     drops_before_disconnect: int = 200  # within a minute
     refuse_for: float = 60.0  # first time; doubles with each repeat, up to an hour

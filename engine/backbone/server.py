@@ -85,8 +85,9 @@ class Backbone:
             )
         self.sessions: dict[str, PeerSession] = {}
         self.throttle = Throttle(config.limits)
-        self.logins_by_account = AttemptLimiter(limit=5, window=60)  # keyed by account and address
-        self.logins_by_address = AttemptLimiter(limit=30, window=60)
+        limits = config.limits
+        self.logins_by_account = AttemptLimiter(limits.failed_logins_per_account, 60)  # and address
+        self.logins_by_address = AttemptLimiter(limits.failed_logins_per_address, 60)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._ticker: asyncio.Task | None = None

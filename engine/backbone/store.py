@@ -107,7 +107,7 @@ class UsernameTaken(ValueError):
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fresh = not path.exists()
+        fresh = not path.exists() or path.stat().st_size == 0
         old_umask = os.umask(0o077)  # the database and its WAL files: the owner's alone
         try:
             self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -126,8 +126,16 @@ class Store:
                 raise RuntimeError(f"{path} was written by a newer Cotrain (schema {version})")
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 log.info("%s: migrating to schema %d", path, target)
-                self.db.executescript(MIGRATIONS[target])
-                self.db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(target),))
+                # All of a migration or none of it: a crash midway must not leave a schema
+                # that is neither the old nor the new one.
+                try:
+                    self.db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[target]}"
+                                          f"UPDATE meta SET value='{target}' WHERE key='schema'; COMMIT;")
+                except sqlite3.Error:
+                    if self.db.in_transaction:
+                        self.db.execute("ROLLBACK")
+                    self.db.close()
+                    raise
         self.db.executescript(SCHEMA)  # what a newer schema adds
         self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         self.migrated_hashes = version < 2  # stored checkpoints' hashes are to be computed anew

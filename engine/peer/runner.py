@@ -87,7 +87,8 @@ class Peer:
         self._sync: StateSync | None = None
         self._task: Task | None = None
         self._running = True
-        self._resync_on_resume = False
+        # (epoch, hash) the backbone told us to resync to while paused: done on resume
+        self._resync_on_resume: tuple[int, str | None] | None = None
         self._placement: Placement | None = None
 
     @property
@@ -287,7 +288,7 @@ class Peer:
         if self._running:
             self.spawn(self.resync(epoch, state_sha256))
         else:
-            self._resync_on_resume = True
+            self._resync_on_resume = (epoch, state_sha256)
 
     def check_behind(self) -> None:
         """Catch up with the collaboration, unless paused: a download then would take the
@@ -295,9 +296,10 @@ class Peer:
         opt = self.optimizer
         if not self._running:
             return
-        if self._resync_on_resume:
-            self._resync_on_resume = False
-            self.spawn(self.resync())
+        if self._resync_on_resume is not None:
+            epoch, state_sha256 = self._resync_on_resume
+            self._resync_on_resume = None
+            self.spawn(self.resync(epoch, state_sha256))  # back to the kept state, if it is that
         elif opt.synced and not opt.in_round and opt.epoch < self.collab_epoch:
             log.info("behind the collaboration (epoch %d < %d)", opt.epoch, self.collab_epoch)
             self.spawn(self.resync())

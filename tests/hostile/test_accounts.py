@@ -11,12 +11,16 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from engine.backbone.limits import LimitsConfig
 from tests.hostile.adversary import new_address
 from tests.hostile.collaboration import Collaboration
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 PASSWORD = "correct horse battery"
+LIMITS = LimitsConfig()  # what `cotrain backbone` runs with
+GUESSES = LIMITS.failed_logins_per_account
+REGISTRATIONS = int(LIMITS.registrations_per_address.burst)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ async def test_guessing_a_password_in_parallel_is_bounded_and_never_locks_the_ow
                         {"username": "owner", "password": f"guess-{i:04d}"}) for i in range(100)]
         statuses = Counter(status for status, _ in await asyncio.gather(*guesses))
     # Five guesses a minute from one address, all sent at once or not; the rest refused unchecked.
-    assert statuses == {401: 5, 429: 95}, statuses
+    assert statuses == {401: GUESSES, 429: 100 - GUESSES}, statuses
     async with client() as owner:
         status, reply = await call(owner, "POST", f"{backbone}/api/sessions",
                                    {"username": "owner", "password": PASSWORD})
@@ -74,7 +78,7 @@ async def test_one_address_cannot_make_accounts_without_end(backbone):
                                              headers={"X-Forwarded-For": f"198.51.100.{i}"})
                                         for i in range(10)))
     statuses = Counter(status for status, _ in made + forged)
-    assert statuses == {201: 5, 429: 45}, statuses
+    assert statuses == {201: REGISTRATIONS, 429: 50 - REGISTRATIONS}, statuses
     async with client(new_address()) as someone_else:
         status, _ = await call(someone_else, "POST", f"{backbone}/api/accounts",
                                {"username": "newcomer", "password": PASSWORD})
@@ -97,12 +101,12 @@ async def test_behind_a_trusted_proxy_each_user_is_limited_on_their_own_address(
 
             alice = [await register(f"alice-{i}", "198.51.100.1") for i in range(7)]
             bob = [await register(f"bob-{i}", "198.51.100.2") for i in range(3)]
-        assert Counter(alice) == {201: 5, 429: 2} and bob == [201] * 3
+        assert Counter(alice) == {201: REGISTRATIONS, 429: 7 - REGISTRATIONS} and bob == [201] * 3
         async with client(new_address()) as not_the_proxy:
             spoofed = [(await call(not_the_proxy, "POST", f"{url}/api/accounts",
                                    {"username": f"spoof-{i}", "password": PASSWORD},
                                    headers={"X-Forwarded-For": f"198.51.100.{50 + i}"}))[0] for i in range(7)]
-        assert Counter(spoofed) == {201: 5, 429: 2}
+        assert Counter(spoofed) == {201: REGISTRATIONS, 429: 7 - REGISTRATIONS}
     finally:
         proxied.stop()
 
