@@ -17,6 +17,7 @@ from engine.wire.types import Name, ProjectId, Text
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 ScheduleType = Literal["constant", "linear", "cosine"]
+AggregationMethod = Literal["mean", "centered_clip"]
 Fraction = Annotated[float, Meta(ge=0, lt=1)]
 # A task's parameters are flat: names to numbers, flags or short strings.
 TaskParams = Annotated[dict[Name, int | float | bool | Name | None], Meta(max_length=64)]
@@ -43,6 +44,21 @@ class ScheduleSpec(Struct, kw_only=True):
     min_ratio: Annotated[float, Meta(ge=0, le=1)] = 0.1
 
 
+class AggregationSpec(Struct, kw_only=True):
+    """How a reducer combines the parts it receives (see engine/averaging/robust.py)."""
+
+    method: AggregationMethod = "mean"
+    # A sender's claimed samples weigh at most this share of the target batch (None: as many
+    # as it claims). An honest peer that brings more then weighs less than its samples and
+    # the step is no longer exactly the large batch's: for projects open to strangers.
+    max_sample_share: Annotated[float, Meta(gt=0, le=100)] | None = None
+    # A part whose per-sample gradient is longer than this many times the round's median is left out.
+    max_norm_ratio: Annotated[float, Meta(gt=1, le=1e6)] = 10.0
+    # centered_clip: the radius, in median distances from the estimate, and the iterations.
+    clip_radius: Annotated[float, Meta(gt=0, le=100)] = 1.0
+    clip_iterations: Annotated[int, Meta(ge=1, le=100)] = 10
+
+
 class ProjectSpec(Struct, kw_only=True):
     id: ProjectId
     title: Annotated[str, Meta(min_length=1, max_length=200)]
@@ -56,6 +72,7 @@ class ProjectSpec(Struct, kw_only=True):
     round_timeout: Annotated[float, Meta(ge=1, le=3600)] = 60.0
     checkpoint_every: Annotated[int, Meta(ge=1, le=10**6)] = 5
     keep_checkpoints: Annotated[int, Meta(ge=1, le=100)] = 3
+    aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     # Only peers logged in to an account may join: no free identities (see SECURITY.md).
     require_account: bool = False
 

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.averaging.partition import part_bounds, weighted_average
+from engine.averaging.partition import part_bounds
+from engine.averaging.robust import Contribution, aggregate
+from engine.project import AggregationSpec
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
@@ -64,6 +66,8 @@ class RoundPlan:
     shares: list[float]
     me: str
     optional: frozenset[str] = frozenset()
+    aggregation: AggregationSpec = field(default_factory=AggregationSpec)
+    target_batch_size: int = 10**9  # a sender's claimed samples weigh at most a share of it
 
     @property
     def my_index(self) -> int:
@@ -216,12 +220,21 @@ class _Round:
         parts = await self.gather_parts()
         lo, hi = self.bounds[self.me]
         parts[self.plan.me] = (self.flat[lo:hi] if self.samples > 0 else None, self.samples, self.loss_sum)
-        ordered = [(p, parts[p]) for p in self.plan.group if p in parts]
-        total = sum(c[1] for _, c in ordered)
-        reduced = weighted_average([c[0] for _, c in ordered], [c[1] for _, c in ordered])
+        contributions = [Contribution(p, values, samples) for p in self.plan.group if p in parts
+                         for values, samples, _ in [parts[p]] if values is not None]
+        try:
+            combined = aggregate(contributions, self.plan.aggregation, self.plan.target_batch_size)
+        except ValueError as exc:
+            raise AveragingError(f"round {self.plan.round_id}: no part to reduce ({exc})") from None
+        for sender, why in combined.rejected.items():
+            log.warning("round %d: leaving out the part of %s: %s", self.plan.round_id, sender, why)
+        reduced = combined.values
         self.averaged[lo:hi] = reduced
+        weights = combined.weights
+        total = sum(weights.values())
+        loss = sum(parts[p][2] * w / parts[p][1] for p, w in weights.items()) / total
         mine = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.me, samples=total,
-                      loss=sum(c[2] for _, c in ordered) / total, received={p: c[1] for p, c in ordered})
+                      loss=loss, received=weights)
         payload = reduced.numpy().data
         self.result_sends = [self.mesh.spawn(self._send_result(peer, mine, payload))
                              for _, peer in self.partners]

@@ -1,13 +1,12 @@
-"""Pure functions that split a flat vector into contiguous parts and reduce them.
+"""Pure functions that split a flat vector into contiguous parts, one per reducer.
 
-No network here: these decide *what* each peer sends and computes, and are tested alone.
+No network here: these decide *what* each peer sends, and are tested alone (how a reducer
+combines its part is engine/averaging/robust.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
 
 
 def part_sizes(total: int, shares: Sequence[float]) -> list[int]:
@@ -36,21 +35,3 @@ def part_bounds(total: int, shares: Sequence[float]) -> list[tuple[int, int]]:
         bounds.append((start, start + size))
         start += size
     return bounds
-
-
-def weighted_average(sums: Sequence[torch.Tensor | None], samples: Sequence[int]) -> torch.Tensor:
-    """Average of per-peer gradient *sums* (gradient x samples), weighted by samples.
-
-    ``sums[i]`` is None for a peer that accumulated nothing. The order of additions is
-    the order given, so every reducer that is handed the same inputs produces the same bits.
-    """
-    total = sum(samples)
-    if total <= 0:
-        raise ValueError("cannot average zero samples")
-    present = [s for s in sums if s is not None]
-    if not present:
-        raise ValueError("no contributions to average")
-    out = torch.zeros_like(present[0], dtype=torch.float32)
-    for part in present:
-        out.add_(part)
-    return out.div_(total)

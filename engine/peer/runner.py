@@ -229,6 +229,7 @@ class Peer:
             averager=self.rounds.average, send=self.client.send,
             clip_grad_norm=project.optimizer.clip_grad_norm,
             report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
+            aggregation=project.aggregation,
             gate=self.gate,
         )
         self.client.upload, self.client.download = self.upload, self.download

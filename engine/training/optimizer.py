@@ -15,7 +15,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,7 @@ from msgspec.structs import replace
 
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
-from engine.project import ScheduleSpec
+from engine.project import AggregationSpec, ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.params import set_grads, trainable
 from engine.training.schedule import lr_at
@@ -44,6 +44,13 @@ MIN_REPORT_GAP = 0.05
 # of the round's timeout; a slower device drops that micro-batch instead of stalling everyone.
 ROUND_WAIT_SHARE = 0.2
 SNAPSHOT_WAIT = 5.0  # the same for a state snapshot a joiner or a checkpoint waits for
+
+
+class UnsafeStep(AveragingError):
+    """The round's result would make our state non-finite: we do not take it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, set())
 
 
 @dataclass
@@ -69,6 +76,7 @@ class CollaborativeOptimizer:
         averager: Averager,
         send: Send,
         target_batch_size: int,
+        aggregation: AggregationSpec | None = None,
         clip_grad_norm: float | None = None,
         report_interval: float = 0.5,
         executor: ThreadPoolExecutor | None = None,
@@ -84,6 +92,7 @@ class CollaborativeOptimizer:
         self.clip_grad_norm = clip_grad_norm
         self.report_interval = report_interval
         self.target_batch_size = target_batch_size
+        self.aggregation = aggregation or AggregationSpec()
         self.params = trainable(model)
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
@@ -232,11 +241,12 @@ class CollaborativeOptimizer:
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me,
-                         frozenset(start.optional))
+                         frozenset(start.optional), self.aggregation, self.target_batch_size)
         try:
             try:
                 averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,
                                                 start.timeout)
+                digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 if self.epoch == start.epoch:
@@ -244,7 +254,6 @@ class CollaborativeOptimizer:
                 await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc),
                                            unreachable=exc.suspects))
                 return None
-            digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
         finally:
             self._in_round = False
             self._round_over.set()
@@ -315,6 +324,10 @@ class CollaborativeOptimizer:
                     replica[name].copy_(value)
 
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
+        """Take the step. Whatever the round delivered, a state that is not finite is never
+        taken: the step is refused (UnsafeStep) and the state stays as it was."""
+        if not bool(torch.isfinite(vector).all()):
+            raise UnsafeStep("the averaged gradient is not finite: refusing the step")
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
             model = {k: v.clone() for k, v in self.model.state_dict().items()}
             moments = copy.deepcopy(self.optimizer.state_dict()["state"])
@@ -327,9 +340,21 @@ class CollaborativeOptimizer:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if not all(bool(torch.isfinite(t).all()) for t in self._state_tensors()):
+            kept = self.kept
+            self.model.load_state_dict(kept.model)
+            groups = self.optimizer.state_dict()["param_groups"]
+            self.optimizer.load_state_dict({"state": kept.optimizer, "param_groups": groups})
+            self.kept = None
+            raise UnsafeStep("the step would make the model's state not finite: refusing it")
         self._follow_master()
         self.epoch = epoch + 1
         return self._rehash()
+
+    def _state_tensors(self) -> Iterator[torch.Tensor]:
+        yield from (p.detach() for p in self.model.parameters())
+        for slots in self.optimizer.state.values():
+            yield from (t for t in slots.values() if isinstance(t, torch.Tensor) and t.is_floating_point())
 
     # --- state ------------------------------------------------------------------------
 

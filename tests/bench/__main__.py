@@ -4,7 +4,7 @@ colour another's figures); each prints its own table."""
 import subprocess
 import sys
 
-MODULES = ("wire", "compute", "allreduce", "backbone_load", "governor", "nat", "gui")
+MODULES = ("wire", "compute", "aggregation", "allreduce", "backbone_load", "governor", "nat", "gui")
 
 if __name__ == "__main__":
     flags = [a for a in sys.argv[1:] if a == "--quick"]

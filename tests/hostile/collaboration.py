@@ -275,10 +275,12 @@ async def under_attack(collab: Collaboration, attack, epochs: int = EPOCHS, time
     return Verdict(before, during, after, rss_before, rss_after)
 
 
-def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list[str]) -> None:
+def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list[str],
+                    may_earn: bool = False) -> None:
     """What the issue asks of every attack: the collaboration kept its pace, every honest peer
     took every step and holds the same state, the record is the honest peers' own, the
-    adversary earned nothing, nobody crashed, and memory stayed bounded."""
+    adversary earned nothing (unless ``may_earn``: its parts passed every check, as a peer's
+    that computed would), nobody crashed, and memory stayed bounded."""
     assert verdict.ratio >= RATE_FLOOR, verdict.figure()
     recorded = collab.recorded()
     for epoch in range(verdict.during.first_epoch + 1, verdict.during.last_epoch + 1):
@@ -295,7 +297,7 @@ def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list
     during = [losses[e] for e in range(verdict.during.first_epoch + 1, verdict.during.last_epoch + 1)]
     assert all(loss is not None and math.isfinite(loss) for loss in before + during)
     assert statistics.mean(during) <= statistics.mean(before) + LOSS_NOISE, (before, during)
-    assert collab.credited(adversary_ids) == 0
+    assert may_earn or collab.credited(adversary_ids) == 0
     assert all(p.alive for p in collab.processes())
     for name, before in verdict.rss_before.items():
         assert verdict.rss_after[name] - before < MAX_GROWTH, f"{name}: {verdict.figure()}"

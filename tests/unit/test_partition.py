@@ -1,9 +1,8 @@
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.averaging.partition import part_bounds, part_sizes, weighted_average
+from engine.averaging.partition import part_bounds, part_sizes
 
 
 @given(st.integers(0, 10**7), st.lists(st.floats(0, 100), min_size=1, max_size=64))
@@ -22,20 +21,3 @@ def test_parts_cover_the_vector_exactly(total, shares):
 def test_bounds_are_contiguous_and_ordered():
     bounds = part_bounds(10, [1, 1, 1])
     assert bounds == [(0, 4), (4, 7), (7, 10)]
-
-
-def test_weighted_average_is_the_large_batch_mean():
-    grads = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])]
-    samples = [1, 3]
-    sums = [g * n for g, n in zip(grads, samples, strict=True)]
-    assert torch.equal(weighted_average(sums, samples), torch.tensor([2.5, 5.0]))
-
-
-def test_a_peer_with_no_samples_does_not_dilute_the_average():
-    out = weighted_average([torch.tensor([4.0]), None], [2, 0])
-    assert out.item() == 2.0
-
-
-def test_zero_samples_cannot_be_averaged():
-    with pytest.raises(ValueError):
-        weighted_average([None], [0])

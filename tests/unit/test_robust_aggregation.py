@@ -1,0 +1,137 @@
+"""A reducer's checks and aggregators, driven directly: what a hostile minority's part can
+and cannot do to the average."""
+
+import pytest
+import torch
+
+from engine.averaging.robust import Contribution, aggregate, centered_clip, screen, weighted_mean
+from engine.project import AggregationSpec
+
+SIZE = 1000
+
+
+def honest(n: int, samples: int = 32, seed: int = 0) -> list[Contribution]:
+    """Gradient sums of ``n`` honest peers: one true gradient plus per-batch noise."""
+    torch.manual_seed(seed)
+    truth = torch.randn(SIZE)
+    return [Contribution(f"honest-{i}", (truth + 0.3 * torch.randn(SIZE)) * samples, samples)
+            for i in range(n)]
+
+
+def truth_of(parts: list[Contribution]) -> torch.Tensor:
+    return sum(c.values for c in parts) / sum(c.samples for c in parts)
+
+
+def run(parts, method="mean", max_samples=64):
+    spec = AggregationSpec(method=method, max_sample_share=0.5, max_norm_ratio=10.0, clip_radius=1.0,
+                           clip_iterations=20)
+    return aggregate(parts, spec, target_batch_size=2 * max_samples)
+
+
+def distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def test_honest_parts_average_as_before():
+    parts = honest(3)
+    result = run(parts)
+    assert torch.allclose(result.values, truth_of(parts), rtol=1e-5, atol=1e-6)
+    assert result.weights == {c.sender: 32 for c in parts} and not result.rejected
+
+
+def test_the_mean_is_the_large_batch_mean():
+    grads = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 6.0])]
+    parts = [Contribution(f"p{i}", g * n, n) for i, (g, n) in enumerate(zip(grads, [1, 3], strict=True))]
+    assert torch.equal(run(parts).values, torch.tensor([2.5, 5.0]))
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_part_that_is_not_finite_is_left_out_and_named(poison):
+    parts = honest(3)
+    bad = parts[0].values.clone()
+    bad[7] = poison
+    result = run([*parts, Contribution("mallory", bad, 32)])
+    assert "mallory" in result.rejected and "finite" in result.rejected["mallory"]
+    assert torch.isfinite(result.values).all()
+    assert distance(result.values, truth_of(parts)) < 1e-5
+
+
+def test_a_claim_of_huge_samples_is_left_out():
+    """Before: 10^12 claimed samples divided everyone else's gradient away. Now the
+    per-sample gradient such a claim implies is far shorter than anyone's."""
+    parts = honest(3)
+    claim = Contribution("mallory", parts[0].values.clone(), 10**12)
+    result = run([*parts, claim])
+    assert "median" in result.rejected["mallory"]
+    assert distance(result.values, truth_of(parts)) < 1e-5
+
+
+def test_a_large_consistent_claim_weighs_no_more_than_the_cap():
+    """A peer that did compute a lot (or says so, with values to match) counts for at most a
+    share of the target batch: its gradient is weighed, never the whole average."""
+    parts = honest(3)
+    big = Contribution("big", parts[0].values / 32 * 10**6, 10**6)
+    result = run([*parts, big], max_samples=32)
+    assert result.weights["big"] == 32 and not result.rejected
+
+
+def test_a_scaled_gradient_is_left_out_by_the_norm_bound():
+    parts = honest(3)
+    flipped = Contribution("mallory", parts[0].values * -1e4, 32)  # sign-flipped, scaled
+    result = run([*parts, flipped])
+    assert "median" in result.rejected["mallory"]
+    assert distance(result.values, truth_of(parts)) < 1e-5
+
+
+def test_an_honest_peer_with_few_samples_is_not_taken_for_an_attacker():
+    """One micro-batch against many: its per-sample gradient is noisier, so longer."""
+    torch.manual_seed(1)
+    truth = torch.randn(SIZE) * 0.01  # late in training: noise dominates the gradient
+    parts = [Contribution(f"fast-{i}", (truth + torch.randn(SIZE) / 2000**0.5) * 2000, 2000)
+             for i in range(3)]
+    slow = Contribution("slow", truth + torch.randn(SIZE), 1)
+    result = run([*parts, slow], max_samples=10**6)
+    assert not result.rejected
+
+
+def test_the_norm_bound_needs_a_majority_to_say_what_is_normal():
+    parts = honest(1)
+    result = run([*parts, Contribution("other", parts[0].values * 50, 32)])
+    assert not result.rejected
+
+
+def test_centered_clip_keeps_noise_within_the_norm_bound_from_moving_the_average():
+    """Random noise eight times the honest spread, short enough to pass the norm check: the
+    mean moves far, CenteredClip stays with the honest majority."""
+    parts = honest(3)
+    torch.manual_seed(5)
+    spread = float(torch.linalg.vector_norm(parts[0].values / 32 - truth_of(parts)))
+    noise = torch.randn(SIZE)
+    noise *= 8 * spread / float(torch.linalg.vector_norm(noise))
+    hostile = Contribution("mallory", (truth_of(parts) + noise) * 32, 32)
+    mean = run([*parts, hostile])
+    clipped = run([*parts, hostile], "centered_clip")
+    assert not mean.rejected and not clipped.rejected
+    assert distance(mean.values, truth_of(parts)) > 5 * distance(clipped.values, truth_of(parts))
+    assert distance(clipped.values, truth_of(parts)) < 0.15
+
+
+def test_centered_clip_of_honest_inputs_is_close_to_their_mean():
+    parts = honest(4)
+    screened = screen(parts, 64, 10.0)
+    clipped = centered_clip(screened, 1.0, 20)
+    assert distance(clipped, weighted_mean(screened)) < 0.01
+
+
+def test_every_reducer_gets_the_same_bits_from_the_same_inputs():
+    parts = [*honest(3), Contribution("odd", torch.randn(SIZE) * 500, 32)]
+    first = run(parts, "centered_clip").values
+    again = run([Contribution(c.sender, c.values.clone(), c.samples) for c in parts],
+                "centered_clip").values
+    assert torch.equal(first, again)
+
+
+def test_when_every_part_is_bad_there_is_nothing_to_average():
+    nan = torch.full((SIZE,), float("nan"))
+    with pytest.raises(ValueError, match="nothing"):
+        run([Contribution("a", nan, 1), Contribution("b", nan, 1)])
