@@ -223,7 +223,10 @@ class _Round:
         contributions = [Contribution(p, values, samples) for p in self.plan.group if p in parts
                          for values, samples, _ in [parts[p]] if values is not None]
         try:
-            combined = aggregate(contributions, self.plan.aggregation, self.plan.target_batch_size)
+            # Off the event loop: CenteredClip of a large part takes seconds, and the links'
+            # SCTP and DTLS run on this loop.
+            combined = await asyncio.to_thread(aggregate, contributions, self.plan.aggregation,
+                                               self.plan.target_batch_size)
         except ValueError as exc:
             raise AveragingError(f"round {self.plan.round_id}: no part to reduce ({exc})") from None
         for sender, why in combined.rejected.items():
