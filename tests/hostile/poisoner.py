@@ -94,8 +94,8 @@ def left_out(collab: Collaboration, peer_id: str) -> int:
 
 
 async def poisoned(collab: Collaboration, poison: Poison, report_figure, name: str,
-                   may_earn: bool = False) -> int:
-    """Run the attack; returns how many poisoned parts honest reducers left out."""
+                   may_earn: bool = False) -> tuple[int, int]:
+    """Run the attack; returns (poisoned parts sent, parts honest reducers left out)."""
     async with Adversary(collab.url, collab.project.id) as adversary:
         stranger = await adversary.join("poisoner")
         poisoner = Poisoner(adversary, stranger, poison)
@@ -106,4 +106,4 @@ async def poisoned(collab: Collaboration, poison: Poison, report_figure, name: s
                       f"{collab.credited(adversary.peer_ids)} samples credited to it")
         assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
         assert_unharmed(collab, verdict, adversary.peer_ids, may_earn)
-    return refused
+    return poisoner.sent, refused

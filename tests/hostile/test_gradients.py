@@ -22,5 +22,5 @@ def collab(tmp_path_factory):
                                           ("noise 100x an honest gradient's length", noise(100.0)),
                                           ("10^12 samples claimed", inflated)])
 async def test_poisoned_parts_are_left_out_and_cost_only_their_sender(collab, report_figure, name, poison):
-    refused = await poisoned(collab, poison, report_figure, name)
+    _, refused = await poisoned(collab, poison, report_figure, name)
     assert refused >= 1, "no honest reducer left the poisoned part out"
