@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.averaging.audit import part_digest, result_digest
 from engine.averaging.partition import part_bounds
-from engine.averaging.robust import Contribution, aggregate
+from engine.averaging.robust import Aggregate, Contribution, aggregate
 from engine.project import AggregationSpec
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
+from engine.wire.control import Commitment, Committed
 from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
 
@@ -74,12 +76,30 @@ class RoundPlan:
         return self.group.index(self.me)
 
 
+    @property
+    def verified(self) -> bool:
+        """Whether reducers may be checked: then members commit to what they did."""
+        return self.aggregation.verify_probability > 0
+
+
+@dataclass
+class Reduced:
+    """The part this peer reduced, kept until its round settles in case it is checked."""
+
+    round_id: int
+    index: int
+    inputs: list[tuple[Committed, torch.Tensor]]
+    result: torch.Tensor
+
+
 @dataclass
 class Averaged:
     vector: torch.Tensor
     samples: int
     loss: float | None
     received: dict[str, int]  # sender -> samples its part to me carried (empty: I reduced nothing)
+    commitment: Commitment | None = None  # when the project checks reducers
+    reduced: Reduced | None = None  # the same
 
 
 async def butterfly_allreduce(
@@ -122,6 +142,9 @@ class _Round:
     missing_links: set[str] = field(default_factory=set)
     missing_parts: set[str] = field(default_factory=set)
     result_sends: list[asyncio.Future] = field(default_factory=list)
+    sent: dict[int, str] = field(default_factory=dict)  # part index -> hash of ours (if verified)
+    applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
+    reduced: Reduced | None = None
 
     def __post_init__(self) -> None:
         self.bounds = part_bounds(self.flat.numel(), self.plan.shares)
@@ -176,6 +199,8 @@ class _Round:
         header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
                       loss_sum=self.loss_sum)
         payload = self.flat[lo:hi].numpy().data if self.samples > 0 else b""
+        if self.plan.verified:
+            self.sent[j] = await asyncio.to_thread(part_digest, self.samples, payload or None)
         await self.links[peer].send(header, payload)
 
     async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float] | None:
@@ -225,8 +250,7 @@ class _Round:
         try:
             # Off the event loop: CenteredClip of a large part takes seconds, and the links'
             # SCTP and DTLS run on this loop.
-            combined = await asyncio.to_thread(aggregate, contributions, self.plan.aggregation,
-                                               self.plan.target_batch_size)
+            combined = await asyncio.to_thread(self._combine, contributions)
         except ValueError as exc:
             raise AveragingError(f"round {self.plan.round_id}: no part to reduce ({exc})") from None
         for sender, why in combined.rejected.items():
@@ -242,6 +266,16 @@ class _Round:
         self.result_sends = [self.mesh.spawn(self._send_result(peer, mine, payload))
                              for _, peer in self.partners]
         return mine
+
+    def _combine(self, contributions: list[Contribution]) -> Aggregate:
+        """Aggregate; in a verified project, also hash what went in and came out."""
+        combined = aggregate(contributions, self.plan.aggregation, self.plan.target_batch_size)
+        if self.plan.verified:
+            inputs = [(Committed(sender=c.sender, samples=c.samples, sha256=part_digest(c.samples, c.values)),
+                       c.values) for c in contributions]
+            self.reduced = Reduced(self.plan.round_id, self.me, inputs, combined.values)
+            self.applied[self.me] = result_digest(combined.values)
+        return combined
 
     async def _send_result(self, peer: str, result: Result, payload: memoryview) -> None:
         """Our result for ``peer``, within the round's time (an optional member's link may
@@ -265,6 +299,8 @@ class _Round:
             raise Misbehaved(peer, f"result from {peer} is empty")
         lo, hi = self.bounds[j]
         self.averaged[lo:hi] = values
+        if self.plan.verified:
+            self.applied[j] = await asyncio.to_thread(result_digest, values)
         return result
 
     def outcome(self, results: list[Result], mine: Result | None) -> Averaged:
@@ -276,8 +312,14 @@ class _Round:
         senders = {s for r in results for s in r.received}
         samples = sum(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
         losses = [r.loss for r in results if r.loss is not None]
+        commitment = None
+        if self.plan.verified:
+            parts = range(len(self.plan.group))
+            commitment = Commitment(sent=[self.sent.get(j) for j in parts],
+                                    results=[self.applied.get(j) for j in parts],
+                                    inputs=[c for c, _ in self.reduced.inputs] if self.reduced else [])
         return Averaged(self.averaged, samples, statistics.median_low(losses) if losses else None,
-                        dict(mine.received) if mine is not None else {})
+                        dict(mine.received) if mine is not None else {}, commitment, self.reduced)
 
 
 def _as_floats(frame: Frame, expected: int, peer: str, what: str) -> torch.Tensor | None:

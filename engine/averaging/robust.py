@@ -29,6 +29,8 @@ import torch
 
 from engine.project import AggregationSpec
 
+BLOCK = 1 << 14  # below torch's grain size: each block's sum runs on one thread
+
 
 @dataclass(frozen=True)
 class Contribution:
@@ -49,6 +51,17 @@ class Screened:
     rejected: dict[str, str] = field(default_factory=dict)  # sender -> why it was left out
 
 
+def norm(values: torch.Tensor) -> float:
+    """The Euclidean length, the same to the bit however many threads torch uses (its own
+    reduction splits the work by thread count, and sums in a different order)."""
+    n = values.numel()
+    full = n - n % BLOCK
+    squares = torch.linalg.vector_norm(values[:full].view(-1, BLOCK), dim=1).double().square().tolist()
+    if full < n:
+        squares.append(float(torch.linalg.vector_norm(values[full:])) ** 2)
+    return math.sqrt(math.fsum(squares))
+
+
 def screen(contributions: Sequence[Contribution], max_samples: int, max_norm_ratio: float) -> Screened:
     """Check each contribution; weigh what passes by its capped sample count."""
     out = Screened()
@@ -57,23 +70,23 @@ def screen(contributions: Sequence[Contribution], max_samples: int, max_norm_rat
         if c.samples <= 0:
             out.rejected[c.sender] = "no samples"
             continue
-        norm = float(torch.linalg.vector_norm(c.values))  # NaN or inf if any value is
-        if not math.isfinite(norm):
+        length = norm(c.values)  # NaN or inf if any value is
+        if not math.isfinite(length):
             out.rejected[c.sender] = "values that are not finite"
             continue
-        candidates.append((c, norm / c.samples))
+        candidates.append((c, length / c.samples))
     if len(candidates) >= 3:  # with fewer, no majority says what an honest norm is
-        median = statistics.median(norm for _, norm in candidates)
+        median = statistics.median(length for _, length in candidates)
         typical = statistics.median(c.samples for c, _ in candidates)
-        for c, norm in candidates:
+        for c, length in candidates:
             # Fewer samples average out less noise: an honest per-sample gradient of b samples
             # may be up to sqrt(typical / b) times longer (or, from more samples, shorter).
             # Too short is as telling as too long: a sample count inflated past the work
             # behind it shrinks the per-sample gradient toward zero.
             noise = math.sqrt(typical / c.samples)
             low, high = median / max_norm_ratio * min(noise, 1.0), median * max_norm_ratio * max(noise, 1.0)
-            if not low <= norm <= high:
-                out.rejected[c.sender] = f"a gradient {norm / median:.3g}x as long as the median"
+            if not low <= length <= high:
+                out.rejected[c.sender] = f"a gradient {length / median:.3g}x as long as the median"
     for c, _ in candidates:
         if c.sender not in out.rejected:
             out.senders.append(c.sender)
@@ -103,8 +116,7 @@ def centered_clip(screened: Screened, radius: float, iterations: int) -> torch.T
     step = torch.empty_like(estimate)
     inputs = list(zip(screened.sums, screened.scales, screened.weights, strict=True))
     for _ in range(iterations):
-        distances = [float(torch.linalg.vector_norm(torch.add(estimate, values, alpha=-scale, out=away)))
-                     for values, scale, _ in inputs]
+        distances = [norm(torch.add(estimate, values, alpha=-scale, out=away)) for values, scale, _ in inputs]
         tau = radius * statistics.median(distances)
         step.zero_()
         for (values, scale, w), distance in zip(inputs, distances, strict=True):
@@ -112,7 +124,7 @@ def centered_clip(screened: Screened, radius: float, iterations: int) -> torch.T
             clip = 1.0 if distance <= tau else tau / distance
             step.add_(away, alpha=-w * clip / total)
         estimate.add_(step)
-        if float(torch.linalg.vector_norm(step)) <= 1e-7 * float(torch.linalg.vector_norm(estimate)):
+        if norm(step) <= 1e-7 * norm(estimate):
             break  # converged (the same test on every machine: the same bits)
     return estimate
 

@@ -17,6 +17,7 @@ from enum import Enum
 
 from engine.ratelimit import Buckets, Rate, Sweeps
 from engine.wire.control import (
+    AuditDone,
     Availability,
     BadState,
     PeerMessage,
@@ -37,7 +38,7 @@ class Kind(Enum):
     SIGNAL = "signal"  # relayed to another peer
     SYNC = "sync"  # a SyncRequest: the tracker looks for a donor
     REPORT = "report"  # progress, availability, pings
-    OUTCOME = "outcome"  # ready, round done, bad state
+    OUTCOME = "outcome"  # ready, round done, audit done, bad state
 
 
 def kind_of(msg: PeerMessage) -> Kind:
@@ -47,7 +48,7 @@ def kind_of(msg: PeerMessage) -> Kind:
         return Kind.SYNC
     if isinstance(msg, (Progress, Availability, Ping)):
         return Kind.REPORT
-    assert isinstance(msg, (Ready, RoundDone, BadState))
+    assert isinstance(msg, (Ready, RoundDone, AuditDone, BadState))
     return Kind.OUTCOME
 
 

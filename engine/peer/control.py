@@ -9,6 +9,7 @@ from engine.peer.client import BackboneError
 from engine.peer.events import Connection, StatusChanged
 from engine.transport.ice import ice_configuration
 from engine.wire.control import (
+    Audit,
     Availability,
     BackboneMessage,
     IceServers,
@@ -83,8 +84,11 @@ class ControlLoop:
             peer.optimizer.settled(msg.epoch, msg.state_sha256)
             peer.optimizer.observe_epoch(msg.epoch)
             peer.rounds.settled(msg)
+            peer.audits.settled(msg.round_id)
             peer.state_sync.note_settled(msg.epoch, msg.state_sha256)
             peer.check_behind()
+        elif isinstance(msg, Audit):
+            peer.audits.on_audit(msg)
         elif isinstance(msg, Resync):
             log.info("resync requested: %s", msg.reason)
             peer.collab_epoch = msg.epoch

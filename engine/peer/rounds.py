@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan, butterfly_allreduce
+from engine.peer.audits import input_key
 from engine.peer.client import BackboneError
 from engine.peer.events import EpochCompleted, RoundFailed
 from engine.wire.control import RoundStart, Step
-from engine.wire.frames import Part, Result, StateReply, StateRequest, StateUnavailable
+from engine.wire.frames import Input, Part, Result, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
 from engine.wire.tensors import encode_file
 
@@ -39,7 +40,9 @@ class Rounds:
                       timeout: float) -> Averaged:
         peer = self.peer
         try:
-            return await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+            averaged = await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+            peer.audits.keep(averaged.reduced)
+            return averaged
         except AveragingError as exc:
             # A NAT that rebound or a relay that restarted leaves a link that looks open and
             # carries nothing: renegotiate it through the backbone next time it is needed.
@@ -51,7 +54,7 @@ class Rounds:
         peer = self.peer
         outcome = await peer.optimizer.run_round(start)
         self._last_round = max(self._last_round, start.round_id)
-        peer.mailbox.discard(lambda key: key[0] not in ("part", "result") or key[1] > self._last_round)
+        peer.mailbox.discard(self._current)
         if outcome is None:
             if peer.peer_id in start.group:
                 peer.emit(RoundFailed(start.epoch, "averaging failed"))
@@ -62,6 +65,14 @@ class Rounds:
                                    paths=peer.mesh.paths())
         self._unsettled = (completed, start.checkpoint_by)
         self._confirm()
+
+    def _current(self, key: tuple[str, int, str]) -> bool:
+        """Whether a waiting frame may still be wanted: parts and results of rounds to come,
+        the inputs of a check of the last round (they come after it)."""
+        kind, round_id, _ = key
+        if kind in ("part", "result"):
+            return round_id > self._last_round
+        return round_id >= self._last_round if kind.startswith("input:") else True
 
     def settled(self, step: Step) -> None:
         """The collaboration settled on ``step``: if it is ours, it counts now."""
@@ -112,6 +123,8 @@ class Rounds:
             # (a straggler from a finished round is dropped)
             kind = "part" if isinstance(header, Part) else "result"
             self.peer.mailbox.put((kind, header.round_id, sender), frame)
+        elif isinstance(header, Input) and header.round_id >= self._last_round:
+            self.peer.mailbox.put(input_key(header.position, header.round_id, sender), frame)
 
     def on_incoming(self, sender: str, incoming: Incoming) -> None:
         self.peer.state_sync.on_incoming(sender, incoming)

@@ -21,6 +21,7 @@ import torch
 
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
+from engine.peer.audits import Audits
 from engine.peer.client import ControlClient
 from engine.peer.control import ControlLoop
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
@@ -75,6 +76,7 @@ class Peer:
         self.collab_epoch = 0  # the collaboration's epoch, as last heard
         self.relay_only = options.relay_only
         self.rounds = Rounds(self)
+        self.audits = Audits(self)
         self.control = ControlLoop(self)
         self.gate = ComputeGate(options.limits.cpu_percent, options.slowdown)
         self.upload = RateLimiter()

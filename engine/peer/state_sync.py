@@ -103,7 +103,6 @@ class StateSync:
                 return True
             if epoch is not None and state_sha256 is not None and await opt.restore(epoch, state_sha256):
                 log.info("back to the settled state of epoch %d, kept from before the last step", epoch)
-                await opt.mark_synced()
                 self.emit(Synced(opt.epoch, "kept", state_sha256))
                 await self.client.send(Ready(opt.epoch, state_sha256))
                 return True

@@ -62,6 +62,7 @@ class Kept:
     state_sha256: str
     model: dict[str, torch.Tensor]
     optimizer: dict[int, Any]
+    taken: Accumulated | None = None  # what we brought to the step: computed on this state
 
 
 class CollaborativeOptimizer:
@@ -259,9 +260,11 @@ class CollaborativeOptimizer:
             self._round_over.set()
             self._update()
         seconds = time.monotonic() - began
+        if self.kept is not None and self.kept.epoch == start.epoch:
+            self.kept.taken = taken
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
-                                   received=averaged.received)
+                                   received=averaged.received, commitment=averaged.commitment)
         await self._send(self.last_step)
         step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
                     peers=len(start.group), round_seconds=seconds, state_sha256=digest)
@@ -399,7 +402,10 @@ class CollaborativeOptimizer:
 
     async def restore(self, epoch: int, digest: str) -> bool:
         """Go back to the state kept from before a step that did not settle, if it is the
-        settled state of ``epoch``; False when there is none such (then download it)."""
+        settled state of ``epoch``, and resume computing (the gradient we brought to that
+        step was computed on this state: it waits for the round that replaces it; what was
+        computed on the discarded state is dropped); False when there is none such (then
+        download it)."""
         def work() -> bool:
             kept = self.kept
             if kept is None or kept.epoch != epoch or kept.state_sha256 != digest:
@@ -409,9 +415,17 @@ class CollaborativeOptimizer:
             self.optimizer.load_state_dict({"state": kept.optimizer, "param_groups": groups})
             self._follow_master()
             self.epoch, self.state_hash, self.kept = kept.epoch, kept.state_sha256, None
+            self.accumulator.clear()
+            if kept.taken is not None:
+                self.accumulator.restore(kept.taken)
             return True
 
-        return await self._run(work)
+        if not await self._run(work):
+            return False
+        self._reported_samples = 0
+        self._synced = True
+        self._update()
+        return True
 
     async def round_over(self) -> None:
         """Until no round of ours is under way: state must not land under a round's step."""

@@ -78,6 +78,28 @@ class Ready(ControlMessage, tag="ready"):
     state_sha256: Sha256
 
 
+class Committed(Struct, kw_only=True):
+    """A part as its reducer took it: whose, how many samples it said it carried, its hash
+    (``averaging/audit.part_digest``)."""
+
+    sender: PeerId
+    samples: Count
+    sha256: Sha256
+
+
+Digests = Annotated[list[Sha256 | None], Meta(max_length=MAX_GROUP)]  # by part index
+
+
+class Commitment(Struct, kw_only=True):
+    """What a member of a round did, told before anyone knows which parts will be checked
+    (see Audit): the hash of the part it sent each reducer, of each result it applied, and,
+    as a reducer, of every part it combined."""
+
+    sent: Digests = field(default_factory=list)
+    results: Digests = field(default_factory=list)
+    inputs: Annotated[list[Committed], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+
+
 class RoundDone(ControlMessage, tag="round_done"):
     """Outcome of one averaging round on one peer: the hash of the state its step produced
     (the round settles on the hash a majority reports), and, as a reducer, the samples each
@@ -93,6 +115,18 @@ class RoundDone(ControlMessage, tag="round_done"):
     error: Text | None = None
     received: SampleCounts = field(default_factory=dict)  # sender -> samples in its part to me
     unreachable: PeerList = field(default_factory=list)  # peers it could not exchange with
+    commitment: Commitment | None = None  # in projects whose reducers are checked
+
+
+class AuditDone(ControlMessage, tag="audit_done"):
+    """A checker's verdict on a reducer's part: whether the parts the reducer sent it match
+    what the reducer committed, and combine into the result everyone applied."""
+
+    round_id: RoundId
+    index: Annotated[int, Meta(ge=0, lt=MAX_GROUP)]
+    ok: bool
+    result_sha256: Sha256 | None = None  # what the checker computed
+    reason: Text | None = None
 
 
 class SignalData(Struct, kw_only=True):
@@ -197,6 +231,22 @@ class Step(ControlMessage, tag="epoch"):
     state_sha256: Sha256
 
 
+class Audit(ControlMessage, tag="audit"):
+    """Check part ``index`` of a round that has not settled yet, drawn at random after
+    every member committed: sent to its reducer (send the parts you combined to
+    ``checker``) and to the checker (combine them as the project says; the result must
+    hash to ``result_sha256``, which the members applied)."""
+
+    round_id: RoundId
+    epoch: EpochNumber
+    index: Annotated[int, Meta(ge=0, lt=MAX_GROUP)]
+    reducer: PeerId
+    checker: PeerId
+    inputs: Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
+    result_sha256: Sha256
+    timeout: Annotated[float, Meta(gt=0, le=86400)]
+
+
 class Resync(ControlMessage, tag="resync"):
     """Your state is not the collaboration's: get the settled state of ``epoch`` again (a
     peer that kept it, from before a step that did not settle, restores it at once)."""
@@ -235,8 +285,9 @@ class IceServers(ControlMessage, tag="ice_servers"):
     servers: IceServerList
 
 
-PeerMessage = Progress | SyncRequest | Ready | RoundDone | Signal | Availability | BadState | Ping
-BackboneMessage = Pong | SyncPlan | RoundStart | Step | Resync | Status | Signal | IceServers
+PeerMessage = (Progress | SyncRequest | Ready | RoundDone | AuditDone | Signal | Availability | BadState
+               | Ping)
+BackboneMessage = Pong | SyncPlan | RoundStart | Step | Audit | Resync | Status | Signal | IceServers
 
 from_peer: Codec[PeerMessage] = Codec(
     PeerMessage, "control message", MAX_CONTROL_MESSAGE, WIRE_VERSION,

@@ -13,7 +13,7 @@ from msgspec import Meta, Struct, field
 
 from engine.wire.codec import Codec
 from engine.wire.control import SampleCounts
-from engine.wire.types import Count, EpochNumber, LinkPath, Loss, RoundId, Sha256, Text
+from engine.wire.types import Count, EpochNumber, LinkPath, Loss, PeerId, RoundId, Sha256, Text
 
 MAX_HEADER = 64 * 1024
 RequestId = Annotated[int, Meta(ge=0, le=2**62)]
@@ -46,6 +46,18 @@ class Result(FrameHeader, tag="result"):
     loss: Loss | None
     dtype: TensorDtype = "float32"
     received: SampleCounts = field(default_factory=dict)  # sender -> samples in the parts reduced
+
+
+class Input(FrameHeader, tag="input"):
+    """A part a reducer combined, sent to the peer the backbone asked to check it."""
+
+    round_id: RoundId
+    epoch: EpochNumber
+    index: PartIndex  # the part checked
+    position: PartIndex  # the input's place in the audit's list
+    sender: PeerId
+    samples: Count
+    dtype: TensorDtype = "float32"
 
 
 class StateRequest(FrameHeader, tag="state_request"):
@@ -85,8 +97,8 @@ class ReceiveLimit(FrameHeader, tag="receive_limit"):
     bytes_per_second: Annotated[float, Meta(ge=0, le=1e13)] | None
 
 
-Header = (Part | Result | StateRequest | StateReply | StateUnavailable | Goodbye | GoodbyeAck | PathView
-          | ReceiveLimit)
+Header = (Part | Result | Input | StateRequest | StateReply | StateUnavailable | Goodbye | GoodbyeAck
+          | PathView | ReceiveLimit)
 StateFrame = StateRequest | StateReply | StateUnavailable
 
 headers: Codec[Header] = Codec(Header, "frame header", MAX_HEADER)

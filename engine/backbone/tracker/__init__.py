@@ -9,9 +9,11 @@ syncing.py (where a peer that is behind gets the state).
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 
+from engine.backbone.tracker.audits import Auditor
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.outputs import (
     Broadcast,
@@ -28,6 +30,7 @@ from engine.backbone.tracker.settlement import Settlement
 from engine.backbone.tracker.syncing import StateSources
 from engine.project import ProjectSpec
 from engine.wire.control import (
+    AuditDone,
     Availability,
     BadState,
     CheckpointInfo,
@@ -61,6 +64,7 @@ class Tracker:
         pair_cooldown: float = 30.0,
         unsettled: RoundOpened | None = None,
         recovery: float = 0.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.project = project
         self.epoch = epoch
@@ -79,6 +83,7 @@ class Tracker:
         # than the collaboration going back to an older checkpoint (or starting over).
         self.sources = StateSources(self, holders_due=clock() + recovery if epoch > 0 else 0.0)
         self.settlement = Settlement(self)
+        self.audits = Auditor(self, rng)
         if unsettled is not None and unsettled.epoch == epoch:
             # We died while this round was under way: its members replay how it ended, and it
             # settles on what a majority of them say, as it would have.
@@ -127,6 +132,8 @@ class Tracker:
             return self.sources.ready(peer, msg)
         if isinstance(msg, RoundDone):
             return self.settlement.round_done(peer, msg)
+        if isinstance(msg, AuditDone):
+            return self.settlement.audit_done(peer, msg)
         if isinstance(msg, Availability):
             return self._availability(peer, msg)
         if isinstance(msg, BadState):
@@ -188,6 +195,10 @@ class Tracker:
     def tick(self) -> list[Out]:
         """Deadlines (a round's, the wait for a restart's peers): called about every quarter second."""
         rnd = self.round
+        if rnd is not None and rnd.audit is not None and rnd.settled_to is None:
+            out = self.settlement.audited(rnd, self.audits.tick(rnd))
+            if out or self.round is not rnd:
+                return out
         if rnd is not None and self.clock() > rnd.deadline + self.round_grace:
             return self.settlement.close(rnd)
         return self.sources.recovery_over() + self._maybe_open_round()

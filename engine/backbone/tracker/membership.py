@@ -121,6 +121,13 @@ class Members:
             log.warning("leaving %s out of rounds for %.0f s: %s (%d in a row)", peer.peer_id, pause, why,
                         peer.strikes)
 
+    def expel(self, peer: PeerState, why: str) -> None:
+        """It was caught doing harm on purpose: out of rounds for as long as anyone is."""
+        peer.strikes += 1
+        peer.proven = False
+        peer.excluded_until = self._clock() + MAX_EXCLUSION
+        log.warning("leaving %s out of rounds for %.0f s: %s", peer.peer_id, MAX_EXCLUSION, why)
+
     def report(self, peer: PeerState, msg: Progress, now: float) -> None:
         """Take in a progress report of the current epoch: its samples, and how fast it goes."""
         step = msg.samples - peer.samples

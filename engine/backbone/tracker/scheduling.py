@@ -11,11 +11,15 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
 from engine.project import ProjectSpec
 from engine.wire.control import RoundDone, RoundStart
+
+if TYPE_CHECKING:
+    from engine.backbone.tracker.audits import RoundAudit
 
 log = logging.getLogger(__name__)
 # Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
@@ -37,7 +41,9 @@ class OpenRound:
     outcomes: dict[str, RoundDone] = field(default_factory=dict)
     settled_to: str | None = None  # the state hash a majority of members reported
     settled_at: float = 0.0
+    first_success_at: float | None = None  # every member had stopped accumulating by then
     recovering: bool = False  # reopened after a restart: settles, credits nobody
+    audit: RoundAudit | None = None  # the parts drawn for checking, once it has a majority state
 
     @property
     def voters(self) -> list[str]:

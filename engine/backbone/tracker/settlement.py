@@ -19,7 +19,7 @@ from engine.backbone.ledger import credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound
-from engine.wire.control import RoundDone, Step
+from engine.wire.control import AuditDone, RoundDone, Step
 
 if TYPE_CHECKING:
     from engine.backbone.tracker import Tracker
@@ -40,6 +40,8 @@ class Settlement:
         if peer.peer_id not in rnd.group or peer.peer_id in rnd.outcomes:
             return []
         rnd.outcomes[peer.peer_id] = msg
+        if msg.ok and rnd.first_success_at is None:
+            rnd.first_success_at = t.clock()
         out: list[Out] = []
         if rnd.settled_to is None:
             out += self._try_settle(rnd, final=False)
@@ -87,7 +89,33 @@ class Settlement:
         digest, held = votes.most_common(1)[0]
         if held * 2 <= len(counted):
             return []
-        return self._settle(rnd, digest)
+        return self._verified(rnd, digest)
+
+    def _verified(self, rnd: OpenRound, digest: str) -> list[Out]:
+        """Settle now -- or, if parts were drawn for checking (backbone/tracker/audits.py),
+        once they check out."""
+        audits = self.t.audits
+        if rnd.audit is None:
+            rnd.audit = audits.draw(rnd, digest)
+        out = audits.advance(rnd)
+        return out + self._settle(rnd, digest) if rnd.audit.passed else out
+
+    def audit_done(self, peer: PeerState, msg: AuditDone) -> list[Out]:
+        rnd = self.t.round
+        if rnd is None or rnd.round_id != msg.round_id or rnd.audit is None or rnd.settled_to is not None:
+            return []
+        return self.audited(rnd, self.t.audits.done(rnd, msg, peer.peer_id))
+
+    def audited(self, rnd: OpenRound, out: list[Out]) -> list[Out]:
+        """After a check's progress: settle the round, discard it, or wait on."""
+        audit = rnd.audit
+        if audit is None or rnd.settled_to is not None:
+            return out
+        if audit.failed:
+            return out + self.close(rnd)
+        if audit.passed:
+            return out + self._settle(rnd, audit.digest) + self.close_if_answered()
+        return out
 
     def _settle(self, rnd: OpenRound, digest: str) -> list[Out]:
         t = self.t
@@ -139,7 +167,8 @@ class Settlement:
         waited = set(self.t.members.peers)
         if rnd.recovering and rnd.settled_to is None:
             waited |= set(rnd.voters)
-        if not rnd.answered(waited):
+        checking = rnd.audit is not None and not (rnd.audit.passed or rnd.audit.failed)
+        if checking or not rnd.answered(waited):
             return []
         return self.close(rnd)
 
@@ -147,16 +176,20 @@ class Settlement:
         t = self.t
         t.round, self.closed = None, rnd
         out: list[Out] = []
-        if rnd.settled_to is None:
+        if rnd.settled_to is None and not (rnd.audit is not None and rnd.audit.failed):
             out += self._try_settle(rnd, final=True)
         out += t.sources.answer_waiting(patient=False)
         if rnd.settled_to is None:
-            log.info("%s: round %d for epoch %d did not settle", t.project.id, rnd.round_id, rnd.epoch)
+            why = "the round did not settle"
+            if rnd.audit is not None and rnd.audit.failed:
+                why = "a part of the round did not check out: " + "; ".join(
+                    p.why for p in rnd.audit.parts if p.passed is False)[:500]
+            log.info("%s: round %d for epoch %d: %s", t.project.id, rnd.round_id, rnd.epoch, why)
             t.scheduler.retry_later()
             for member, outcome in rnd.outcomes.items():
                 peer = t.members.get(member)
                 if peer is not None and outcome.ok:  # it took a step that did not settle: undo it
-                    out += t.resync(peer, "the round did not settle")
+                    out += t.resync(peer, why)
         elif not rnd.recovering:
             out.append(RecordCredits(rnd.round_id, self._credit(rnd)))
         for pid in rnd.voters:
@@ -182,4 +215,5 @@ class Settlement:
                     self.t.members.strike(peer, "the reducers did not get its part")
             elif seen[pid] > 0 and peer.strikes == 0:
                 peer.proven = True
-        return credits(seen, {p: m.claim(rnd.settled_at) for p, m in rnd.members.items()})
+        ended = rnd.first_success_at if rnd.first_success_at is not None else rnd.settled_at
+        return credits(seen, {p: m.claim(ended) for p, m in rnd.members.items()})

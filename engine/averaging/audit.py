@@ -1,0 +1,69 @@
+"""Checking a reducer after the fact: pure functions, tested without a network.
+
+A reducer could return any average it likes for its part, and every member would apply it
+and agree. So every member commits, in its ``round_done``, to what it did -- the hash of
+each part it sent, of each result it applied and, as a reducer, of every part it combined
+-- and the backbone then draws parts at random to check. The checker receives the
+reducer's inputs and its result, makes sure they are the ones committed to (the reducer
+cannot pick other inputs once it knows it is checked), and combines the inputs itself.
+
+The result must match to ``TOLERANCE`` of its length rather than to the bit: the checker's
+CPU may round differently (fused multiply-adds, vector widths) from the reducer's, and a
+deviation that small moves no model. A wrong average is off by far more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from engine.averaging.robust import Contribution, aggregate, norm
+from engine.project import AggregationSpec
+from engine.wire.control import Committed
+
+TOLERANCE = 1e-4
+
+
+def part_digest(samples: int, values: torch.Tensor | memoryview | bytes | None) -> str:
+    """The hash a part is committed by: its sample count and its fp32 bytes."""
+    digest = hashlib.sha256(samples.to_bytes(8, "little"))
+    if values is not None:
+        digest.update(values.numpy().data if isinstance(values, torch.Tensor) else values)
+    return digest.hexdigest()
+
+
+def result_digest(values: torch.Tensor | memoryview | bytes) -> str:
+    return hashlib.sha256(values.numpy().data if isinstance(values, torch.Tensor) else values).hexdigest()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str
+    result_sha256: str | None = None  # of what the checker computed
+
+
+def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, result_sha256: str,
+            spec: AggregationSpec, target_batch_size: int) -> Verdict:
+    """Whether ``result`` is what the committed ``inputs`` combine to under ``spec``."""
+    if result_digest(result) != result_sha256:
+        return Verdict(False, "the result it sent is not the one the members applied")
+    for committed, values in inputs:
+        if values.numel() != result.numel():
+            return Verdict(False, f"the part of {committed.sender} has {values.numel()} values, "
+                                  f"the result {result.numel()}")
+        if part_digest(committed.samples, values) != committed.sha256:
+            return Verdict(False, f"the part of {committed.sender} is not the one it committed to")
+    contributions = [Contribution(c.sender, values, c.samples) for c, values in inputs]
+    try:
+        mine = aggregate(contributions, spec, target_batch_size).values
+    except ValueError:
+        return Verdict(False, "its inputs combine to nothing, yet it sent a result")
+    digest = result_digest(mine)
+    off = norm(mine - result)
+    if not off <= TOLERANCE * norm(mine) + 1e-30:  # (a NaN is never within it)
+        return Verdict(False, f"its result is {off:.3g} away from the average of its inputs "
+                              f"({off / max(norm(mine), 1e-30):.3g} of its length)", digest)
+    return Verdict(True, "", digest)

@@ -1,0 +1,205 @@
+"""Checking reducers (the peers' half: engine/averaging/audit.py, engine/peer/audits.py).
+
+Once a round has a majority state, the backbone draws each reducer's part with the
+project's ``verify_probability``. Every member committed to what it did in its
+``round_done`` before the draw, so a reducer learns it is checked only when it can no
+longer choose what it combined. A drawn part is rechecked by another member that holds
+the majority state (the reducer sends it its inputs and result), and the round settles
+only once every drawn part checks out. The verdicts:
+
+- the first checker agrees: the part passes;
+- it disagrees: a second checker is asked, and a third if they split; two verdicts alike
+  decide, and a checker on the other side is expelled (a lying checker costs itself);
+- two checkers find the result wrong: the reducer is expelled, and the round is discarded
+  on every member (each goes back to the state it kept and takes its gradient to the next
+  round, so the part is redone);
+- no decision (the reducer never committed, checkers ran out): the round is discarded,
+  nobody expelled -- an unverifiable step is never kept.
+
+A sender whose committed part differs from what the reducer says it received may be
+lying, or the reducer may be: the two are kept apart, as peers that cannot exchange are.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
+
+from engine.backbone.tracker.outputs import Out, Send
+from engine.backbone.tracker.scheduling import OpenRound
+from engine.wire.control import Audit, AuditDone, Committed
+
+if TYPE_CHECKING:
+    from engine.backbone.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartCheck:
+    index: int
+    reducer: str
+    asked: list[str] = field(default_factory=list)  # checkers, in the order asked
+    audit: Audit | None = None  # as sent to the reducer and the checker asked last
+    asked_until: float = 0.0
+    verdicts: dict[str, bool] = field(default_factory=dict)
+    passed: bool | None = None
+    why: str = ""
+
+    def decide(self) -> None:
+        """Two verdicts alike decide; one agreeing verdict with none against passes."""
+        agree = sum(self.verdicts.values())
+        disagree = len(self.verdicts) - agree
+        if agree and not disagree:
+            self.passed = True
+        elif disagree >= 2 and disagree > agree:
+            self.passed, self.why = False, f"{disagree} checkers found its result wrong"
+        elif agree >= 2 and agree > disagree:
+            self.passed = True
+
+
+@dataclass
+class RoundAudit:
+    digest: str  # the majority state: what the members applied
+    parts: list[PartCheck]
+
+    @property
+    def passed(self) -> bool:
+        return all(p.passed for p in self.parts)
+
+    @property
+    def failed(self) -> bool:
+        return any(p.passed is False for p in self.parts)
+
+
+class Auditor:
+    def __init__(self, tracker: Tracker, rng: random.Random | None = None) -> None:
+        self.t = tracker
+        self.rng = rng or random.SystemRandom()
+        self.drawn = 0
+        self.caught = 0
+
+    def draw(self, rnd: OpenRound, digest: str) -> RoundAudit:
+        p = self.t.project.aggregation.verify_probability
+        parts = []
+        if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
+            parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.group)
+                     if rnd.shares[j] > 0 and self.rng.random() < p]
+        self.drawn += len(parts)
+        return RoundAudit(digest, parts)
+
+    def advance(self, rnd: OpenRound) -> list[Out]:
+        """Start the checks whose reducer has committed (it answered the round)."""
+        audit = rnd.audit
+        assert audit is not None
+        out: list[Out] = []
+        for part in audit.parts:
+            if part.audit is None and part.passed is None and part.reducer in rnd.outcomes:
+                out += self._start(rnd, audit, part)
+        return out
+
+    def _start(self, rnd: OpenRound, audit: RoundAudit, part: PartCheck) -> list[Out]:
+        done = rnd.outcomes[part.reducer]
+        commitment = done.commitment
+        if not done.ok or commitment is None or done.state_sha256 != audit.digest:
+            part.passed, part.why = False, "its reducer did not commit to what it combined"
+            return []
+        holders = _holders(rnd, audit.digest)
+        applied = Counter(result for p in holders if (result := _applied(rnd, p, part.index)))
+        if not applied:
+            part.passed, part.why = False, "nobody committed to the result it applied"
+            return []
+        self._compare_sent(rnd, part, commitment.inputs)
+        result = applied.most_common(1)[0][0]
+        part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
+                           checker="-", inputs=commitment.inputs, result_sha256=result,
+                           timeout=self.t.project.round_timeout)
+        return self._ask_next(rnd, part)
+
+    def _compare_sent(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> None:
+        for committed in inputs:
+            theirs = rnd.outcomes.get(committed.sender)
+            sent = theirs.commitment.sent if theirs is not None and theirs.commitment is not None else []
+            if part.index < len(sent) and sent[part.index] and sent[part.index] != committed.sha256:
+                log.warning("%s: round %d: %s says it sent part %d another part than %s says it took",
+                            self.t.project.id, rnd.round_id, committed.sender, part.index, part.reducer)
+                self.t.pairs.keep_apart(committed.sender, part.reducer)
+
+    def _ask_next(self, rnd: OpenRound, part: PartCheck) -> list[Out]:
+        """Ask a member that holds the majority state and was not asked yet, at random."""
+        assert part.audit is not None and rnd.audit is not None
+        candidates = sorted(p for p in _holders(rnd, rnd.audit.digest)
+                            if p != part.reducer and p not in part.asked and p in self.t.members.peers)
+        if not candidates:
+            part.passed, part.why = False, "no checker left to decide"
+            return []
+        checker = self.rng.choice(candidates)
+        part.asked.append(checker)
+        part.audit = replace(part.audit, checker=checker)
+        part.asked_until = self.t.clock() + part.audit.timeout
+        rnd.deadline = max(rnd.deadline, part.asked_until)
+        log.info("%s: round %d: %s checks part %d of %s", self.t.project.id, rnd.round_id, checker,
+                 part.index, part.reducer)
+        return [Send(part.reducer, part.audit), Send(checker, part.audit)]
+
+    def done(self, rnd: OpenRound, msg: AuditDone, checker: str) -> list[Out]:
+        """A checker's verdict."""
+        audit = rnd.audit
+        part = next((p for p in audit.parts if p.index == msg.index), None) if audit else None
+        if part is None or part.audit is None or part.audit.checker != checker or checker in part.verdicts:
+            return []
+        part.verdicts[checker] = msg.ok
+        if not msg.ok:
+            log.warning("%s: round %d: %s finds part %d of %s wrong: %s", self.t.project.id, rnd.round_id,
+                        checker, part.index, part.reducer, msg.reason)
+        part.decide()
+        if part.passed is None:
+            return self._ask_next(rnd, part)
+        self._concluded(rnd, part)
+        return []
+
+    def tick(self, rnd: OpenRound) -> list[Out]:
+        """A checker that did not answer in time is struck; the next one is asked."""
+        audit, now, out = rnd.audit, self.t.clock(), []
+        for part in audit.parts if audit else []:
+            if part.passed is None and part.audit is not None and now > part.asked_until:
+                checker = part.audit.checker
+                if checker not in part.verdicts:
+                    peer = self.t.members.get(checker)
+                    if peer is not None:
+                        self.t.members.strike(peer, "it did not check the part it was asked to")
+                out += self._ask_next(rnd, part)
+        return out
+
+    def _concluded(self, rnd: OpenRound, part: PartCheck) -> None:
+        """Expel the checkers the decision went against (honest ones agree: the tolerance
+        is far above rounding), and a reducer found wrong."""
+        members = self.t.members
+        for checker, ok in part.verdicts.items():
+            peer = members.get(checker)
+            if ok is not part.passed and peer is not None:
+                members.expel(peer, "its check of a reducer disagreed with the other checkers'")
+        if part.passed is False:
+            self.caught += 1
+            log.error("%s: round %d: the result of %s for part %d is wrong (%s): expelling it, discarding "
+                      "the round", self.t.project.id, rnd.round_id, part.reducer, part.index, part.why)
+            reducer = members.get(part.reducer)
+            if reducer is not None:
+                members.expel(reducer, "its result did not follow from its inputs")
+
+
+def _holders(rnd: OpenRound, digest: str) -> list[str]:
+    """The voters that reported the majority state."""
+    return [p for p, o in rnd.outcomes.items() if p in rnd.voters and o.ok and o.state_sha256 == digest]
+
+
+def _applied(rnd: OpenRound, member: str, index: int) -> str | None:
+    """The hash of the result of part ``index`` that ``member`` says it applied."""
+    commitment = rnd.outcomes[member].commitment
+    results = commitment.results if commitment is not None else []
+    return results[index] if index < len(results) else None

@@ -1,0 +1,116 @@
+"""A peer's part in checking reducers (the rules: engine/averaging/audit.py and
+engine/backbone/tracker/audits.py). As a reducer, it keeps what it combined until its
+round settles, and sends it to the checker the backbone names; as a checker, it combines
+those inputs itself and reports whether the reducer's result follows from them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.averaging.allreduce import Reduced
+from engine.averaging.audit import Verdict, recheck
+from engine.transport.link import LinkClosed
+from engine.wire import ProtocolError
+from engine.wire.control import Audit, AuditDone, Committed
+from engine.wire.frames import Input
+from engine.wire.framing import Frame
+
+if TYPE_CHECKING:
+    from engine.peer.runner import Peer
+
+log = logging.getLogger(__name__)
+
+
+def input_key(position: int, round_id: int, reducer: str) -> tuple[str, int, str]:
+    return (f"input:{position}", round_id, reducer)
+
+
+class Audits:
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.kept: Reduced | None = None
+
+    def keep(self, reduced: Reduced | None) -> None:
+        """The part we reduced in our last round (None: we reduced nothing)."""
+        self.kept = reduced
+
+    def settled(self, round_id: int) -> None:
+        """Rounds are checked before they settle: once ours has, nobody will ask."""
+        if self.kept is not None and self.kept.round_id <= round_id:
+            self.kept = None
+
+    def on_audit(self, msg: Audit) -> None:
+        me = self.peer.peer_id
+        if msg.reducer == me:
+            self.peer.spawn(self._send_inputs(msg))
+        if msg.checker == me and msg.reducer != me:
+            self.peer.spawn(self._check(msg))
+
+    async def _send_inputs(self, msg: Audit) -> None:
+        kept = self.kept
+        if kept is None or kept.round_id != msg.round_id or kept.index != msg.index:
+            log.warning("asked to show part %d of round %d, which we no longer hold", msg.index, msg.round_id)
+            return
+        sent = [(position, committed, values) for position, (committed, values) in enumerate(kept.inputs)]
+        sent.append((len(sent), Committed(sender=self.peer.peer_id, samples=0, sha256="0" * 64), kept.result))
+        try:
+            link = await self.peer.mesh.link(msg.checker, timeout=msg.timeout)
+            for position, committed, values in sent:
+                header = Input(round_id=msg.round_id, epoch=msg.epoch, index=msg.index, position=position,
+                               sender=committed.sender, samples=committed.samples)
+                await asyncio.wait_for(link.send(header, values.numpy().data), msg.timeout)
+        except (LinkClosed, ProtocolError, asyncio.TimeoutError) as exc:
+            log.warning("could not show part %d of round %d to %s: %s", msg.index, msg.round_id, msg.checker,
+                        exc or "timeout")
+            return
+        log.info("showed part %d of round %d to %s, who checks it", msg.index, msg.round_id, msg.checker)
+
+    async def _check(self, msg: Audit) -> None:
+        verdict = await self._verdict(msg)
+        if not verdict.ok:
+            log.warning("part %d of round %d, reduced by %s, does not check out: %s", msg.index, msg.round_id,
+                        msg.reducer, verdict.reason)
+        done = AuditDone(round_id=msg.round_id, index=msg.index, ok=verdict.ok,
+                         result_sha256=verdict.result_sha256, reason=verdict.reason or None)
+        await self.peer.client.send(done)
+
+    async def _verdict(self, msg: Audit) -> Verdict:
+        mailbox = self.peer.mailbox
+        expected = [*msg.inputs, None]  # then the result
+        waits = [asyncio.ensure_future(mailbox.get(input_key(i, msg.round_id, msg.reducer), msg.timeout))
+                 for i in range(len(expected))]
+        try:
+            frames = await asyncio.gather(*waits)
+        except asyncio.TimeoutError:
+            return Verdict(False, f"it did not send its inputs within {msg.timeout:.0f} s")
+        except (LinkClosed, ProtocolError) as exc:
+            return Verdict(False, f"its link closed before it sent its inputs ({exc})")
+        finally:
+            for wait in waits:
+                wait.cancel()
+        values: list[torch.Tensor] = []
+        for position, (frame, committed) in enumerate(zip(frames, expected, strict=True)):
+            reason = _wrong_input(frame, msg, position, committed)
+            if reason:
+                return Verdict(False, reason)
+            values.append(torch.frombuffer(frame.payload, dtype=torch.float32))
+        opt = self.peer.optimizer
+        inputs = list(zip(msg.inputs, values[:-1], strict=True))
+        return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, opt.aggregation,
+                                       opt.target_batch_size)
+
+
+def _wrong_input(frame: Frame, msg: Audit, position: int, committed: Committed | None) -> str:
+    """What is wrong with the frame the reducer sent for this place in the audit, if anything."""
+    header = frame.header
+    if not isinstance(header, Input) or (header.round_id, header.epoch, header.index) != (
+            msg.round_id, msg.epoch, msg.index):
+        return f"its input {position} is not for this audit"
+    sender = committed.sender if committed is not None else msg.reducer
+    if header.sender != sender or not frame.payload or len(frame.payload) % 4:
+        return f"its input {position} is not the part of {sender}"
+    return ""
