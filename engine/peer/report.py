@@ -56,8 +56,8 @@ class ConsoleReporter:
             self.line.say(f"epoch {r.epoch}: loss {loss}, {r.samples} samples from {r.peers} peers "
                           f"(mine {event.my_samples}), averaged in {r.round_seconds:.1f}s")
             if self.json_lines:
-                print(json.dumps({"epoch": r.epoch, "loss": r.loss, "samples": r.samples,
-                                  "peers": r.peers, "state_sha256": r.state_sha256,
+                print(json.dumps({"epoch": r.epoch, "round_id": r.round_id, "loss": r.loss,
+                                  "samples": r.samples, "peers": r.peers, "state_sha256": r.state_sha256,
                                   "round_seconds": round(r.round_seconds, 3),
                                   "my_samples": event.my_samples,
                                   "paths": {p: str(v) if v else None for p, v in event.paths.items()}}),

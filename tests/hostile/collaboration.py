@@ -107,11 +107,13 @@ class Collaboration:
         assert line.startswith("backbone listening on "), self.backbone.tail()
         self.url = line.split()[-1]
 
-    def start_peer(self, name: str, *args: str) -> HonestPeer:
+    def start_peer(self, name: str, *args: str, command: list[str] | None = None) -> HonestPeer:
+        """A peer as users start it (or, with ``command``, a modified one that takes the same
+        arguments)."""
         log = self.root / f"{name}.log"
         popen = subprocess.Popen(
-            [*engine_command(), "peer", "--backbone", self.url, "--project", self.project.id, "--name", name,
-             "--json", "--threads", "1", *args],
+            [*(command or engine_command()), "peer", "--backbone", self.url, "--project", self.project.id,
+             "--name", name, "--json", "--threads", "1", *args],
             stdout=subprocess.PIPE, stderr=log.open("wb"), stdin=subprocess.DEVNULL, text=True,
             env={**os.environ})
         peer = HonestPeer(name, popen, log)

@@ -1,0 +1,130 @@
+"""Where training ends up with one hostile peer among four: the loss of the model at epoch
+N, on fixed data, against the same three honest peers alone. Each run is a fresh
+collaboration (a backbone and peers started as users start them, each honest peer with
+its own fixed data); the final loss is that of the checkpoint of epoch N on held-out
+batches -- not what members report, since a poisoner's parts carry a made-up loss.
+
+The project uses ``centered_clip`` and checks each reducer's part with probability 1/2;
+a wrong reducer is also run under ``mean``, where only the check stands in its way."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.project import AggregationSpec, ProjectSpec
+from engine.tasks import create_task, initial_model
+from engine.training.schedule import build_optimizer
+from engine.training.state import load_state
+from engine.wire.tensors import decode_file
+from tests.hostile.adversary import Adversary, member
+from tests.hostile.collaboration import Collaboration, hostile_project
+from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, inflated, nan, noise
+from tests.hostile.wrong_reducer import lied
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+EPOCHS = 60
+PROBABILITY = 0.5
+# A reducer that lies every time it reduces is missed k times in a row with probability
+# (1 - p)^k: one in a thousand for this many.
+CAUGHT_WITHIN = math.ceil(math.log(1e-3) / math.log(1 - PROBABILITY))
+HELD_OUT = 16  # batches the final model is evaluated on
+MARGIN = 0.05
+
+
+def project(method: str) -> ProjectSpec:
+    return hostile_project(checkpoint_every=EPOCHS, aggregation=AggregationSpec(
+        method=method, verify_probability=PROBABILITY))
+
+
+def held_out_loss(root: Path, spec: ProjectSpec) -> float:
+    """The loss of the checkpoint of epoch EPOCHS on batches no peer trained on."""
+    (path,) = root.glob(f"backbone/**/epoch-{EPOCHS:08d}.ckpt")
+    task = create_task(spec.task, dict(spec.task_params))
+    model = initial_model(task, spec.seed)
+    load_state(decode_file(path.read_bytes()), model, build_optimizer(spec.optimizer, model.parameters()),
+               spec.id)
+    with torch.no_grad():
+        return statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(HELD_OUT))
+
+
+@dataclass
+class Run:
+    loss: float
+    collab: Collaboration
+
+
+async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
+    collab = Collaboration(root, project=spec)
+    collab.start_backbone()
+    try:
+        for i in range(3):
+            collab.start_peer(f"honest-{i}", "--data-seed", str(i))
+        checkpoint = lambda: any(root.glob(f"backbone/**/epoch-{EPOCHS:08d}.ckpt"))  # noqa: E731
+        if attack == "a wrong reducer":
+            liar = [sys.executable, "-m", "tests.hostile.wrong_reducer"]
+            collab.start_peer("liar", "--data-seed", "3", command=liar)
+            await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
+        elif attack is not None:
+            async with Adversary(collab.url, spec.id) as adversary:
+                stranger = await adversary.join("poisoner")
+                poisoner = Poisoner(adversary, stranger, POISONS[attack])
+                task = asyncio.ensure_future(member(stranger, samples=SAMPLES))
+                try:
+                    await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
+                finally:
+                    task.cancel()
+                assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
+        else:
+            await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
+        return Run(held_out_loss(root, spec), collab)
+    finally:
+        collab.stop()
+
+
+POISONS = {"NaN parts": nan, "parts x(-1e4)": flipped, "noise 100x an honest gradient's length": noise(100.0),
+           "10^12 samples claimed": inflated}
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> float:
+    """The three honest peers alone (its figure is reported with every attack's)."""
+    return asyncio.run(run(tmp_path_factory.mktemp("honest"), project("centered_clip"))).loss
+
+
+@pytest.mark.parametrize("attack", [*POISONS, "a wrong reducer"])
+async def test_with_centered_clip_one_hostile_peer_moves_the_final_loss_less_than_five_percent(
+        tmp_path, baseline, report_figure, attack):
+    attacked = await run(tmp_path, project("centered_clip"), attack)
+    report_figure(f"{attack}, centered_clip, epoch {EPOCHS}: held-out loss {attacked.loss:.4f} "
+                  f"({attacked.loss / baseline - 1:+.1%} against three honest peers alone: {baseline:.4f})")
+    assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
+
+
+async def test_under_mean_a_wrong_reducer_is_caught_as_often_as_the_checks_predict(
+        tmp_path, baseline, report_figure):
+    attacked = await run(tmp_path, project("mean"), "a wrong reducer")
+    collab = attacked.collab
+    liar = next(p for p in collab.peers if p.name == "liar")
+    lies = lied(liar.log.read_text(errors="replace"))
+    caught = [line for line in collab.backbone.log.read_text(errors="replace").splitlines()
+              if "is wrong" in line and "expelling it" in line]
+    discarded = {int(line.split("round ")[1].split(":")[0]) for line in caught}
+    kept = {e["round_id"] for p in collab.peers if p.name != "liar" for e in p.epochs}
+    report_figure(f"a wrong reducer, mean, checks at p={PROBABILITY}: lied in {len(lies)} rounds, caught "
+                  f"{len(caught)} time(s) and expelled ({CAUGHT_WITHIN} lies would go unseen one time in a "
+                  f"thousand), {len(set(lies) & kept)} unchecked wrong steps kept; held-out loss "
+                  f"{attacked.loss:.4f} ({attacked.loss / baseline - 1:+.1%})")
+    assert lies, "the liar never reduced a part: the test proves nothing"
+    assert len(caught) == 1 and len(lies) <= CAUGHT_WITHIN
+    assert lies[-1] in discarded  # its last lie was the one caught: expelled, it reduced no more
+    assert not discarded & kept, "an honest peer kept the step of a round found wrong"
+    assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)

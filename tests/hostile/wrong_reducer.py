@@ -1,0 +1,34 @@
+"""A peer that computes honestly -- so it is proven and reduces a part of every round --
+but returns a wrong average for its part: the average x(-3). It sends that result to every
+member and applies it itself, so every hash agrees; it even commits to it, as checking
+asks. Started like ``cotrain peer`` (``python -m tests.hostile.wrong_reducer peer ...``);
+it logs "lied in round N" each time."""
+
+import logging
+import sys
+
+from engine import cli
+from engine.averaging import allreduce
+from engine.averaging.audit import result_digest
+
+log = logging.getLogger("wrong_reducer")
+honest_combine = allreduce._Round._combine
+
+
+def wrong_combine(self, contributions):
+    combined = honest_combine(self, contributions)
+    combined.values.mul_(-3.0)  # (the part it keeps for a checker is this same tensor)
+    if self.plan.verified:
+        self.applied[self.me] = result_digest(combined.values)
+    log.warning("lied in round %d", self.plan.round_id)
+    return combined
+
+
+def lied(log_text: str) -> list[int]:
+    """The rounds a wrong reducer's log says it lied in."""
+    return [int(line.rsplit(" ", 1)[1]) for line in log_text.splitlines() if "lied in round " in line]
+
+
+if __name__ == "__main__":
+    allreduce._Round._combine = wrong_combine
+    sys.exit(cli.main())
