@@ -69,13 +69,22 @@ class Poisoner:
                 self.mesh.spawn(self.spoil(msg))
         return on_message
 
+    async def send_empty(self, start: RoundStart) -> None:
+        for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
+            if share > 0 and member_id != self.stranger.peer_id:
+                part = Part(round_id=start.round_id, epoch=start.epoch, index=j, samples=0, loss_sum=0.0)
+                with contextlib.suppress(LinkClosed, asyncio.TimeoutError):
+                    await (await self.mesh.link(member_id, timeout=5)).send(part, b"")
+
     async def spoil(self, start: RoundStart) -> None:
         total = sum(r.numel() for r in self.results.values())
         if not total or len(self.results) != sum(1 for s in start.shares if s > 0):
-            return  # the vector's length is learnt from one round's results
-        reference = torch.cat([self.results[j] for j in sorted(self.results)])
-        if reference.numel() != total:
+            # The vector's length is learnt from one round's results; until then it sends
+            # empty parts, as a member that computed nothing yet does (a silent member is
+            # struck and sits rounds out, and would poison nothing for a while).
+            await self.send_empty(start)
             return
+        reference = torch.cat([self.results[j] for j in sorted(self.results)])
         bounds = part_bounds(total, start.shares)
         for j, ((lo, hi), member_id) in enumerate(zip(bounds, start.group, strict=True)):
             if hi == lo or member_id == self.stranger.peer_id:
