@@ -75,7 +75,6 @@ class RoundPlan:
     def my_index(self) -> int:
         return self.group.index(self.me)
 
-
     @property
     def verified(self) -> bool:
         """Whether reducers may be checked: then members commit to what they did."""
