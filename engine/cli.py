@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how long a peer's TURN credentials stay valid (default: 6 hours)")
     bb.add_argument("--relay-only", action="store_true",
                     help="tell every peer to connect through TURN only")
+    bb.add_argument("--equal-shares", action="store_true",
+                    help="give every reducer an equal part of each round instead of sizing parts by "
+                         "the links peers measure (to compare)")
     bb.add_argument("--advertise", action="store_true",
                     help="announce the backbone on the LAN (mDNS, _cotrain._tcp)")
     bb.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
@@ -221,7 +224,8 @@ async def _backbone(args: argparse.Namespace) -> int:
         return 2
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone",
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,
-                            ice=ice, advertise=args.advertise, trusted_proxies=proxies)
+                            ice=ice, advertise=args.advertise, trusted_proxies=proxies,
+                            equal_shares=args.equal_shares)
     if args.catalog:
         config.catalog = args.catalog
     try:

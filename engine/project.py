@@ -18,6 +18,8 @@ from engine.wire.types import Name, ProjectId, Text
 OptimizerName = Literal["sgd", "adam", "adamw"]
 ScheduleType = Literal["constant", "linear", "cosine"]
 AggregationMethod = Literal["mean", "centered_clip"]
+# How parts and results travel (engine/averaging/compression.py).
+CompressionMethod = Literal["none", "fp16", "uint8"]
 Fraction = Annotated[float, Meta(ge=0, lt=1)]
 # A task's parameters are flat: names to numbers, flags or short strings.
 TaskParams = Annotated[dict[Name, int | float | bool | Name | None], Meta(max_length=64)]
@@ -70,6 +72,7 @@ class ProjectSpec(Struct, kw_only=True):
     task_params: TaskParams = field(default_factory=dict)
     target_batch_size: Annotated[int, Meta(ge=1, le=10**9)] = 128
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    compression: CompressionMethod = "none"
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     round_timeout: Annotated[float, Meta(ge=1, le=3600)] = 60.0

@@ -152,6 +152,9 @@ class DashboardPage(QWidget):
         t["peers"].set(count(s.peers))
         t["upload"].set(rate(s.upload_bps))
         t["download"].set(rate(s.download_bps))
+        for tile, link, word in ((t["upload"], s.link_upload_bps, "upload"),
+                                 (t["download"], s.link_download_bps, "download")):
+            tile.caption.setText(f"{word} (my link: {rate(link)})" if link else f"{word} (link not measured)")
         t["loss"].set("–" if s.loss is None else f"{s.loss:.3f}")
         self.device.setText(f"Computing on {s.device}" if s.device else "")
         target = max(s.collab_target, 1)

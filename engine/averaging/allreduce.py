@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.averaging import compression
 from engine.averaging.audit import part_digest, result_digest
 from engine.averaging.partition import part_bounds
 from engine.averaging.robust import Aggregate, Contribution, aggregate
-from engine.project import AggregationSpec
+from engine.project import AggregationSpec, CompressionMethod
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
@@ -70,6 +71,7 @@ class RoundPlan:
     optional: frozenset[str] = frozenset()
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     target_batch_size: int = 10**9  # a sender's claimed samples weigh at most a share of it
+    compression: CompressionMethod = "none"  # of parts and results on the wire
 
     @property
     def my_index(self) -> int:
@@ -144,6 +146,7 @@ class _Round:
     sent: dict[int, str] = field(default_factory=dict)  # part index -> hash of ours (if verified)
     applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
     reduced: Reduced | None = None
+    _inputs: list[tuple[Committed, torch.Tensor]] = field(default_factory=list)  # what I reduced, hashed
 
     def __post_init__(self) -> None:
         self.bounds = part_bounds(self.flat.numel(), self.plan.shares)
@@ -197,10 +200,20 @@ class _Round:
         lo, hi = self.bounds[j]
         header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
                       loss_sum=self.loss_sum)
-        payload = self.flat[lo:hi].numpy().data if self.samples > 0 else b""
+        payload: bytes | memoryview = b""
+        if self.samples > 0:
+            payload = self.flat[lo:hi].numpy().data
+            if self.plan.compression != "none":
+                payload = await asyncio.to_thread(compression.encode, self.flat[lo:hi], self.plan.compression)
         if self.plan.verified:
-            self.sent[j] = await asyncio.to_thread(part_digest, self.samples, payload or None)
+            # Committed as the reducer will take it: decoded.
+            self.sent[j] = await asyncio.to_thread(
+                part_digest, self.samples, self._decode(payload, hi - lo) if payload else None)
         await self.links[peer].send(header, payload)
+
+    def _decode(self, payload: bytes | memoryview, n: int) -> torch.Tensor | memoryview | bytes:
+        method = self.plan.compression
+        return payload if method == "none" else compression.decode(payload, n, method)
 
     async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float] | None:
         """The part ``peer`` sent me, or None if it broke the rules (then it is left out,
@@ -211,7 +224,7 @@ class _Round:
             part = frame.header
             if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != self.me:
                 raise Misbehaved(peer, f"part from {peer} is not for this epoch's part {self.me}")
-            values = _as_floats(frame, self.size(self.me), peer, "part")
+            values = await self._values(frame, self.size(self.me), peer, "part")
             if (values is None) != (part.samples == 0):
                 raise Misbehaved(peer, f"part from {peer} has samples={part.samples} but no values")
         except Misbehaved as exc:
@@ -255,28 +268,45 @@ class _Round:
         for sender, why in combined.rejected.items():
             log.warning("round %d: leaving out the part of %s: %s", self.plan.round_id, sender, why)
         reduced = combined.values
+        payload: bytes | memoryview = reduced.numpy().data
+        if self.plan.compression != "none":
+            # Everyone, this reducer too, applies the result as it travels.
+            payload, reduced = await asyncio.to_thread(self._compressed, reduced)
+        if self.plan.verified:
+            self.reduced = Reduced(self.plan.round_id, self.me, self._inputs, reduced)
+            self.applied[self.me] = await asyncio.to_thread(result_digest, reduced)
         self.averaged[lo:hi] = reduced
         weights = combined.weights
         total = sum(weights.values())
         loss = sum(parts[p][2] * w / parts[p][1] for p, w in weights.items()) / total
         mine = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.me, samples=total,
                       loss=loss, received=weights)
-        payload = reduced.numpy().data
         self.result_sends = [self.mesh.spawn(self._send_result(peer, mine, payload))
                              for _, peer in self.partners]
         return mine
 
     def _combine(self, contributions: list[Contribution]) -> Aggregate:
-        """Aggregate; in a verified project, also hash what went in and came out."""
+        """Aggregate; in a verified project, also hash what went in."""
         combined = aggregate(contributions, self.plan.aggregation, self.plan.target_batch_size)
         if self.plan.verified:
-            inputs = [(Committed(sender=c.sender, samples=c.samples, sha256=part_digest(c.samples, c.values)),
-                       c.values) for c in contributions]
-            self.reduced = Reduced(self.plan.round_id, self.me, inputs, combined.values)
-            self.applied[self.me] = result_digest(combined.values)
+            self._inputs = [(_committed(c), c.values) for c in contributions]
         return combined
 
-    async def _send_result(self, peer: str, result: Result, payload: memoryview) -> None:
+    def _compressed(self, values: torch.Tensor) -> tuple[bytes, torch.Tensor]:
+        payload = compression.encode(values, self.plan.compression)
+        return payload, compression.decode(payload, values.numel(), self.plan.compression)
+
+    async def _values(self, frame: Frame, expected: int, peer: str, what: str) -> torch.Tensor | None:
+        """The fp32 values a part or result carries (None: an empty part)."""
+        method = self.plan.compression
+        if method == "none" or len(frame.payload) == 0:
+            return _as_floats(frame, expected, peer, what)
+        try:
+            return await asyncio.to_thread(compression.decode, frame.payload, expected, method)
+        except ValueError as exc:
+            raise Misbehaved(peer, f"{what} from {peer}: {exc}") from None
+
+    async def _send_result(self, peer: str, result: Result, payload: bytes | memoryview) -> None:
         """Our result for ``peer``, within the round's time (an optional member's link may
         still be opening)."""
         remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
@@ -293,7 +323,7 @@ class _Round:
         result = frame.header
         if not isinstance(result, Result) or result.epoch != self.plan.epoch or result.index != j:
             raise Misbehaved(peer, f"result from {peer} is not for this epoch's part {j}")
-        values = _as_floats(frame, self.size(j), peer, "result")
+        values = await self._values(frame, self.size(j), peer, "result")
         if values is None:
             raise Misbehaved(peer, f"result from {peer} is empty")
         lo, hi = self.bounds[j]
@@ -319,6 +349,10 @@ class _Round:
                                     inputs=[c for c, _ in self.reduced.inputs] if self.reduced else [])
         return Averaged(self.averaged, samples, statistics.median_low(losses) if losses else None,
                         dict(mine.received) if mine is not None else {}, commitment, self.reduced)
+
+
+def _committed(c: Contribution) -> Committed:
+    return Committed(sender=c.sender, samples=c.samples, sha256=part_digest(c.samples, c.values))
 
 
 def _as_floats(frame: Frame, expected: int, peer: str, what: str) -> torch.Tensor | None:

@@ -9,7 +9,9 @@ cannot pick other inputs once it knows it is checked), and combines the inputs i
 
 The result must match to ``TOLERANCE`` of its length rather than to the bit: the checker's
 CPU may round differently (fused multiply-adds, vector widths) from the reducer's, and a
-deviation that small moves no model. A wrong average is off by far more.
+deviation that small moves no model. A wrong average is off by far more. In a project that
+compresses results, the result may also be off by as much as the compression may move it
+(``compression.error_bound``): a reducer can shade its result by no more than that noise.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.averaging.compression import error_bound
 from engine.averaging.robust import Contribution, aggregate, norm
-from engine.project import AggregationSpec
+from engine.project import AggregationSpec, CompressionMethod
 from engine.wire.control import Committed
 
 TOLERANCE = 1e-4
@@ -46,7 +49,8 @@ class Verdict:
 
 
 def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, result_sha256: str,
-            spec: AggregationSpec, target_batch_size: int) -> Verdict:
+            spec: AggregationSpec, target_batch_size: int,
+            compression: CompressionMethod = "none") -> Verdict:
     """Whether ``result`` is what the committed ``inputs`` combine to under ``spec``."""
     if result_digest(result) != result_sha256:
         return Verdict(False, "the result it sent is not the one the members applied")
@@ -63,7 +67,8 @@ def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, 
         return Verdict(False, "its inputs combine to nothing, yet it sent a result")
     digest = result_digest(mine)
     off = norm(mine - result)
-    if not off <= TOLERANCE * norm(mine) + 1e-30:  # (a NaN is never within it)
+    allowed = TOLERANCE * norm(mine) + error_bound(mine, compression) * (1 + TOLERANCE) + 1e-30
+    if not off <= allowed:  # (a NaN is never within it)
         return Verdict(False, f"its result is {off:.3g} away from the average of its inputs "
                               f"({off / max(norm(mine), 1e-30):.3g} of its length)", digest)
     return Verdict(True, "", digest)

@@ -13,7 +13,7 @@ from enum import Enum
 from aiohttp import web
 
 from engine import __version__
-from engine.backbone import api_accounts, api_checkpoints, api_projects, openapi
+from engine.backbone import api_accounts, api_checkpoints, api_probe, api_projects, openapi
 from engine.backbone.api_projects import LIMIT, OFFSET, QueryInt
 from engine.backbone.http import Handler, json_reply
 from engine.backbone.openapi import RawBody
@@ -29,6 +29,7 @@ from engine.wire.api import (
     LoginReply,
     LoginRequest,
     Me,
+    ProbeReply,
     ProjectList,
     ProjectSummary,
     RegisterRequest,
@@ -98,6 +99,14 @@ ROUTES: tuple[Route, ...] = (
           {101: "switching to the WebSocket", 401: ErrorReply, 404: ErrorReply, 409: ErrorReply,
            429: ErrorReply},
           auth=Auth.PEER),
+    Route("POST", f"{_PROJECT}/probe", api_probe.probe_upload,
+          "Measure this peer's upload: the backbone takes the bytes sent",
+          {200: ProbeReply, 401: ErrorReply, 404: ErrorReply, 413: ErrorReply, 429: ErrorReply},
+          body=RawBody("application/octet-stream", "any bytes"), auth=Auth.PEER),
+    Route("GET", f"{_PROJECT}/probe", api_probe.probe_download,
+          "Measure this peer's download: the backbone sends the bytes asked for",
+          {200: RawBody("application/octet-stream", "the bytes asked for"), 400: ErrorReply, 401: ErrorReply,
+           404: ErrorReply, 429: ErrorReply}, auth=Auth.PEER, query=(api_probe.SIZE,)),
     Route("GET", f"{_PROJECT}/curve", api_projects.curve, "Loss per epoch", {200: Curve, 404: ErrorReply}),
     Route("GET", f"{_PROJECT}/leaderboard", api_projects.leaderboard, "Credited samples per user, best first",
           {200: Leaderboard, 400: ErrorReply, 404: ErrorReply}, query=(LIMIT, OFFSET)),

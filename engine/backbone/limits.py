@@ -67,6 +67,8 @@ class LimitsConfig:
     })
     joins_per_address: Rate = Rate(0.2, 30.0)
     registrations_per_address: Rate = Rate(1 / 600, 5.0)
+    # Link probes (api_probe.py): an honest peer probes each way at join and every half hour.
+    probes_per_peer: Rate = Rate(1 / 60, 4.0)
     failed_logins_per_account: int = 5  # a minute, from one address
     failed_logins_per_address: int = 30  # a minute, across accounts
     peers_per_address: int = 64  # connected at once
@@ -118,6 +120,7 @@ class Throttle:
         self._messages = {kind: Buckets(rate, clock) for kind, rate in self.config.per_peer.items()}
         self.joins = Buckets(self.config.joins_per_address, clock)
         self.registrations = Buckets(self.config.registrations_per_address, clock)
+        self.probes = Buckets(self.config.probes_per_peer, clock)
         self.refused = Refusals(self.config.refuse_for, self.config.max_refusal, clock)
         self._drops: dict[str, tuple[float, int]] = {}  # peer -> (since, messages dropped since)
         self._bans: dict[str, list[float]] = {}  # address -> when its peers were thrown out

@@ -58,6 +58,7 @@ class BackboneConfig:
     advertise: bool = False  # announce on the LAN with mDNS
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     trusted_proxies: frozenset[str] = frozenset()  # their X-Forwarded-For names the client
+    equal_shares: bool = False  # every reducer the same share: DeDLOC's LP off
 
 
 class Backbone:
@@ -82,6 +83,7 @@ class Backbone:
                 spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
                 peer_timeout=config.peer_timeout, last_round_id=last_round,
                 unsettled=self.store.unsettled_round(spec.id), recovery=config.recovery,
+                equal_shares=config.equal_shares,
             )
         self.sessions: dict[str, PeerSession] = {}
         self.throttle = Throttle(config.limits)

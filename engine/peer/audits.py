@@ -101,7 +101,7 @@ class Audits:
         opt = self.peer.optimizer
         inputs = list(zip(msg.inputs, values[:-1], strict=True))
         return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, opt.aggregation,
-                                       opt.target_batch_size)
+                                       opt.target_batch_size, opt.compression)
 
 
 def _wrong_input(frame: Frame, msg: Audit, position: int, committed: Committed | None) -> str:

@@ -21,10 +21,12 @@ from engine.wire.api import (
     MAX_REPLY,
     PEER_ID_HEADER,
     PEER_TOKEN_HEADER,
+    PROBE_BYTES,
     STATE_SHA256_HEADER,
     ErrorReply,
     JoinReply,
     JoinRequest,
+    ProbeReply,
     reply_codec,
 )
 from engine.wire.codec import Codec, encode, encode_text
@@ -45,6 +47,7 @@ T = TypeVar("T")
 _join_reply: Codec[JoinReply] = reply_codec(JoinReply)
 _checkpoint: Codec[CheckpointInfo] = reply_codec(CheckpointInfo)
 _error: Codec[ErrorReply] = reply_codec(ErrorReply)
+_probe: Codec[ProbeReply] = reply_codec(ProbeReply)
 
 
 class BackboneError(RuntimeError):
@@ -214,6 +217,53 @@ class ControlClient:
         if digest.hexdigest() != info.sha256:
             raise BackboneError("checkpoint checksum does not match")
         return bytes(buffer)
+
+    async def probe_upload(self, seconds: float) -> float:
+        """Bytes per second this peer uploads to the backbone, timed until the backbone has
+        taken them all (so bytes still queued in the kernel count against the time)."""
+        assert self._http is not None
+        url = f"{self.base_url}/api/projects/{self.project_id}/probe"
+        headers = {**self._headers(), "Content-Type": "application/octet-stream"}
+        block = bytes(range(256)) * 256
+        began = time.monotonic()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            sent = 0
+            while sent + len(block) <= PROBE_BYTES and time.monotonic() - began < seconds:
+                await self.upload.acquire(len(block))
+                sent += len(block)
+                yield block
+
+        try:
+            async with self._http.post(url, data=chunks(), headers=headers) as resp:
+                reply = await _answer(resp, _probe)
+        except aiohttp.ClientError as exc:
+            raise BackboneError(f"link probe failed: {exc}") from None
+        return reply.received / max(time.monotonic() - began, 1e-3)
+
+    async def probe_download(self, seconds: float) -> float:
+        """Bytes per second this peer downloads from the backbone, from the first byte on."""
+        assert self._http is not None
+        url = f"{self.base_url}/api/projects/{self.project_id}/probe?bytes={PROBE_BYTES}"
+        received, first = 0, None
+        try:
+            async with self._http.get(url, headers=self._headers()) as resp:
+                if resp.status != 200:
+                    await _answer(resp, _error)
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    await self.download.acquire(len(chunk))
+                    now = time.monotonic()
+                    if first is None:
+                        first = now
+                    else:
+                        received += len(chunk)
+                    if now - first >= seconds:
+                        break
+        except aiohttp.ClientError as exc:
+            raise BackboneError(f"link probe failed: {exc}") from None
+        if first is None or received == 0:
+            raise BackboneError("link probe received nothing")
+        return received / max(time.monotonic() - first, 1e-3)
 
     async def close(self) -> None:
         if self._ws is not None:

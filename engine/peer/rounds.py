@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,9 +40,13 @@ class Rounds:
     async def average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                       timeout: float) -> Averaged:
         peer = self.peer
+        before, began = peer.mesh.totals(), time.monotonic()
         try:
             averaged = await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
             peer.audits.keep(averaged.reduced)
+            moved = peer.mesh.totals()
+            peer.bandwidth.observed(moved.bytes_sent - before.bytes_sent,
+                                    moved.bytes_received - before.bytes_received, time.monotonic() - began)
             return averaged
         except AveragingError as exc:
             # A NAT that rebound or a relay that restarted leaves a link that looks open and

@@ -10,6 +10,7 @@ behind). This module owns the peer's life: start, the governor's controls, shutd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -22,7 +23,8 @@ import torch
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
 from engine.peer.audits import Audits
-from engine.peer.client import ControlClient
+from engine.peer.bandwidth import PROBE_SECONDS, REPROBE_EVERY, Bandwidth
+from engine.peer.client import BackboneError, ControlClient
 from engine.peer.control import ControlLoop
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
 from engine.peer.rounds import Rounds
@@ -44,6 +46,7 @@ from engine.wire.types import IcePolicy
 
 log = logging.getLogger(__name__)
 CHECKPOINT_UPLOAD_TIMEOUT = 120.0
+PROBE_TIMEOUT = 30.0  # a probe moves for PROBE_SECONDS; past this the backbone is not answering
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Peer:
         self.gate = ComputeGate(options.limits.cpu_percent, options.slowdown)
         self.upload = RateLimiter()
         self.download = RateLimiter()
+        self.bandwidth = Bandwidth()
         self._stop = asyncio.Event()
         self._stop_reason = ""
         self._tasks: set[asyncio.Task] = set()
@@ -186,6 +190,7 @@ class Peer:
             loops = [asyncio.ensure_future(coro) for coro in (
                 self.control.run(), training_loop(self), heartbeat_loop(self), self._stop.wait())]
             self.spawn(self._first_sync())
+            self.spawn(self._measure_link())
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 error = None if task.cancelled() else task.exception()
@@ -231,15 +236,36 @@ class Peer:
             averager=self.rounds.average, send=self.client.send,
             clip_grad_norm=project.optimizer.clip_grad_norm,
             report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
-            aggregation=project.aggregation,
+            aggregation=project.aggregation, compression=project.compression,
             gate=self.gate,
         )
         self.client.upload, self.client.download = self.upload, self.download
         self._opt.client_mode = lambda: relay_only or self._all_links_relayed()
+        self._opt.link_estimate = self._link_estimate
         self.apply_limits(opts.limits)
         if not self._running:
             self._opt.pause(True)
         self._sync = StateSync(self.client, self._mesh, self.mailbox, self._opt, self.fresh_model, self.emit)
+
+    def _link_estimate(self) -> tuple[float | None, float | None]:
+        link = self.bandwidth.estimate(self.upload.rate, self.download.rate)
+        return link.upload, link.download
+
+    async def _measure_link(self) -> None:
+        """Probe the link against the backbone now and every REPROBE_EVERY; a probe that
+        fails leaves the last estimate and is tried again later."""
+        while not self.stopping:
+            if self.bandwidth.probe_due():
+                try:
+                    client = self.client
+                    upload = await asyncio.wait_for(client.probe_upload(PROBE_SECONDS), PROBE_TIMEOUT)
+                    download = await asyncio.wait_for(client.probe_download(PROBE_SECONDS), PROBE_TIMEOUT)
+                    self.bandwidth.probed(upload, download)
+                    log.info("link: %.1f Mbit/s up, %.1f Mbit/s down", upload * 8e-6, download * 8e-6)
+                except (BackboneError, asyncio.TimeoutError) as exc:
+                    log.info("could not measure the link: %s", exc or "the backbone stopped answering")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), REPROBE_EVERY / 10)
 
     def fresh_model(self) -> torch.nn.Module:
         assert self.client.join_reply is not None

@@ -25,7 +25,7 @@ from msgspec.structs import replace
 
 from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
-from engine.project import AggregationSpec, ScheduleSpec
+from engine.project import AggregationSpec, CompressionMethod, ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.params import set_grads, trainable
 from engine.training.schedule import lr_at
@@ -78,6 +78,7 @@ class CollaborativeOptimizer:
         send: Send,
         target_batch_size: int,
         aggregation: AggregationSpec | None = None,
+        compression: CompressionMethod = "none",
         clip_grad_norm: float | None = None,
         report_interval: float = 0.5,
         executor: ThreadPoolExecutor | None = None,
@@ -94,6 +95,7 @@ class CollaborativeOptimizer:
         self.report_interval = report_interval
         self.target_batch_size = target_batch_size
         self.aggregation = aggregation or AggregationSpec()
+        self.compression = compression
         self.params = trainable(model)
         self.throughput = Throughput()
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix="cotrain-compute")
@@ -103,6 +105,8 @@ class CollaborativeOptimizer:
         self.accumulator = GradientAccumulator(self.params)
         self._place(compute_device)
         self.client_mode: Callable[[], bool] = lambda: False
+        # (upload, download) bytes per second the peer's link achieves, None while unmeasured
+        self.link_estimate: Callable[[], tuple[float | None, float | None]] = lambda: (None, None)
         self._busy = False
         self._batch_began: float | None = None  # when the micro-batch under way started
         self._outlasted_wait = False
@@ -176,8 +180,9 @@ class CollaborativeOptimizer:
     async def _report(self, samples: int, loss_sum: float, compute_seconds: float) -> None:
         self._last_report = time.monotonic()
         loss = loss_sum / samples if samples else None
+        upload, download = self.link_estimate()
         await self._send(Progress(self.epoch, samples, self.throughput.rate(), loss,
-                                  compute_seconds, self.client_mode()))
+                                  compute_seconds, self.client_mode(), upload, download))
 
     async def keep_alive(self, interval: float) -> None:
         """Report even when no micro-batch finished lately (a slow device, a small CPU
@@ -242,7 +247,8 @@ class CollaborativeOptimizer:
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me,
-                         frozenset(start.optional), self.aggregation, self.target_batch_size)
+                         frozenset(start.optional), self.aggregation, self.target_batch_size,
+                         self.compression)
         try:
             try:
                 averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,

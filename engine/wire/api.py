@@ -47,6 +47,14 @@ class ErrorReply(Struct):
     error: Text
 
 
+# The most a link probe moves each way (engine/backbone/api_probe.py).
+PROBE_BYTES = 16 * 1024 * 1024
+
+
+class ProbeReply(Struct):
+    received: int  # bytes of the upload probe the backbone took
+
+
 class Health(Struct):
     ok: bool
     version: Name

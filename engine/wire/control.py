@@ -39,7 +39,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[2] = WIRE_VERSION
+    v: Literal[3] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -63,6 +63,8 @@ class Progress(ControlMessage, tag="progress"):
     loss: Loss | None = None
     compute_seconds: Seconds = 0.0
     client_mode: bool = False  # reachable only through a relay: send parts, reduce none
+    upload: Rate | None = None  # bytes per second the peer's link achieves (engine/peer/bandwidth.py)
+    download: Rate | None = None
 
 
 class SyncRequest(ControlMessage, tag="sync_request"):

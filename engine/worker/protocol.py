@@ -134,6 +134,10 @@ class Stats(Message, tag="stats"):
     download_bps: Rate
     loss: Loss | None  # the mean loss of the last step (or of my current batch before one)
     device: Text = ""  # where micro-batches run, in words ("the CPU (no CUDA graphics card found)")
+    # What the link achieves (probed, refined by rounds; engine/peer/bandwidth.py), None until measured:
+    # the tracker sizes this peer's share of each round by it.
+    link_upload_bps: Rate | None = None
+    link_download_bps: Rate | None = None
 
 
 class ProjectLeft(Message, tag="left"):

@@ -225,6 +225,7 @@ class Session:
         current = acc.loss_sum / acc.samples if acc.samples else None
         loss = peer.history[-1].step.loss if peer.history else current
         eta = status.eta_seconds if status is not None else None
+        link = peer.bandwidth.estimate(peer.upload.rate, peer.download.rate)
         return p.Stats(
             samples_per_second=_finite(opt.throughput.rate()),
             my_samples_session=session,
@@ -237,6 +238,7 @@ class Session:
             upload_bps=_finite(up), download_bps=_finite(down),
             loss=None if loss is None or not math.isfinite(loss) else loss,
             device=peer.placement.description if peer.placement else "",
+            link_upload_bps=link.upload, link_download_bps=link.download,
         )
 
     async def run_governor(self) -> None:

@@ -96,6 +96,9 @@ def test_the_dashboard_numbers_move(qtbot, running):
     assert points(d.mine_line) >= 2
     assert not any(hint.isVisible() for hint in d.hints.values())  # "appears after the first step"
     assert "Tiny LM" in d.project.text() and "anonymously" in d.project.text()
+    # The link was probed against the backbone on joining: the tiles say what it achieves.
+    wait_until(lambda: "my link:" in d.tiles["download"].caption.text(), 20)
+    assert "my link:" in d.tiles["upload"].caption.text()
 
 
 def test_the_tray_menu_opens_each_window(qtbot, running):

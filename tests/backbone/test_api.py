@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.wire import WIRE_VERSION
+from engine.wire.api import PROBE_BYTES
 from engine.wire.codec import encode_text
 from engine.wire.control import Ping, Pong, from_backbone
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+from tests.conftest import until
 
 pytestmark = pytest.mark.slow
 
@@ -139,6 +141,29 @@ async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):
         assert resp.status == 409
         assert "was requested from you" in (await resp.json())["error"]
     assert backbone.store.checkpoints("tiny-lm") == []
+
+
+async def test_link_probes_are_for_peers_bounded_and_few(collaboration):
+    backbone, http, peers = collaboration
+    url = f"{backbone.url}/api/projects/tiny-lm/probe"
+    async with http.post(url, data=b"x" * 1000) as resp:
+        assert resp.status == 401
+    joined = await _join(http, backbone.url)
+    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"]}
+    async with http.get(f"{url}?bytes={PROBE_BYTES + 1}", headers=headers) as resp:
+        assert resp.status == 400 and "bytes" in (await resp.json())["error"]
+    async with http.get(f"{url}?bytes=100000", headers=headers) as resp:
+        assert resp.status == 200 and len(await resp.read()) == 100_000
+    async with http.post(url, data=b"x" * (PROBE_BYTES + 1), headers=headers) as resp:
+        assert resp.status == 413
+    async with http.post(url, data=b"x" * 5000, headers=headers) as resp:
+        assert resp.status == 200 and (await resp.json())["received"] == 5000
+    async with http.post(url, data=b"x", headers=headers) as resp:  # the burst is spent
+        assert resp.status == 429 and "try again" in (await resp.json())["error"]
+    # The peers probed their links when they joined, and report what they achieve.
+    members = backbone.trackers["tiny-lm"].members.peers
+    ids = [p.peer.peer_id for p in peers]
+    await until(lambda: all(members[i].upload and members[i].download for i in ids), 30, "link reports")
 
 
 json_values = st.recursive(

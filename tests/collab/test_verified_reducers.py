@@ -43,10 +43,7 @@ async def test_a_wrong_reducer_is_caught_expelled_and_its_step_undone(tmp_path, 
     def wrong(self, contributions):
         combined = combine(self, contributions)
         if self.plan.me == liar_id:
-            combined.values.mul_(-3.0)  # everyone applies it: hashes agree
-            if self.reduced is not None:
-                self.reduced.result = combined.values
-                self.applied[self.me] = allreduce.result_digest(combined.values)
+            combined.values.mul_(-3.0)  # everyone applies it, and it commits to it: hashes agree
             lied.append(self.plan.round_id)
         return combined
 

@@ -19,9 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import torch
 
 from engine.paths import engine_command
 from engine.project import ProjectSpec
+from engine.tasks import create_task, initial_model
+from engine.training.schedule import build_optimizer
+from engine.training.state import load_state
+from engine.wire.tensors import decode_file
 from tests.collab.harness import tiny_project
 from tests.collab.processes import write_catalog
 
@@ -190,6 +195,21 @@ class Collaboration:
 
     def rss(self) -> dict[str, int]:
         return {p.name: p.rss() for p in self.processes()}
+
+    def checkpoint_loss(self, epoch: int, batches: int = 16) -> float:
+        """The loss of the backbone's checkpoint of ``epoch`` on batches no peer trained on (not
+        what members report: a poisoner's parts carry a made-up loss)."""
+        (path,) = self.root.glob(f"backbone/**/epoch-{epoch:08d}.ckpt")
+        spec = self.project
+        task = create_task(spec.task, dict(spec.task_params))
+        model = initial_model(task, spec.seed)
+        load_state(decode_file(path.read_bytes()), model, build_optimizer(spec.optimizer, model.parameters()),
+                   spec.id)
+        with torch.no_grad():
+            return statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(batches))
+
+    def has_checkpoint(self, epoch: int) -> bool:
+        return any(self.root.glob(f"backbone/**/epoch-{epoch:08d}.ckpt"))
 
 
 @contextlib.contextmanager

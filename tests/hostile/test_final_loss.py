@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.project import AggregationSpec, ProjectSpec
-from engine.tasks import create_task, initial_model
-from engine.training.schedule import build_optimizer
-from engine.training.state import load_state
-from engine.wire.tensors import decode_file
 from tests.hostile.adversary import Adversary, member
 from tests.hostile.collaboration import Collaboration, hostile_project
 from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, inflated, nan, noise
@@ -45,17 +39,6 @@ def project(method: str) -> ProjectSpec:
         method=method, verify_probability=PROBABILITY))
 
 
-def held_out_loss(root: Path, spec: ProjectSpec) -> float:
-    """The loss of the checkpoint of epoch EPOCHS on batches no peer trained on."""
-    (path,) = root.glob(f"backbone/**/epoch-{EPOCHS:08d}.ckpt")
-    task = create_task(spec.task, dict(spec.task_params))
-    model = initial_model(task, spec.seed)
-    load_state(decode_file(path.read_bytes()), model, build_optimizer(spec.optimizer, model.parameters()),
-               spec.id)
-    with torch.no_grad():
-        return statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(HELD_OUT))
-
-
 @dataclass
 class Run:
     loss: float
@@ -68,7 +51,7 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
     try:
         for i in range(3):
             collab.start_peer(f"honest-{i}", "--data-seed", str(i))
-        checkpoint = lambda: any(root.glob(f"backbone/**/epoch-{EPOCHS:08d}.ckpt"))  # noqa: E731
+        checkpoint = lambda: collab.has_checkpoint(EPOCHS)  # noqa: E731
         if attack == "a wrong reducer":
             liar = [sys.executable, "-m", "tests.hostile.wrong_reducer"]
             collab.start_peer("liar", "--data-seed", "3", command=liar)
@@ -85,7 +68,7 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
                 assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
         else:
             await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
-        return Run(held_out_loss(root, spec), collab)
+        return Run(collab.checkpoint_loss(EPOCHS, HELD_OUT), collab)
     finally:
         collab.stop()
 

@@ -41,13 +41,14 @@ class Network:
         self.coturn = start_coturn(self.public, self.secret, self.workdir)
         return self.coturn
 
-    def backbone(self, port: int, *args: str, turn: bool = True) -> tuple[Service, str]:
+    def backbone(self, port: int, *args: str, turn: bool = True,
+                 catalog: Path | None = None) -> tuple[Service, str]:
         ice = ["--stun", self.stun]
         env = None
         if turn:
             ice += ["--turn", self.turn]
             env = {"COTRAIN_TURN_SECRET": self.secret}
-        return start_backbone(self.public, self.workdir, self.catalog, port, *ice, *args, env=env)
+        return start_backbone(self.public, self.workdir, catalog or self.catalog, port, *ice, *args, env=env)
 
 
 @contextlib.contextmanager

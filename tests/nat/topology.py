@@ -25,7 +25,7 @@ def missing_requirements() -> str | None:
     """Why NAT tests cannot run here, or None when they can."""
     if os.geteuid() != 0:
         return "needs root to create network namespaces (CI runs as root)"
-    for tool in ("ip", "iptables", "turnserver", "conntrack"):
+    for tool in ("ip", "tc", "iptables", "turnserver", "conntrack"):
         if shutil.which(tool) is None:
             return f"needs {tool} (apt-get install iproute2 iptables coturn conntrack)"
     probe = f"ctprobe{uuid.uuid4().hex[:6]}"
@@ -90,8 +90,9 @@ class Topology:
                  "dev", device, "nud", "permanent")
         self._ns(namespace, "ip", "route", "add", "default", "via", FAKE_GATEWAY)
 
-    def _plug_into_bridge(self, namespace: str, device: str) -> str:
-        """A veth from ``namespace`` (named ``device``) into the public bridge; returns its address."""
+    def _plug_into_bridge(self, namespace: str, device: str) -> tuple[str, str]:
+        """A veth from ``namespace`` (named ``device``) into the public bridge; returns its
+        address and the name of the veth's bridge end."""
         address = f"{PUBLIC_PREFIX}.{self._next_public}"
         self._next_public += 1
         outside = f"ct{self.tag}b{self._next_public}"
@@ -100,13 +101,19 @@ class Topology:
         self._ns(self.public, "ip", "link", "set", outside, "master", "br0", "up")
         self._ns(namespace, "ip", "addr", "add", f"{address}/24", "dev", device)
         self._ns(namespace, "ip", "link", "set", device, "up")
-        return address
+        return address, outside
 
-    def public_peer(self) -> Host:
-        """A machine with a public address on the segment (a university box, a VPS)."""
+    def public_peer(self, upload_mbit: float | None = None, download_mbit: float | None = None) -> Host:
+        """A machine with a public address on the segment (a university box, a VPS), its
+        link shaped to these rates if given (a token bucket on each end of its cable, with
+        a queue as deep as a home router's)."""
         name = self._namespace(f"h{self._next_public}")
-        address = self._plug_into_bridge(name, "eth0")
+        address, outside = self._plug_into_bridge(name, "eth0")
         self._blackhole_default(name, "eth0")
+        for namespace, device, rate in ((name, "eth0", upload_mbit), (self.public, outside, download_mbit)):
+            if rate is not None:
+                self._ns(namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{rate}mbit",
+                         "burst", "32kb", "latency", "400ms")
         return Host(name, address)
 
     def behind_nat(self, symmetric: bool) -> Host:

@@ -6,18 +6,22 @@ import pytest
 import torch
 
 from engine.averaging.allreduce import AveragingError, RoundPlan, butterfly_allreduce
+from engine.averaging.compression import error_bound
 from engine.wire.frames import Part
 from tests.transport.mesh_pair import make_meshes
 
 
-async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1):
+async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, compression="none", moved=None):
+    """``moved``, if given, gets the bytes each peer sent."""
     meshes = make_meshes(names)
     try:
         results = await asyncio.gather(*(
-            butterfly_allreduce(RoundPlan(round_id, 4, names, shares, me), vectors[i] * samples[i],
-                                samples[i], 2.0 * samples[i], meshes[me], timeout)
+            butterfly_allreduce(RoundPlan(round_id, 4, names, shares, me, compression=compression),
+                                vectors[i] * samples[i], samples[i], 2.0 * samples[i], meshes[me], timeout)
             for i, me in enumerate(names)
         ))
+        if moved is not None:
+            moved.extend(meshes[me].totals().bytes_sent for me in names)
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
     return results
@@ -34,6 +38,24 @@ async def test_every_peer_gets_the_same_bits_of_the_sample_weighted_mean(shares)
         assert torch.equal(r.vector, results[0].vector)
         assert r.samples == 16 and r.loss == pytest.approx(2.0)
     torch.testing.assert_close(results[0].vector, expected, rtol=1e-6, atol=1e-7)
+
+
+async def test_compressed_rounds_move_fewer_bytes_and_every_peer_applies_the_same_bits():
+    names = ["a", "b", "c"]
+    vectors = [torch.randn(300_000) for _ in names]
+    samples = [3, 5, 8]
+    expected = sum(v * s for v, s in zip(vectors, samples, strict=True)) / 16
+    moved = {}
+    for method in ("none", "fp16", "uint8"):
+        moved[method] = []
+        results = await _average(names, vectors, samples, [1.0, 1.0, 1.0], compression=method,
+                                 moved=moved[method])
+        assert all(torch.equal(r.vector, results[0].vector) for r in results)
+        # Each part is compressed twice (in, and the result out): both errors count.
+        off = float((results[0].vector - expected).norm())
+        assert off <= 3 * error_bound(expected, method) + 1e-4 * float(expected.norm())
+    ratio = {m: sum(moved["none"]) / sum(moved[m]) for m in ("fp16", "uint8")}
+    assert 1.9 < ratio["fp16"] <= 2.0 and 3.7 < ratio["uint8"] <= 4.0, ratio
 
 
 async def test_a_solo_peer_averages_with_itself():

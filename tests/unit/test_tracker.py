@@ -2,6 +2,7 @@
 
 import pytest
 
+from engine.averaging.load_balancing import Member, balance, round_time
 from engine.backbone.tracker import Broadcast, RecordCredits, RecordStep, RoundOpened, Send, Tracker
 from engine.project import ProjectSpec
 from engine.wire.control import (
@@ -647,6 +648,40 @@ def test_when_every_peer_is_relayed_they_all_reduce(clock):
     t.handle("a", Progress(0, 50, 10.0, client_mode=True))
     start = sent(t.handle("b", Progress(0, 50, 10.0, client_mode=True)), RoundStart)[0][1]
     assert all(share > 0 for share in start.shares)
+
+
+MBIT = 125_000  # bytes per second
+
+
+def test_shares_follow_the_links_the_members_report(clock):
+    """40/40, 20/5 and 10/2 Mbit/s and a relayed peer: the LP, not equal thirds."""
+    t = ready_tracker(clock, peers=("a", "b", "c", "d"), target_batch_size=100)
+    t.handle("d", Progress(0, 25, 10.0, client_mode=True, upload=40 * MBIT, download=40 * MBIT))
+    t.handle("b", Progress(0, 25, 10.0, upload=5 * MBIT, download=20 * MBIT))
+    t.handle("c", Progress(0, 25, 10.0, upload=2 * MBIT, download=10 * MBIT))
+    start = sent(t.handle("a", Progress(0, 25, 10.0, upload=40 * MBIT, download=40 * MBIT)), RoundStart)[0][1]
+    share = dict(zip(start.group, start.shares, strict=True))
+    assert share["d"] == 0 and share["c"] == 0  # relayed; and the thinnest uplink reduces nothing
+    assert share["a"] > share["b"] > 0 and sum(start.shares) == pytest.approx(1)
+
+
+def test_unmeasured_links_get_equal_shares_and_a_boast_is_capped(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    start = open_round(t, {"a": 30, "b": 30, "c": 30})
+    assert start.shares == pytest.approx([1 / 3] * 3)
+    t.handle("b", done(start, received={p: 30 for p in start.group}))
+    t.handle("c", done(start, received={p: 30 for p in start.group}))
+    t.handle("a", done(start, received={p: 30 for p in start.group}))
+    t.handle("a", Ready(1, "h1"))
+    t.handle("b", Ready(1, "h1"))
+    t.handle("c", Ready(1, "h1"))
+    # c says it has a datacenter's link: it counts for 16 times the typical one, and no more.
+    t.handle("a", Progress(1, 30, 10.0, upload=MBIT, download=MBIT))
+    t.handle("b", Progress(1, 30, 10.0, upload=MBIT, download=MBIT))
+    start = sent(t.handle("c", Progress(1, 30, 10.0, upload=10**12, download=10**12)), RoundStart)[0][1]
+    links = [Member(MBIT, MBIT), Member(MBIT, MBIT), Member(16 * MBIT, 16 * MBIT)]
+    assert start.shares == pytest.approx(balance(links, 1.0).shares)
+    assert balance(links, 1.0).seconds < round_time([1, 1, 1], links, 1.0)
 
 
 def test_a_member_that_withholds_its_result_and_reports_success_settles_nothing(clock):

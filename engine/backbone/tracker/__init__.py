@@ -65,6 +65,7 @@ class Tracker:
         unsettled: RoundOpened | None = None,
         recovery: float = 0.0,
         rng: random.Random | None = None,
+        equal_shares: bool = False,
     ) -> None:
         self.project = project
         self.epoch = epoch
@@ -77,7 +78,8 @@ class Tracker:
         self.members = Members(clock, peer_timeout)
         self.pairs = Pairs(project.id, clock, pair_cooldown)
         self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
-                                   join_grace=join_grace, last_round_id=last_round_id)
+                                   join_grace=join_grace, last_round_id=last_round_id,
+                                   equal_shares=equal_shares)
         # After a restart the peers holding the recorded epoch are reconnecting, each after
         # its own backoff: for this long, a peer asking for the state waits for them rather
         # than the collaboration going back to an older checkpoint (or starting over).

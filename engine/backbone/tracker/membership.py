@@ -47,6 +47,8 @@ class PeerState:
     paused: bool = False  # its owner needs the machine: not in rounds, not a donor
     sync_request: SyncRequest | None = None  # asked where to get the state, not answered yet
     client_mode: bool = False  # reachable only through a relay: sends parts, reduces none
+    upload: float | None = None  # bytes per second its link achieves, as it reports them
+    download: float | None = None
     strikes: int = 0  # rounds in a row it dissented from or missed
     # Its part reached the reducers of a settled round and its step agreed: its reports
     # count toward opening rounds, and rounds wait for it. Until then (and again after a
@@ -140,6 +142,7 @@ class Members:
             peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
         peer.compute_seconds, peer.client_mode = msg.compute_seconds, msg.client_mode
+        peer.upload, peer.download = msg.upload or peer.upload, msg.download or peer.download
         peer.heard_at = now
         if step != 0:
             peer.reported_at = now

@@ -9,10 +9,12 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.averaging.load_balancing import Balance, Member, balance, equal_shares, round_time
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
 from engine.project import ProjectSpec
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from engine.backbone.tracker.audits import RoundAudit
 
 log = logging.getLogger(__name__)
+# A member's reported link counts for at most this many times the group's median.
+MAX_CLAIM_RATIO = 16.0
 # Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
 # identities that ask for the state and never download it cannot stall the rest.
 HOLD_SHARE = 1 / 10
@@ -65,11 +69,13 @@ class OpenRound:
 
 class Scheduler:
     def __init__(self, project: ProjectSpec, members: Members, pairs: Pairs, clock: Callable[[], float], *,
-                 retry_delay: float, join_grace: float, last_round_id: int) -> None:
+                 retry_delay: float, join_grace: float, last_round_id: int,
+                 equal_shares: bool = False) -> None:
         self.project = project
         self.members = members
         self.pairs = pairs
         self.retry_delay = retry_delay
+        self.equal_shares = equal_shares
         self.join_grace = join_grace
         self._clock = clock
         self._retry_at = 0.0
@@ -128,21 +134,38 @@ class Scheduler:
             return None
         optional = {p.peer_id for p in members} - proven
         due = epoch + 1 - last_checkpoint >= self.project.checkpoint_every
+        balanced = shares(members, group, optional, self.equal_shares)
         rnd = OpenRound(
-            round_id=next(self._round_ids), epoch=epoch, group=group, shares=shares(members, group, optional),
+            round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
             members={p.peer_id: Pace.of(p, members) for p in members}, optional=optional,
         )
-        log.info("%s: round %d for epoch %d with %d peers, %d samples", self.project.id,
-                 rnd.round_id, rnd.epoch, len(group), sum(m.samples for m in rnd.members.values()))
+        log.info("%s: round %d for epoch %d with %d peers, %d samples, shares %s (%.3f s per MB)",
+                 self.project.id, rnd.round_id, rnd.epoch, len(group),
+                 sum(m.samples for m in rnd.members.values()), " ".join(f"{s:.2f}" for s in rnd.shares),
+                 balanced.seconds * 1e6)
         return rnd
 
 
-def shares(members: list[PeerState], group: list[str], optional: set[str]) -> list[float]:
-    """Equal parts for the voters, except that client-mode peers reduce nothing (unless all
-    voters are); members on probation reduce nothing."""
+def shares(members: list[PeerState], group: list[str], optional: set[str], equal: bool = False) -> Balance:
+    """Each member's share of the vector, by DeDLOC's LP over the links the members report.
+    Client-mode peers reduce nothing (unless all voters are), nor do members on probation.
+    A member that has not measured its link counts as the median of those that have (all
+    equal: equal shares); a claim beyond MAX_CLAIM_RATIO times that median counts as that
+    much, so a stranger cannot make itself everyone's only reducer by saying it is fast.
+    ``equal``: every reducer the same share, as before DeDLOC's LP (to compare)."""
+    by_id = {p.peer_id: p for p in members}
     client = {p.peer_id for p in members if p.client_mode} | optional
     if client >= set(group) - optional:
         client = optional
-    return [0.0 if peer in client else 1.0 for peer in group]
+    reported = [rate for p in members for rate in (p.upload, p.download) if rate]
+    typical = statistics.median(reported) if reported else 1.0
+    def rate(value: float | None) -> float:
+        return min(value or typical, typical * MAX_CLAIM_RATIO)
+    links = [Member(rate(by_id[peer].upload), rate(by_id[peer].download), reduces=peer not in client)
+             for peer in group]
+    if equal:
+        even = equal_shares(links)
+        return Balance([s / sum(even) for s in even], round_time(even, links, 1.0))
+    return balance(links, 1.0)
