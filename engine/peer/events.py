@@ -13,7 +13,7 @@ from msgspec import Meta, Struct, field
 from engine.project import ProjectSpec
 from engine.transport.counters import LinkCounters
 from engine.wire.control import Status, Step
-from engine.wire.types import MAX_GROUP, Count, EpochNumber, LinkPath, PeerId
+from engine.wire.types import MAX_GROUP, Count, EpochNumber, LinkPath, PeerId, Seconds
 
 
 class Joined(Struct):
@@ -64,6 +64,9 @@ class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):
     my_batches: Annotated[list[int], Meta(max_length=10**6)] = field(default_factory=list)
     paths: Annotated[dict[PeerId, LinkPath | None], Meta(max_length=MAX_GROUP)] = \
         field(default_factory=dict)  # peer -> how its link connects
+    # This peer's own time in the round: averaging, then applying the step (the step's
+    # round_seconds is the backbone's, from opening the round to settling it).
+    averaging_seconds: Seconds = 0.0
 
 
 class RoundFailed(Struct):

@@ -67,7 +67,7 @@ class Rounds:
             return
         step, taken = outcome
         completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
-                                   paths=peer.mesh.paths())
+                                   paths=peer.mesh.paths(), averaging_seconds=step.round_seconds)
         self._unsettled = (completed, start.checkpoint_by)
         self._confirm()
 
@@ -98,7 +98,8 @@ class Rounds:
             return  # not what the collaboration settled on: a Resync undoes it
         peer = self.peer
         completed = EpochCompleted(step=settled, my_samples=completed.my_samples,
-                                   my_batches=completed.my_batches, paths=completed.paths)
+                                   my_batches=completed.my_batches, paths=completed.paths,
+                                   averaging_seconds=completed.averaging_seconds)
         peer.history.append(completed)
         peer.emit(completed)
         if checkpoint_by == peer.peer_id:

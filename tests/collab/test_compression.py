@@ -38,6 +38,7 @@ async def trained(root: Path, compression: str) -> tuple[float, int]:
 def test_fp16_and_uint8_reach_the_loss_of_fp32_and_every_hash_agrees(tmp_path, report_figure):
     losses = {}
     for method in ("none", "fp16", "uint8"):
+        (tmp_path / method).mkdir()
         losses[method], agreed = asyncio.run(trained(tmp_path / method, method))
         assert agreed >= EPOCHS // 2, f"{method}: only {agreed} epochs had all three peers"
     change = {m: 100 * (losses[m] / losses["none"] - 1) for m in ("fp16", "uint8")}

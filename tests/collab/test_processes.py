@@ -36,7 +36,7 @@ async def test_killing_a_peer_between_rounds_lets_the_others_go_on(tmp_path):
             await terminate(*peers)
     # `cotrain peer --json`: one object per completed epoch, with every documented field.
     for e in (e for p in peers for e in p.epochs):
-        assert {"epoch", "loss", "samples", "peers", "state_sha256", "round_seconds",
+        assert {"epoch", "loss", "samples", "peers", "state_sha256", "round_seconds", "averaging_seconds",
                 "my_samples", "paths"} <= set(e)
         assert len(e["state_sha256"]) == 64 and e["samples"] >= project.target_batch_size
         assert e["round_seconds"] >= 0 and isinstance(e["loss"], float)

@@ -208,6 +208,15 @@ class Collaboration:
         with torch.no_grad():
             return statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(batches))
 
+    def initial_gradient(self) -> torch.Tensor:
+        """A flat per-sample gradient of the project's initial model, as anyone can compute it
+        from the project's spec: what an attacker's parts look like before it knows better."""
+        spec = self.project
+        task = create_task(spec.task, dict(spec.task_params))
+        model = initial_model(task, spec.seed)
+        task.loss(model, task.batch(10**7, 0)).backward()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
     def has_checkpoint(self, epoch: int) -> bool:
         return any(self.root.glob(f"backbone/**/epoch-{epoch:08d}.ckpt"))
 

@@ -50,8 +50,10 @@ class Poisoner:
     """A member of rounds (it reports samples and follows every step) whose parts are
     ``poison`` applied to the last averaged result of the same slice."""
 
-    def __init__(self, adversary: Adversary, stranger: Stranger, poison: Poison) -> None:
+    def __init__(self, adversary: Adversary, stranger: Stranger, poison: Poison,
+                 plausible: torch.Tensor | None = None) -> None:
         self.stranger, self.poison = stranger, poison
+        self.plausible = plausible  # a per-sample gradient it computed from the project's spec, if any
         self.results: dict[int, torch.Tensor] = {}  # part index -> the last result for it
         self.sent = 0
         self.mesh = adversary.mesh(stranger, self.on_frame)
@@ -69,20 +71,28 @@ class Poisoner:
                 self.mesh.spawn(self.spoil(msg))
         return on_message
 
-    async def send_empty(self, start: RoundStart) -> None:
+    async def send_harmless(self, start: RoundStart) -> None:
+        """Parts that pass as a member's: its own gradient of the initial model if it has one,
+        else empty ones (then it is struck for the samples it claims)."""
+        plausible = self.plausible
+        bounds = part_bounds(plausible.numel(), start.shares) if plausible is not None else None
         for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
             if share > 0 and member_id != self.stranger.peer_id:
-                part = Part(round_id=start.round_id, epoch=start.epoch, index=j, samples=0, loss_sum=0.0)
+                values = b""
+                if plausible is not None and bounds is not None:
+                    values = (plausible[bounds[j][0]:bounds[j][1]] * SAMPLES).numpy().tobytes()
+                part = Part(round_id=start.round_id, epoch=start.epoch, index=j,
+                            samples=SAMPLES if values else 0, loss_sum=0.0)
                 with contextlib.suppress(LinkClosed, asyncio.TimeoutError):
-                    await (await self.mesh.link(member_id, timeout=5)).send(part, b"")
+                    await (await self.mesh.link(member_id, timeout=5)).send(part, values)
 
     async def spoil(self, start: RoundStart) -> None:
         total = sum(r.numel() for r in self.results.values())
         if not total or len(self.results) != sum(1 for s in start.shares if s > 0):
-            # The vector's length is learnt from one round's results; until then it sends
-            # empty parts, as a member that computed nothing yet does (a silent member is
-            # struck and sits rounds out, and would poison nothing for a while).
-            await self.send_empty(start)
+            # An honest gradient's scale is learnt from one round's results; until then it
+            # sends parts that pass (a silent member is struck and sits rounds out, and would
+            # poison nothing for a while).
+            await self.send_harmless(start)
             return
         reference = torch.cat([self.results[j] for j in sorted(self.results)])
         bounds = part_bounds(total, start.shares)

@@ -59,7 +59,7 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
         elif attack is not None:
             async with Adversary(collab.url, spec.id) as adversary:
                 stranger = await adversary.join("poisoner")
-                poisoner = Poisoner(adversary, stranger, POISONS[attack])
+                poisoner = Poisoner(adversary, stranger, POISONS[attack], collab.initial_gradient())
                 task = asyncio.ensure_future(member(stranger, samples=SAMPLES))
                 try:
                     await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
