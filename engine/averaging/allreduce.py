@@ -213,7 +213,10 @@ class _Round:
 
     def _decode(self, payload: bytes | memoryview, n: int) -> torch.Tensor | memoryview | bytes:
         method = self.plan.compression
-        return payload if method == "none" else compression.decode(payload, n, method)
+        try:
+            return payload if method == "none" else compression.decode(payload, n, method)
+        except ValueError:
+            return payload  # a part that is not finite: its reducer leaves it out, uncommitted
 
     async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float] | None:
         """The part ``peer`` sent me, or None if it broke the rules (then it is left out,
@@ -271,7 +274,10 @@ class _Round:
         payload: bytes | memoryview = reduced.numpy().data
         if self.plan.compression != "none":
             # Everyone, this reducer too, applies the result as it travels.
-            payload, reduced = await asyncio.to_thread(self._compressed, reduced)
+            try:
+                payload, reduced = await asyncio.to_thread(self._compressed, reduced)
+            except ValueError as exc:
+                raise AveragingError(f"round {self.plan.round_id}: result not encodable ({exc})") from None
         if self.plan.verified:
             self.reduced = Reduced(self.plan.round_id, self.me, self._inputs, reduced)
             self.applied[self.me] = await asyncio.to_thread(result_digest, reduced)

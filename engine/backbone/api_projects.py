@@ -187,7 +187,8 @@ class QueryInt:
         text = request.query.get(self.name)
         if text is None:
             return self.default
-        if not text.isdigit() or not self.low <= int(text) <= self.high:
+        if not (text.isascii() and text.isdigit() and len(text) <= 12) \
+                or not self.low <= int(text) <= self.high:
             raise web.HTTPBadRequest(text=f"{self.name} must be an integer from {self.low} to {self.high}")
         return int(text)
 

@@ -150,6 +150,13 @@ async def test_link_probes_are_for_peers_bounded_and_few(collaboration):
         assert resp.status == 401
     joined = await _join(http, backbone.url)
     headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"]}
+    async with http.get(f"{url}?bytes=1000", headers=headers) as resp:  # ids are cheap: not connected
+        assert resp.status == 409 and "connected" in (await resp.json())["error"]
+    ws = await http.ws_connect(f"{backbone.url}/api/projects/tiny-lm/peers/{joined['peer_id']}/ws",
+                               headers=headers)
+    await until(lambda: joined["peer_id"] in backbone.sessions, 10, "the socket to open")
+    async with http.get(f"{url}?bytes=%C2%B2", headers=headers) as resp:  # a digit to isdigit(), not to int()
+        assert resp.status == 400
     async with http.get(f"{url}?bytes={PROBE_BYTES + 1}", headers=headers) as resp:
         assert resp.status == 400 and "bytes" in (await resp.json())["error"]
     async with http.get(f"{url}?bytes=100000", headers=headers) as resp:
@@ -158,8 +165,11 @@ async def test_link_probes_are_for_peers_bounded_and_few(collaboration):
         assert resp.status == 413
     async with http.post(url, data=b"x" * 5000, headers=headers) as resp:
         assert resp.status == 200 and (await resp.json())["received"] == 5000
+    async with http.get(f"{url}?bytes=10", headers=headers) as resp:  # the fourth probe: the burst
+        assert resp.status == 200
     async with http.post(url, data=b"x", headers=headers) as resp:  # the burst is spent
         assert resp.status == 429 and "try again" in (await resp.json())["error"]
+    await ws.close()
     # The peers probed their links when they joined, and report what they achieve.
     members = backbone.trackers["tiny-lm"].members.peers
     ids = [p.peer.peer_id for p in peers]

@@ -7,6 +7,7 @@ import torch
 
 from engine.averaging.allreduce import AveragingError, RoundPlan, butterfly_allreduce
 from engine.averaging.compression import error_bound
+from engine.project import AggregationSpec
 from engine.wire.frames import Part
 from tests.transport.mesh_pair import make_meshes
 
@@ -56,6 +57,25 @@ async def test_compressed_rounds_move_fewer_bytes_and_every_peer_applies_the_sam
         assert off <= 3 * error_bound(expected, method) + 1e-4 * float(expected.norm())
     ratio = {m: sum(moved["none"]) / sum(moved[m]) for m in ("fp16", "uint8")}
     assert 1.9 < ratio["fp16"] <= 2.0 and 3.7 < ratio["uint8"] <= 4.0, ratio
+
+
+async def test_a_sender_whose_sum_is_not_finite_costs_only_its_part_in_a_compressed_checked_round():
+    names = ["a", "b", "c"]
+    vectors = [torch.randn(50_000) for _ in names]
+    vectors[2][::5] = float("nan")
+    spec = AggregationSpec(verify_probability=1.0)
+    meshes = make_meshes(names)
+    try:
+        results = await asyncio.gather(*(
+            butterfly_allreduce(RoundPlan(1, 0, names, [1.0] * 3, me, aggregation=spec, compression="uint8"),
+                                vectors[i] * 4, 4, 8.0, meshes[me], 60.0)
+            for i, me in enumerate(names)))
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    assert all(torch.equal(r.vector, results[0].vector) for r in results)
+    assert torch.isfinite(results[0].vector).all() and results[0].samples == 8  # c's part left out
+    # Each member committed to what it applied, and they agree part by part.
+    assert all(r.commitment.results == results[0].commitment.results for r in results)
 
 
 async def test_a_solo_peer_averages_with_itself():

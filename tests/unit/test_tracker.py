@@ -665,6 +665,15 @@ def test_shares_follow_the_links_the_members_report(clock):
     assert share["a"] > share["b"] > 0 and sum(start.shares) == pytest.approx(1)
 
 
+def test_a_link_claimed_near_zero_still_lets_the_round_open(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
+    t.handle("a", Progress(0, 30, 10.0, upload=MBIT, download=MBIT))
+    t.handle("b", Progress(0, 30, 10.0, upload=MBIT, download=MBIT))
+    start = sent(t.handle("c", Progress(0, 30, 10.0, upload=1e-5, download=1e-5)), RoundStart)[0][1]
+    share = dict(zip(start.group, start.shares, strict=True))
+    assert sum(start.shares) == pytest.approx(1) and share["c"] == 0
+
+
 def test_unmeasured_links_get_equal_shares_and_a_boast_is_capped(clock):
     t = ready_tracker(clock, peers=("a", "b", "c"), target_batch_size=90)
     start = open_round(t, {"a": 30, "b": 30, "c": 30})

@@ -152,8 +152,9 @@ def shares(members: list[PeerState], group: list[str], optional: set[str], equal
     """Each member's share of the vector, by DeDLOC's LP over the links the members report.
     Client-mode peers reduce nothing (unless all voters are), nor do members on probation.
     A member that has not measured its link counts as the median of those that have (all
-    equal: equal shares); a claim beyond MAX_CLAIM_RATIO times that median counts as that
-    much, so a stranger cannot make itself everyone's only reducer by saying it is fast.
+    equal: equal shares); a claim beyond MAX_CLAIM_RATIO times that median (or below its
+    inverse) counts as that much: in a group of more than MAX_CLAIM_RATIO + 1 a stranger
+    cannot make itself the only reducer by saying it is fast.
     ``equal``: every reducer the same share, as before DeDLOC's LP (to compare)."""
     by_id = {p.peer_id: p for p in members}
     client = {p.peer_id for p in members if p.client_mode} | optional
@@ -161,11 +162,17 @@ def shares(members: list[PeerState], group: list[str], optional: set[str], equal
         client = optional
     reported = [rate for p in members for rate in (p.upload, p.download) if rate]
     typical = statistics.median(reported) if reported else 1.0
+
     def rate(value: float | None) -> float:
-        return min(value or typical, typical * MAX_CLAIM_RATIO)
+        # Within MAX_CLAIM_RATIO of the median either way: keeps the LP well conditioned.
+        return min(max(value or typical, typical / MAX_CLAIM_RATIO), typical * MAX_CLAIM_RATIO)
+
     links = [Member(rate(by_id[peer].upload), rate(by_id[peer].download), reduces=peer not in client)
              for peer in group]
-    if equal:
-        even = equal_shares(links)
-        return Balance([s / sum(even) for s in even], round_time(even, links, 1.0))
-    return balance(links, 1.0)
+    if not equal:
+        try:
+            return balance(links, 1.0)
+        except (ArithmeticError, ValueError) as exc:
+            log.warning("round shares: the LP failed (%s); equal shares this round", exc)
+    even = equal_shares(links)
+    return Balance([s / sum(even) for s in even], round_time(even, links, 1.0))
