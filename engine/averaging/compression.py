@@ -39,11 +39,12 @@ def encoded_size(n: int, method: Compression) -> int:
     return 4 * n
 
 
-def _padded(values: torch.Tensor) -> torch.Tensor:
-    n = values.numel()
-    padded = torch.zeros(_blocks(n) * BLOCK, dtype=torch.float32)
-    padded[:n] = values
-    return padded.view(-1, BLOCK)
+def _padded(flat: torch.Tensor) -> torch.Tensor:
+    """``flat`` as rows of BLOCK, the last one filled with zeros."""
+    blocks = _blocks(flat.numel())
+    padded = torch.zeros(blocks * BLOCK, dtype=flat.dtype)
+    padded[: flat.numel()] = flat
+    return padded.view(blocks, BLOCK)
 
 
 def encode(values: torch.Tensor, method: Compression) -> bytes:
@@ -74,23 +75,17 @@ def decode(payload: bytes | bytearray | memoryview, n: int, method: Compression)
         return torch.frombuffer(bytearray(payload), dtype=torch.float32) if n else torch.empty(0)
     blocks = _blocks(n)
     if method == "fp16":
-        halves = _padded_raw(torch.frombuffer(bytearray(payload[: 2 * n]), dtype=torch.float16), blocks)
+        halves = _padded(torch.frombuffer(bytearray(payload[: 2 * n]), dtype=torch.float16))
         scale = torch.frombuffer(bytearray(payload[2 * n :]), dtype=torch.float32)
         _check_scales(scale, "scale")
         return (halves.to(torch.float32) * scale[:, None]).view(-1)[:n].contiguous()
-    levels = _padded_raw(torch.frombuffer(bytearray(payload[:n]), dtype=torch.uint8), blocks)
+    levels = _padded(torch.frombuffer(bytearray(payload[:n]), dtype=torch.uint8))
     low = torch.frombuffer(bytearray(payload[n : n + 4 * blocks]), dtype=torch.float32)
     step = torch.frombuffer(bytearray(payload[n + 4 * blocks :]), dtype=torch.float32)
     _check_scales(step, "step")
     if not torch.isfinite(low).all():
         raise ValueError("a block's minimum is not finite")
     return (levels.to(torch.float32) * step[:, None] + low[:, None]).view(-1)[:n].contiguous()
-
-
-def _padded_raw(flat: torch.Tensor, blocks: int) -> torch.Tensor:
-    padded = torch.zeros(blocks * BLOCK, dtype=flat.dtype)
-    padded[: flat.numel()] = flat
-    return padded.view(blocks, BLOCK)
 
 
 def _check_scales(scales: torch.Tensor, what: str) -> None:

@@ -111,12 +111,16 @@ def first_audit(outs, index):
     return next(a for _, a in sent(outs, Audit) if a.index == index)
 
 
-def test_a_reducer_two_checkers_find_wrong_is_expelled_and_the_round_discarded():
-    t, _ = checked_tracker()
-    start, outs = run_round(t)
+def pass_all_but_the_first_part(t, start, outs):
     for j in range(1, len(start.group)):
         audit = first_audit(outs, j)
         t.handle(audit.checker, AuditDone(round_id=start.round_id, index=j, ok=True))
+
+
+def test_a_reducer_two_checkers_find_wrong_is_expelled_and_the_round_discarded():
+    t, _ = checked_tracker()
+    start, outs = run_round(t)
+    pass_all_but_the_first_part(t, start, outs)
     audit = first_audit(outs, 0)
     again = t.handle(audit.checker, AuditDone(round_id=start.round_id, index=0, ok=False, reason="wrong"))
     second = first_audit(again, 0)
@@ -135,9 +139,7 @@ def test_a_reducer_two_checkers_find_wrong_is_expelled_and_the_round_discarded()
 def test_a_checker_that_lies_is_outvoted_and_expelled():
     t, _ = checked_tracker()
     start, outs = run_round(t)
-    for j in range(1, len(start.group)):
-        audit = first_audit(outs, j)
-        t.handle(audit.checker, AuditDone(round_id=start.round_id, index=j, ok=True))
+    pass_all_but_the_first_part(t, start, outs)
     liar = first_audit(outs, 0)
     second = first_audit(t.handle(liar.checker, AuditDone(round_id=start.round_id, index=0, ok=False)), 0)
     third = first_audit(t.handle(second.checker, AuditDone(round_id=start.round_id, index=0, ok=True)), 0)
