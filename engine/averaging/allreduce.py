@@ -285,8 +285,11 @@ class _Round:
         weights = combined.weights
         total = sum(weights.values())
         loss = sum(parts[p][2] * w / parts[p][1] for p, w in weights.items()) / total
+        # A part with no samples (a slow device that finished no micro-batch) was still
+        # delivered: the backbone must see its sender took part, or it strikes it.
+        received = {p: 0 for p, (values, _, _) in parts.items() if values is None} | weights
         mine = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.me, samples=total,
-                      loss=loss, received=weights)
+                      loss=loss, received=received)
         self.result_sends = [self.mesh.spawn(self._send_result(peer, mine, payload))
                              for _, peer in self.partners]
         return mine

@@ -38,6 +38,8 @@ async def test_every_peer_gets_the_same_bits_of_the_sample_weighted_mean(shares)
     for r in results:
         assert torch.equal(r.vector, results[0].vector)
         assert r.samples == 16 and r.loss == pytest.approx(2.0)
+        # c brought no samples, yet every reducer says it got its part: it took part.
+        assert r.received == {"a": 5, "b": 11, "c": 0}
     torch.testing.assert_close(results[0].vector, expected, rtol=1e-6, atol=1e-7)
 
 
