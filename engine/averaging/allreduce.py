@@ -16,9 +16,10 @@ ends for the reducer a short grace after it holds every result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +32,7 @@ from engine.project import AggregationSpec, CompressionMethod
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
-from engine.wire.control import Commitment, Committed
+from engine.wire.control import BackupInputs, Commitment, Committed
 from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
 
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 # on a link like the others', little for a silent one to cost. Results still being sent
 # when the round is done get as long before the round returns (and go on after).
 GRACE = 0.1
+# A link to a member that died may close before the backbone says the member left: wait
+# this long for its word (a Reassign) before the round fails.
+VERDICT_WAIT = 10.0
 
 
 class AveragingError(RuntimeError):
@@ -61,6 +65,25 @@ class Misbehaved(ProtocolError):
         self.peer = peer
 
 
+class RoundChanges:
+    """The backbone's word on members lost midway through a round (control: Reassign), as
+    it comes: whom to wait for no longer, and who reduces each part now."""
+
+    def __init__(self) -> None:
+        self.lost: frozenset[str] = frozenset()
+        self.reducers: list[str] | None = None
+        self._changed = asyncio.Event()
+
+    def update(self, lost: Iterable[str], reducers: list[str]) -> None:
+        self.lost, self.reducers = frozenset(lost), list(reducers)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self) -> None:
+        """Until the next update."""
+        await self._changed.wait()
+
+
 @dataclass
 class RoundPlan:
     round_id: int
@@ -72,6 +95,7 @@ class RoundPlan:
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     target_batch_size: int = 10**9  # a sender's claimed samples weigh at most a share of it
     compression: CompressionMethod = "none"  # of parts and results on the wire
+    changes: RoundChanges = field(default_factory=RoundChanges)
 
     @property
     def my_index(self) -> int:
@@ -83,13 +107,16 @@ class RoundPlan:
         return self.aggregation.verify_probability > 0
 
 
+CommittedPart = tuple[Committed, torch.Tensor]  # a part as its reducer took it, and its hash
+
+
 @dataclass
 class Reduced:
     """The part this peer reduced, kept until its round settles in case it is checked."""
 
     round_id: int
     index: int
-    inputs: list[tuple[Committed, torch.Tensor]]
+    inputs: list[CommittedPart]
     result: torch.Tensor
 
 
@@ -100,7 +127,7 @@ class Averaged:
     loss: float | None
     received: dict[str, int]  # sender -> samples its part to me carried (empty: I reduced nothing)
     commitment: Commitment | None = None  # when the project checks reducers
-    reduced: Reduced | None = None  # the same
+    reduced: list[Reduced] = field(default_factory=list)  # the same: each part I reduced
 
 
 async def butterfly_allreduce(
@@ -127,8 +154,8 @@ async def butterfly_allreduce(
 
 @dataclass
 class _Round:
-    """One round as this peer lives it: connect, send parts, reduce its own part, collect
-    the others' results."""
+    """One round as this peer lives it: connect, send parts, reduce its own part (and any
+    it takes over from a lost member), collect the others' results."""
 
     plan: RoundPlan
     flat: torch.Tensor
@@ -141,12 +168,12 @@ class _Round:
     # result does not: its reducer may itself be waiting on someone else, and blaming it would
     # keep apart peers that reach each other fine (the reducer's own report names the culprit).
     missing_links: set[str] = field(default_factory=set)
-    missing_parts: set[str] = field(default_factory=set)
+    missing_parts: dict[int, set[str]] = field(default_factory=dict)  # per part I reduce
     result_sends: list[asyncio.Future] = field(default_factory=list)
     sent: dict[int, str] = field(default_factory=dict)  # part index -> hash of ours (if verified)
     applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
-    reduced: Reduced | None = None
-    _inputs: list[tuple[Committed, torch.Tensor]] = field(default_factory=list)  # what I reduced, hashed
+    reduced: list[Reduced] = field(default_factory=list)  # what I reduced (if verified)
+    mine: list[Result] = field(default_factory=list)  # my results, one per part I reduced
 
     def __post_init__(self) -> None:
         self.bounds = part_bounds(self.flat.numel(), self.plan.shares)
@@ -157,34 +184,71 @@ class _Round:
         self.partners = [(j, p) for j, p in enumerate(self.plan.group)
                          if j != self.me and (self.reduces or self.size(j))]
         self.required = [p for _, p in self.partners if p not in self.plan.optional]
+        self.reducers = list(self.plan.group)  # who reduces part j: a backup once its reducer is lost
+        self.lost: set[str] = set()
         self.averaged = torch.empty_like(self.flat, dtype=torch.float32)
         self.began = asyncio.get_running_loop().time()
 
     def suspects(self) -> set[str]:
-        return self.missing_links | self.missing_parts
+        return (self.missing_links | set().union(*self.missing_parts.values())) - self.lost
 
     def size(self, j: int) -> int:
         lo, hi = self.bounds[j]
         return hi - lo
 
+    def _refresh(self) -> None:
+        """Take in the backbone's latest word on lost members (RoundChanges)."""
+        changes, group = self.plan.changes, self.plan.group
+        reducers = changes.reducers
+        if reducers is not None and len(reducers) == len(group) and set(reducers) <= set(group):
+            self.reducers = list(reducers)
+        self.lost = set(changes.lost) & set(group) - {self.plan.me}
+
+    async def _until_done(self, waits: Mapping[str, asyncio.Future], needed: Iterable[str]) -> None:
+        """Until the waits of the ``needed`` peers are done -- or those peers are lost: a
+        member that left midway is waited for no longer, and its failures are not ours."""
+        needed = list(needed)
+        while True:
+            self._refresh()
+            for p in needed:
+                w = waits[p]
+                failed = p not in self.lost and w.done() and not w.cancelled() and w.exception() is not None
+                if failed and not await self._lost_soon(p):
+                    raise w.exception()  # type: ignore[misc]
+            pending = [waits[p] for p in needed if p not in self.lost and not waits[p].done()]
+            if not pending:
+                return
+            changed = asyncio.ensure_future(self.plan.changes.wait())
+            try:
+                await asyncio.wait([*pending, changed], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+
+    async def _lost_soon(self, peer: str) -> bool:
+        """Whether the backbone says ``peer`` left, within VERDICT_WAIT (its link failed)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + VERDICT_WAIT
+        while peer not in self.lost and loop.time() < until:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.plan.changes.wait(), until - loop.time())
+            self._refresh()
+        return peer in self.lost
+
     async def run(self) -> Averaged:
         await self.connect()
-        reducers = [(j, p) for j, p in self.partners if self.size(j)]
-        results = asyncio.gather(*(self.receive_result(j, p) for j, p in reducers))
-        sends = asyncio.gather(*(self.send_part(j, p) for j, p in reducers))
+        exchanges = [asyncio.ensure_future(self.exchange(j))
+                     for j in range(len(self.plan.group)) if self.size(j)]
         try:
-            mine = await self.reduce_my_part() if self.reduces else None
-            await sends
-            received = list(await results)
+            results = list(await asyncio.gather(*exchanges))
         except BaseException:
-            for task in (results, sends):
+            for task in exchanges:
                 task.cancel()
                 task.add_done_callback(_quiet)
             raise
         if self.result_sends:
             now = asyncio.get_running_loop().time()
             await asyncio.wait(self.result_sends, timeout=max(GRACE, now - self.began))
-        return self.outcome(received if mine is None else [*received, mine], mine)
+        return self.outcome(results)
 
     async def connect(self) -> None:
         self.missing_links = set(self.required)
@@ -193,10 +257,60 @@ class _Round:
             self.links[peer] = await self.mesh.link(peer)
             self.missing_links.discard(peer)
 
-        await asyncio.gather(*(connect(p) for p in self.required))
-        self.missing_parts = set(self.required) if self.reduces else set()
+        waits = {p: asyncio.ensure_future(connect(p)) for p in self.required}
+        try:
+            await self._until_done(waits, self.required)
+        finally:
+            for wait in waits.values():
+                if not wait.done():
+                    wait.cancel()
+                wait.add_done_callback(_quiet)
 
-    async def send_part(self, j: int, peer: str) -> None:
+    async def exchange(self, j: int) -> Result:
+        """Part ``j``: reduce it, if it is ours to; else send it to its reducer and take the
+        result back -- from a backup, if the backbone hands the part to one meanwhile."""
+        while True:
+            reducer = self.reducers[j]
+            if reducer == self.plan.me:
+                return await self.reduce(j)
+            work = asyncio.ensure_future(self.send_and_receive(j, reducer))
+            try:
+                while True:
+                    changed = asyncio.ensure_future(self.plan.changes.wait())
+                    try:
+                        await asyncio.wait([work, changed], return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        changed.cancel()
+                    if work.done() and not (isinstance(work.exception(), LinkClosed)
+                                            and await self._lost_soon(reducer)):
+                        return work.result()
+                    self._refresh()
+                    if self.reducers[j] != reducer:
+                        log.info("round %d: part %d goes to %s now (%s left)", self.plan.round_id, j,
+                                 self.reducers[j], reducer)
+                        break
+                    if reducer in self.lost:
+                        raise AveragingError(f"round {self.plan.round_id}: {reducer} left, and nobody "
+                                             f"took over part {j}")
+            finally:
+                if not work.done():
+                    work.cancel()
+                work.add_done_callback(_quiet)
+
+    async def send_and_receive(self, j: int, reducer: str) -> Result:
+        link = self.links.get(reducer)
+        if link is None:  # a backup we had no link to
+            link = self.links[reducer] = await self.mesh.link(reducer)
+        results = asyncio.ensure_future(self.receive_result(j, reducer))
+        try:
+            await self.send_part(j, link)
+            return await results
+        finally:
+            if not results.done():
+                results.cancel()
+            results.add_done_callback(_quiet)
+
+    async def send_part(self, j: int, link: PeerLink) -> None:
         lo, hi = self.bounds[j]
         header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
                       loss_sum=self.loss_sum)
@@ -209,7 +323,7 @@ class _Round:
             # Committed as the reducer will take it: decoded.
             self.sent[j] = await asyncio.to_thread(
                 part_digest, self.samples, self._decode(payload, hi - lo) if payload else None)
-        await self.links[peer].send(header, payload)
+        await link.send(header, payload)
 
     def _decode(self, payload: bytes | memoryview, n: int) -> torch.Tensor | memoryview | bytes:
         method = self.plan.compression
@@ -218,16 +332,16 @@ class _Round:
         except ValueError:
             return payload  # a part that is not finite: its reducer leaves it out, uncommitted
 
-    async def receive_part(self, peer: str) -> tuple[torch.Tensor | None, int, float] | None:
-        """The part ``peer`` sent me, or None if it broke the rules (then it is left out,
-        and so are its samples: it is the only one to pay)."""
-        frame = await self.mesh.mailbox.get(("part", self.plan.round_id, peer), timeout=1e9)
-        self.missing_parts.discard(peer)
+    async def receive_part(self, j: int, peer: str) -> tuple[torch.Tensor | None, int, float] | None:
+        """The part ``j`` that ``peer`` sent me, or None if it broke the rules (then it is left
+        out, and so are its samples: it is the only one to pay)."""
+        frame = await self.mesh.mailbox.get(round_key("part", self.plan.round_id, j, peer), timeout=1e9)
+        self.missing_parts.get(j, set()).discard(peer)
         try:
             part = frame.header
-            if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != self.me:
-                raise Misbehaved(peer, f"part from {peer} is not for this epoch's part {self.me}")
-            values = await self._values(frame, self.size(self.me), peer, "part")
+            if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != j:
+                raise Misbehaved(peer, f"part from {peer} is not for this epoch's part {j}")
+            values = await self._values(frame, self.size(j), peer, "part")
             if (values is None) != (part.samples == 0):
                 raise Misbehaved(peer, f"part from {peer} has samples={part.samples} but no values")
         except Misbehaved as exc:
@@ -235,13 +349,17 @@ class _Round:
             return None
         return values, part.samples, part.loss_sum
 
-    async def gather_parts(self) -> dict[str, tuple[torch.Tensor | None, int, float]]:
-        """Every required sender's part (a link lost fails the round), then what optional
-        senders deliver within the grace."""
-        waits = {p: asyncio.ensure_future(self.receive_part(p)) for _, p in self.partners}
+    async def gather_parts(self, j: int) -> dict[str, tuple[torch.Tensor | None, int, float]]:
+        """Every required sender's part ``j`` (a link lost fails the round, unless the
+        backbone says its peer left), then what optional senders deliver within the grace.
+        A lost member's part is left out: the round is the live members'."""
+        senders = [p for p in self.plan.group if p != self.plan.me]
+        required = [p for p in senders if p not in self.plan.optional]
+        self.missing_parts[j] = set(required)
+        waits = {p: asyncio.ensure_future(self.receive_part(j, p)) for p in senders}
         try:
-            await asyncio.gather(*(waits[p] for p in self.required))
-            optional = [w for p, w in waits.items() if p not in self.required]
+            await self._until_done(waits, required)
+            optional = [w for p, w in waits.items() if p not in required and p not in self.lost]
             if optional:
                 now = asyncio.get_running_loop().time()
                 await asyncio.wait(optional, timeout=max(GRACE, now - self.began))
@@ -251,21 +369,21 @@ class _Round:
                     wait.cancel()
                 wait.add_done_callback(_quiet)
         arrived = {p: w.result() for p, w in waits.items()
-                   if w.done() and not w.cancelled() and w.exception() is None}
+                   if p not in self.lost and w.done() and not w.cancelled() and w.exception() is None}
         return {p: part for p, part in arrived.items() if part is not None}
 
-    async def reduce_my_part(self) -> Result:
-        """Add the parts of mine in group order (so every reducer handed the same inputs gets
-        the same bits), divide by their samples, send the result to everyone."""
-        parts = await self.gather_parts()
-        lo, hi = self.bounds[self.me]
+    async def reduce(self, j: int) -> Result:
+        """Add the senders' parts ``j`` in group order (so every reducer handed the same
+        inputs gets the same bits), divide by their samples, send the result to everyone."""
+        parts = await self.gather_parts(j)
+        lo, hi = self.bounds[j]
         parts[self.plan.me] = (self.flat[lo:hi] if self.samples > 0 else None, self.samples, self.loss_sum)
         contributions = [Contribution(p, values, samples) for p in self.plan.group if p in parts
                          for values, samples, _ in [parts[p]] if values is not None]
         try:
             # Off the event loop: CenteredClip of a large part takes seconds, and the links'
             # SCTP and DTLS run on this loop.
-            combined = await asyncio.to_thread(self._combine, contributions)
+            combined, inputs = await asyncio.to_thread(self._combine, contributions)
         except ValueError as exc:
             raise AveragingError(f"round {self.plan.round_id}: no part to reduce ({exc})") from None
         for sender, why in combined.rejected.items():
@@ -279,8 +397,8 @@ class _Round:
             except ValueError as exc:
                 raise AveragingError(f"round {self.plan.round_id}: result not encodable ({exc})") from None
         if self.plan.verified:
-            self.reduced = Reduced(self.plan.round_id, self.me, self._inputs, reduced)
-            self.applied[self.me] = await asyncio.to_thread(result_digest, reduced)
+            self.reduced.append(Reduced(self.plan.round_id, j, inputs, reduced))
+            self.applied[j] = await asyncio.to_thread(result_digest, reduced)
         self.averaged[lo:hi] = reduced
         weights = combined.weights
         total = sum(weights.values())
@@ -288,18 +406,18 @@ class _Round:
         # A part with no samples (a slow device that finished no micro-batch) was still
         # delivered: the backbone must see its sender took part, or it strikes it.
         received = {p: 0 for p, (values, _, _) in parts.items() if values is None} | weights
-        mine = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.me, samples=total,
-                      loss=loss, received=received)
-        self.result_sends = [self.mesh.spawn(self._send_result(peer, mine, payload))
-                             for _, peer in self.partners]
-        return mine
+        result = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=total,
+                        loss=loss, received=received)
+        self.mine.append(result)
+        self.result_sends += [self.mesh.spawn(self._send_result(peer, result, payload))
+                              for peer in self.plan.group if peer != self.plan.me and peer not in self.lost]
+        return result
 
-    def _combine(self, contributions: list[Contribution]) -> Aggregate:
+    def _combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
         """Aggregate; in a verified project, also hash what went in."""
         combined = aggregate(contributions, self.plan.aggregation, self.plan.target_batch_size)
-        if self.plan.verified:
-            self._inputs = [(_committed(c), c.values) for c in contributions]
-        return combined
+        inputs = [(_committed(c), c.values) for c in contributions] if self.plan.verified else []
+        return combined, inputs
 
     def _compressed(self, values: torch.Tensor) -> tuple[bytes, torch.Tensor]:
         payload = compression.encode(values, self.plan.compression)
@@ -328,7 +446,7 @@ class _Round:
             log.info("round %d: no result for %s (%s)", self.plan.round_id, peer, exc or "timeout")
 
     async def receive_result(self, j: int, peer: str) -> Result:
-        frame = await self.mesh.mailbox.get(("result", self.plan.round_id, peer), timeout=1e9)
+        frame = await self.mesh.mailbox.get(round_key("result", self.plan.round_id, j, peer), timeout=1e9)
         result = frame.header
         if not isinstance(result, Result) or result.epoch != self.plan.epoch or result.index != j:
             raise Misbehaved(peer, f"result from {peer} is not for this epoch's part {j}")
@@ -341,7 +459,7 @@ class _Round:
             self.applied[j] = await asyncio.to_thread(result_digest, values)
         return result
 
-    def outcome(self, results: list[Result], mine: Result | None) -> Averaged:
+    def outcome(self, results: list[Result]) -> Averaged:
         """What the round amounts to. Reducers may have taken different optional parts, and
         one may lie in its header: the round's samples and loss are the median of what the
         reducers say, the same on every peer handed the same results."""
@@ -353,11 +471,29 @@ class _Round:
         commitment = None
         if self.plan.verified:
             parts = range(len(self.plan.group))
+            own = next((r for r in self.reduced if r.index == self.me), None)
             commitment = Commitment(sent=[self.sent.get(j) for j in parts],
                                     results=[self.applied.get(j) for j in parts],
-                                    inputs=[c for c, _ in self.reduced.inputs] if self.reduced else [])
+                                    inputs=[c for c, _ in own.inputs] if own else [],
+                                    backup=[BackupInputs(index=r.index, inputs=[c for c, _ in r.inputs])
+                                            for r in self.reduced if r.index != self.me])
         return Averaged(self.averaged, samples, statistics.median_low(losses) if losses else None,
-                        dict(mine.received) if mine is not None else {}, commitment, self.reduced)
+                        _seen_in_all(self.mine), commitment, self.reduced)
+
+
+def round_key(kind: str, round_id: int, index: int, sender: str) -> tuple[str, int, str]:
+    """Where a part or result waits in the mailbox: per part, as a backup reducer gets two
+    parts of one round from each sender."""
+    return (f"{kind}:{index}", round_id, sender)
+
+
+def _seen_in_all(mine: list[Result]) -> dict[str, int]:
+    """Per sender, the samples its parts to me carried: in every part I reduced (a sender
+    that skipped one did not take part in full), the fewest."""
+    if not mine:
+        return {}
+    senders = set.intersection(*(set(r.received) for r in mine))
+    return {s: min(r.received[s] for r in mine) for s in sorted(senders)}
 
 
 def _committed(c: Contribution) -> Committed:

@@ -32,16 +32,15 @@ def input_key(position: int, round_id: int, reducer: str) -> tuple[str, int, str
 class Audits:
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
-        self.kept: Reduced | None = None
+        self.kept: list[Reduced] = []
 
-    def keep(self, reduced: Reduced | None) -> None:
-        """The part we reduced in our last round (None: we reduced nothing)."""
-        self.kept = reduced
+    def keep(self, reduced: list[Reduced]) -> None:
+        """The parts we reduced in our last round: ours, and any we took over as a backup."""
+        self.kept = list(reduced)
 
     def settled(self, round_id: int) -> None:
         """Rounds are checked before they settle: once ours has, nobody will ask."""
-        if self.kept is not None and self.kept.round_id <= round_id:
-            self.kept = None
+        self.kept = [r for r in self.kept if r.round_id > round_id]
 
     def on_audit(self, msg: Audit) -> None:
         me = self.peer.peer_id
@@ -51,8 +50,8 @@ class Audits:
             self.peer.spawn(self._check(msg))
 
     async def _send_inputs(self, msg: Audit) -> None:
-        kept = self.kept
-        if kept is None or kept.round_id != msg.round_id or kept.index != msg.index:
+        kept = next((r for r in self.kept if (r.round_id, r.index) == (msg.round_id, msg.index)), None)
+        if kept is None:
             log.warning("asked to show part %d of round %d, which we no longer hold", msg.index, msg.round_id)
             return
         sent = [(position, committed, values) for position, (committed, values) in enumerate(kept.inputs)]

@@ -14,6 +14,7 @@ from engine.wire.control import (
     BackboneMessage,
     IceServers,
     Ready,
+    Reassign,
     Resync,
     RoundStart,
     Signal,
@@ -79,6 +80,8 @@ class ControlLoop:
             peer.state_sync.plan_arrived(msg)
         elif isinstance(msg, RoundStart):
             peer.spawn(peer.rounds.run(msg))
+        elif isinstance(msg, Reassign):
+            peer.rounds.reassign(msg)
         elif isinstance(msg, Step):
             peer.collab_epoch = msg.epoch
             peer.optimizer.settled(msg.epoch, msg.state_sha256)

@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan, butterfly_allreduce
+from engine.averaging.allreduce import (
+    Averaged,
+    AveragingError,
+    RoundChanges,
+    RoundPlan,
+    butterfly_allreduce,
+    round_key,
+)
 from engine.peer.audits import input_key
 from engine.peer.client import BackboneError
 from engine.peer.events import EpochCompleted, RoundFailed
-from engine.wire.control import RoundStart, Step
+from engine.wire.control import Reassign, RoundStart, Step
 from engine.wire.frames import Input, Part, Result, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
 from engine.wire.tensors import encode_file
@@ -36,11 +43,13 @@ class Rounds:
         self._last_round = 0
         self._unsettled: tuple[EpochCompleted, str | None] | None = None  # our step, checkpoint_by
         self._settled: Step | None = None  # the last step the collaboration settled on
+        self._changes: dict[int, RoundChanges] = {}  # members lost midway, by round (Reassign)
 
     async def average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                       timeout: float) -> Averaged:
         peer = self.peer
         before, began = peer.mesh.totals(), time.monotonic()
+        plan.changes = self._changes.setdefault(plan.round_id, RoundChanges())
         try:
             averaged = await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
             peer.audits.keep(averaged.reduced)
@@ -59,6 +68,7 @@ class Rounds:
         peer = self.peer
         outcome = await peer.optimizer.run_round(start)
         self._last_round = max(self._last_round, start.round_id)
+        self._changes = {r: c for r, c in self._changes.items() if r > self._last_round}
         peer.mailbox.discard(self._current)
         if outcome is None:
             if peer.peer_id in start.group:
@@ -71,11 +81,16 @@ class Rounds:
         self._unsettled = (completed, start.checkpoint_by)
         self._confirm()
 
+    def reassign(self, msg: Reassign) -> None:
+        """Members of a round left midway: the round (under way, or about to start) hears."""
+        if msg.round_id > self._last_round:
+            self._changes.setdefault(msg.round_id, RoundChanges()).update(msg.lost, msg.reducers)
+
     def _current(self, key: tuple[str, int, str]) -> bool:
         """Whether a waiting frame may still be wanted: parts and results of rounds to come,
         the inputs of a check of the last round (they come after it)."""
         kind, round_id, _ = key
-        if kind in ("part", "result"):
+        if kind.startswith(("part:", "result:")):
             return round_id > self._last_round
         return round_id >= self._last_round if kind.startswith("input:") else True
 
@@ -128,7 +143,7 @@ class Rounds:
         elif isinstance(header, (Part, Result)) and header.round_id > self._last_round:
             # (a straggler from a finished round is dropped)
             kind = "part" if isinstance(header, Part) else "result"
-            self.peer.mailbox.put((kind, header.round_id, sender), frame)
+            self.peer.mailbox.put(round_key(kind, header.round_id, header.index, sender), frame)
         elif isinstance(header, Input) and header.round_id >= self._last_round:
             self.peer.mailbox.put(input_key(header.position, header.round_id, sender), frame)
 

@@ -92,14 +92,31 @@ class Committed(Struct, kw_only=True):
 Digests = Annotated[list[Sha256 | None], Meta(max_length=MAX_GROUP)]  # by part index
 
 
+CommittedList = Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
+
+
+class BackupInputs(Struct, kw_only=True):
+    """As a backup reducer: what it combined for part ``index``, which it took over."""
+
+    index: Annotated[int, Meta(ge=0, lt=MAX_GROUP)]
+    inputs: CommittedList
+
+
 class Commitment(Struct, kw_only=True):
     """What a member of a round did, told before anyone knows which parts will be checked
     (see Audit): the hash of the part it sent each reducer, of each result it applied, and,
-    as a reducer, of every part it combined."""
+    as a reducer, of every part it combined (its own part's, then any it took over)."""
 
     sent: Digests = field(default_factory=list)
     results: Digests = field(default_factory=list)
-    inputs: Annotated[list[Committed], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    inputs: CommittedList = field(default_factory=list)
+    backup: Annotated[list[BackupInputs], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+
+    def inputs_of(self, index: int, own: int) -> list[Committed] | None:
+        """What it combined for part ``index`` (``own``: the part it was given at the start)."""
+        if index == own:
+            return self.inputs
+        return next((b.inputs for b in self.backup if b.index == index), None)
 
 
 class RoundDone(ControlMessage, tag="round_done"):
@@ -219,6 +236,18 @@ class RoundStart(ControlMessage, tag="round_start"):
             raise ValueError("optional members reduce nothing")
 
 
+class Reassign(ControlMessage, tag="reassign"):
+    """Members of round ``round_id`` left it midway (their control socket closed or went
+    silent): stop waiting for anything from ``lost``, and from now on send part j to
+    ``reducers[j]`` and take its result from there. A lost reducer's parts go to a backup;
+    every member keeps its own parts until the round ends, so only those are sent again."""
+
+    round_id: RoundId
+    epoch: EpochNumber
+    lost: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_GROUP)]
+    reducers: Annotated[list[PeerId], Meta(min_length=1, max_length=MAX_GROUP)]
+
+
 class Step(ControlMessage, tag="epoch"):
     """A global step the collaboration took: the one record of an epoch finished, broadcast
     to peers, stored by the backbone and kept in each peer's history. ``epoch`` counts
@@ -289,7 +318,8 @@ class IceServers(ControlMessage, tag="ice_servers"):
 
 PeerMessage = (Progress | SyncRequest | Ready | RoundDone | AuditDone | Signal | Availability | BadState
                | Ping)
-BackboneMessage = Pong | SyncPlan | RoundStart | Step | Audit | Resync | Status | Signal | IceServers
+BackboneMessage = (Pong | SyncPlan | RoundStart | Reassign | Step | Audit | Resync | Status | Signal
+                   | IceServers)
 
 from_peer: Codec[PeerMessage] = Codec(
     PeerMessage, "control message", MAX_CONTROL_MESSAGE, WIRE_VERSION,

@@ -53,6 +53,7 @@ async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> No
     from engine.transport.mesh import PeerMesh
     from engine.transport.patches import restrict_host_addresses
     from engine.wire.control import Signal
+    from tests.transport.mesh_pair import router
 
     torch.set_num_threads(1)
     restrict_host_addresses(["127.0.0.1"])
@@ -61,13 +62,8 @@ async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> No
     client = ControlClient(url, project, "bench")
     reply = await client.join()
     mailbox = Mailbox()
-
-    def route(sender, frame):
-        header = frame.header
-        mailbox.put((header.__struct_config__.tag, getattr(header, "round_id", 0), sender), frame)
-
     mesh = PeerMesh(reply.peer_id, lambda p, d: client.send(Signal(p, d)), ice_configuration([]),
-                    mailbox, route)
+                    mailbox, router(mailbox))
 
     async def dispatch():
         async for msg in client.messages():
@@ -97,6 +93,7 @@ async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> No
 
 
 async def _one_way(command, mesh, other, mailbox, total, conn) -> None:
+    from engine.averaging.allreduce import round_key
     from engine.wire.frames import Part
 
     link = await mesh.link(other)
@@ -132,7 +129,7 @@ async def _one_way(command, mesh, other, mailbox, total, conn) -> None:
         conn.send("sent")
     elif command == "framed-recv":
         conn.send("listening")
-        await mailbox.get(("part", 0, other), timeout=900)
+        await mailbox.get(round_key("part", 0, 0, other), timeout=900)
         conn.send("done")
     else:
         await link.send(Part(round_id=0, epoch=0, index=0, samples=1, loss_sum=0.0), bytes(total))

@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
+from engine.backbone.tracker import RecordCredits, RecordStep, Send
 from engine.paths import engine_command
+from engine.wire.control import RoundStart
 from tests.collab.harness import running_backbone, tiny_project
 from tests.collab.processes import spawn_peer, terminate
 from tests.conftest import until
@@ -43,6 +45,54 @@ async def test_killing_a_peer_between_rounds_lets_the_others_go_on(tmp_path):
     after = [e for p in survivors for e in p.epochs if e["epoch"] > killed_at + 1]
     assert after and all(e["peers"] == 2 for e in after)
     assert len({e["state_sha256"] for e in after if e["epoch"] == killed_at + 2}) == 1
+
+
+async def test_a_reducer_killed_mid_round_is_replaced_and_that_round_completes(tmp_path, report_figure):
+    """SIGKILL a reducer as its round starts: the backbone hands its part to a backup, the
+    others send that part again, and the same round settles (no redo) with every survivor
+    on the same state; the dead peer is credited with nothing."""
+    project = tiny_project(target_batch_size=96, round_timeout=30)
+    async with running_backbone(tmp_path, project) as backbone:
+        tracker = backbone.trackers[project.id]
+        peers = [await spawn_peer(backbone.url, project.id, f"p{i}", tmp_path) for i in range(4)]
+        victim, survivors = peers[0], peers[1:]
+        killed: list[RoundStart] = []
+        recorded: list = []
+        carry_out = backbone.execute
+
+        def execute(project_id, outs):
+            carry_out(project_id, outs)
+            recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
+            starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
+            victim_id = next((p for p, s in tracker.peers.items() if s.name == victim.name), None)
+            if not killed and starts and all(p.epoch >= 2 for p in peers) and victim_id in starts[0].group:
+                start = starts[0]
+                if len(start.group) == 4 and start.shares[start.group.index(victim_id)] > 0:
+                    victim.kill()  # its RoundStart is on its way: it dies holding a part to reduce
+                    killed.append(start)
+
+        backbone.execute = execute
+        try:
+            await until(lambda: killed, 120, "a round with four peers in which the victim reduces")
+            start = killed[0]
+            await until(lambda: tracker.epoch > start.epoch, project.round_timeout,
+                        "the round the victim died in to settle")
+            for p in survivors:
+                await p.reached(start.epoch + 1, timeout=30)
+        finally:
+            await terminate(*peers)
+    (step,) = [r.step for r in recorded if isinstance(r, RecordStep) and r.step.epoch == start.epoch + 1]
+    assert step.round_id == start.round_id, "the round was redone"
+    assert tracker.backups.reassigned >= 1
+    hashes = {e["state_sha256"] for p in survivors for e in p.epochs if e["epoch"] == start.epoch + 1}
+    assert hashes == {step.state_sha256}
+    (credited,) = [r.credits for r in recorded
+                   if isinstance(r, RecordCredits) and r.round_id == start.round_id]
+    victim_id = next(p for p in start.group if p not in credited)
+    assert len(credited) == 3 and victim_id not in credited
+    report_figure(f"reducer killed as round {start.round_id} began: the round settled in "
+                  f"{step.round_seconds:.1f} s (its timeout: {project.round_timeout} s), "
+                  "one state on all 3 survivors")
 
 
 @pytest.mark.timeout(660)

@@ -41,11 +41,11 @@ async def test_a_wrong_reducer_is_caught_expelled_and_its_step_undone(tmp_path, 
     combine = allreduce._Round._combine
 
     def wrong(self, contributions):
-        combined = combine(self, contributions)
+        combined, inputs = combine(self, contributions)
         if self.plan.me == liar_id:
             combined.values.mul_(-3.0)  # everyone applies it, and it commits to it: hashes agree
             lied.append(self.plan.round_id)
-        return combined
+        return combined, inputs
 
     monkeypatch.setattr(allreduce._Round, "_combine", wrong)
     async with running_backbone(tmp_path, project) as backbone:

@@ -15,10 +15,10 @@ honest_combine = allreduce._Round._combine
 
 
 def wrong_combine(self, contributions):
-    combined = honest_combine(self, contributions)
+    combined, inputs = honest_combine(self, contributions)
     combined.values.mul_(-3.0)  # what it sends, keeps for a checker and commits to
     log.warning("lied in round %d", self.plan.round_id)
-    return combined
+    return combined, inputs
 
 
 def lied(log_text: str) -> list[int]:

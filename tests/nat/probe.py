@@ -29,6 +29,7 @@ from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire.control import Signal
 from engine.wire.types import IcePolicy
+from tests.transport.mesh_pair import router
 
 
 async def wait_for_file(path: Path, timeout: float) -> str:
@@ -49,11 +50,7 @@ async def probe(args: argparse.Namespace) -> dict:
     client = ControlClient(args.backbone, args.project, args.name)
     reply = await client.join()
     mailbox = Mailbox()
-
-    def route(sender, frame) -> None:
-        header = frame.header
-        mailbox.put((header.__struct_config__.tag, getattr(header, "round_id", 0), sender), frame)
-
+    route = router(mailbox)
     relay_only = args.relay_only or reply.ice_policy is IcePolicy.RELAY
     mesh = PeerMesh(reply.peer_id, lambda peer, data: client.send(Signal(peer, data)),
                     ice_configuration(reply.ice_servers, relay_only), mailbox, route,

@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from engine.aio import spawn
+from engine.averaging.allreduce import round_key
 from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
-from engine.wire.frames import Part
+from engine.wire.frames import Part, Result
+from engine.wire.framing import Frame
 
 
 def blob(round_id: int) -> Part:
-    """A frame header for test payloads, delivered as ("part", round_id, sender)."""
+    """A frame header for test payloads, delivered as round_key("part", round_id, 0, sender)."""
     return Part(round_id=round_id, epoch=0, index=0, samples=1, loss_sum=0.0)
+
+
+def router(mailbox: Mailbox) -> Callable[[str, Frame], None]:
+    """Frames into ``mailbox`` where the all-reduce looks for them (the peer's job in production)."""
+
+    def route(sender: str, frame: Frame) -> None:
+        header = frame.header
+        if isinstance(header, (Part, Result)):
+            mailbox.put(round_key(header.__struct_config__.tag, header.round_id, header.index, sender), frame)
+        else:
+            ident = getattr(header, "round_id", getattr(header, "request_id", 0))
+            mailbox.put((header.__struct_config__.tag, ident, sender), frame)
+
+    return route
 
 
 def make_meshes(names, connect_timeout: float = 20.0, signals: list | None = None) -> dict[str, PeerMesh]:
@@ -30,12 +47,6 @@ def make_meshes(names, connect_timeout: float = 20.0, signals: list | None = Non
 
     for name in names:
         mailbox = Mailbox()
-
-        def route(sender, frame, mailbox=mailbox):
-            header = frame.header
-            ident = getattr(header, "round_id", getattr(header, "request_id", 0))
-            mailbox.put((header.__struct_config__.tag, ident, sender), frame)
-
-        meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), mailbox, route,
+        meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), mailbox, router(mailbox),
                                 connect_timeout=connect_timeout)
     return meshes

@@ -9,6 +9,7 @@ from engine.averaging.allreduce import AveragingError, RoundPlan, butterfly_allr
 from engine.averaging.compression import error_bound
 from engine.project import AggregationSpec
 from engine.wire.frames import Part
+from tests.conftest import until
 from tests.transport.mesh_pair import make_meshes
 
 
@@ -98,6 +99,46 @@ async def test_a_missing_peer_fails_the_round_within_its_timeout():
             ))
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values() if m))
+
+
+@pytest.mark.parametrize("verify", [0.0, 0.5])
+async def test_a_reducer_that_dies_mid_round_is_replaced_and_only_its_part_is_sent_again(verify):
+    """c holds everyone's parts of its share when it dies. The backbone hands that part to
+    a: b sends it once more, a reduces it too, and both apply the same average of their
+    own gradients; nothing else crosses the links twice."""
+    names = ["a", "b", "c"]
+    vectors = {p: torch.randn(30_000) for p in names}
+    samples = {"a": 2, "b": 6}
+    meshes = make_meshes(names)
+    spec = AggregationSpec(verify_probability=verify)
+    plans = {me: RoundPlan(1, 0, names, [1.0, 1.0, 1.0], me, aggregation=spec) for me in ("a", "b")}
+    try:
+        rounds = [asyncio.ensure_future(butterfly_allreduce(plans[me], vectors[me] * samples[me], samples[me],
+                                                            1.0 * samples[me], meshes[me], timeout=60.0))
+                  for me in ("a", "b")]
+        # c never reduces: it dies once both parts for it are in.
+        await until(lambda: meshes["c"].mailbox.held("a")[0] and meshes["c"].mailbox.held("b")[0], 30,
+                    "the parts for c to arrive")
+        sent_before = meshes["b"].totals().bytes_sent
+        await meshes["c"].close()
+        for me in ("a", "b"):
+            plans[me].changes.update(["c"], ["a", "b", "a"])
+        results = await asyncio.gather(*rounds)
+        resent = meshes["b"].totals().bytes_sent - sent_before
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    assert torch.equal(results[0].vector, results[1].vector)
+    expected = (vectors["a"] * 2 + vectors["b"] * 6) / 8
+    torch.testing.assert_close(results[0].vector, expected, rtol=1e-6, atol=1e-7)
+    assert results[0].samples == 8 and results[0].received == {"a": 2, "b": 6}
+    # c's part once more, and (unless it went out before c died) b's result to a; never
+    # b's part for a again.
+    part = 10_000 * 4
+    assert part <= resent < 2 * part + 10_000, resent
+    if verify:
+        (backup,) = results[0].commitment.backup
+        assert backup.index == 2 and [c.sender for c in backup.inputs] == ["a", "b"]
+        assert [r.index for r in results[0].reduced] == [0, 2]
 
 
 async def test_a_silent_member_on_probation_costs_the_round_only_a_short_grace():

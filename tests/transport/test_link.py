@@ -11,6 +11,7 @@ import aioice.ice
 import aioice.stun
 import pytest
 
+from engine.averaging.allreduce import round_key
 from engine.transport.link import HIGH_WATER, LinkClosed
 from engine.transport.mesh import REDIAL_FIRST, SHUN_FIRST
 from engine.transport.patches import UDP_RECEIVE_BUFFER
@@ -26,7 +27,7 @@ async def test_a_large_message_arrives_whole_and_is_counted():
         link = await meshes["a"].link("b")
         payload = os.urandom(5 * 1024 * 1024 + 123)
         await link.send(blob(1), payload)
-        frame = await meshes["b"].mailbox.get(("part", 1, "a"), timeout=30)
+        frame = await meshes["b"].mailbox.get(round_key("part", 1, 0, "a"), timeout=30)
         assert bytes(frame.payload) == payload
         sent, received = meshes["a"].totals(), meshes["b"].totals()
         assert sent.bytes_sent >= len(payload) and received.bytes_received == sent.bytes_sent
@@ -65,7 +66,7 @@ async def test_sending_respects_the_buffer_high_water_mark():
         watcher = asyncio.ensure_future(watch())
         await link.send(blob(2), bytes(24 * 1024 * 1024))
         watcher.cancel()
-        await meshes["b"].mailbox.get(("part", 2, "a"), timeout=60)
+        await meshes["b"].mailbox.get(round_key("part", 2, 0, "a"), timeout=60)
         assert 0 < peak <= HIGH_WATER + MAX_CHUNK
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
@@ -77,8 +78,8 @@ async def test_simultaneous_connects_settle_on_one_working_link():
         ab, ba = await asyncio.gather(meshes["a"].link("b"), meshes["b"].link("a"))
         await ab.send(blob(1), b"from a")
         await ba.send(blob(1), b"from b")
-        got_b = await meshes["b"].mailbox.get(("part", 1, "a"), timeout=10)
-        got_a = await meshes["a"].mailbox.get(("part", 1, "b"), timeout=10)
+        got_b = await meshes["b"].mailbox.get(round_key("part", 1, 0, "a"), timeout=10)
+        got_a = await meshes["a"].mailbox.get(round_key("part", 1, 0, "b"), timeout=10)
         assert (bytes(got_a.payload), bytes(got_b.payload)) == (b"from b", b"from a")
         assert meshes["a"].connected() == ["b"] and meshes["b"].connected() == ["a"]
     finally:
@@ -89,7 +90,7 @@ async def test_a_peer_breaking_the_framing_loses_its_link_and_waiters_learn_at_o
     meshes = make_meshes(["a", "b"])
     try:
         link = await meshes["a"].link("b")
-        waiter = asyncio.ensure_future(meshes["b"].mailbox.get(("part", 9, "a"), timeout=60))
+        waiter = asyncio.ensure_future(meshes["b"].mailbox.get(round_key("part", 9, 0, "a"), timeout=60))
         link.channel.send(b"this is not a Cotrain frame")
         with pytest.raises(LinkClosed):
             await asyncio.wait_for(waiter, 10)
@@ -105,7 +106,7 @@ async def test_data_sent_just_before_a_graceful_close_is_delivered():
         payload = os.urandom(3 * 1024 * 1024)
         await link.send(blob(5), payload)
         await meshes["a"].close()
-        frame = await meshes["b"].mailbox.get(("part", 5, "a"), timeout=10)
+        frame = await meshes["b"].mailbox.get(round_key("part", 5, 0, "a"), timeout=10)
         assert bytes(frame.payload) == payload
     finally:
         await meshes["b"].close()
@@ -182,7 +183,8 @@ async def test_a_peer_that_sends_frames_nobody_waits_for_loses_its_link():
         await until(lambda: not flooder.is_open, 10, "the flooder to lose its link")
         assert meshes["a"].shunned_for("b") > 0
         await honest.send(blob(7), b"honest")
-        assert bytes((await meshes["a"].mailbox.get(("part", 7, "c"), timeout=10)).payload) == b"honest"
+        got = await meshes["a"].mailbox.get(round_key("part", 7, 0, "c"), timeout=10)
+        assert bytes(got.payload) == b"honest"
     finally:
         for mesh in meshes.values():
             await mesh.close()
@@ -212,7 +214,7 @@ async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypat
         await until(lambda: late["answers"] >= 16 or not link.is_open, 40, "sixteen late consent answers")
         assert link.is_open and meshes["b"].connected() == ["a"]
         await link.send(blob(7), b"still here")
-        frame = await meshes["b"].mailbox.get(("part", 7, "a"), timeout=10)
+        frame = await meshes["b"].mailbox.get(round_key("part", 7, 0, "a"), timeout=10)
         assert bytes(frame.payload) == b"still here"
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))

@@ -11,6 +11,7 @@ from engine.wire.control import (
     CheckpointInfo,
     Progress,
     Ready,
+    Reassign,
     Resync,
     RoundDone,
     RoundStart,
@@ -366,6 +367,62 @@ def test_a_member_that_leaves_does_not_count_against_the_majority(clock):
     assert t.round is None and (t.epoch, t.state_sha256) == (1, "h1")
 
 
+def test_a_reducer_lost_mid_round_hands_its_part_to_the_fastest_live_member(clock):
+    """Its part goes to the member the LP gave the most; the others hear at once, the round
+    settles on the live members' word, and the lost one is credited with nothing."""
+    t = ready_tracker(clock, peers=("a", "b", "c", "d"))
+    t.handle("a", Progress(0, 25, 10.0, upload=40 * MBIT, download=40 * MBIT))
+    t.handle("b", Progress(0, 25, 10.0, upload=20 * MBIT, download=20 * MBIT))
+    t.handle("c", Progress(0, 25, 10.0, upload=20 * MBIT, download=20 * MBIT))
+    start = sent(t.handle("d", Progress(0, 25, 10.0, upload=20 * MBIT, download=20 * MBIT)), RoundStart)[0][1]
+    share = dict(zip(start.group, start.shares, strict=True))
+    assert share["a"] > share["c"] > 0
+    outs = t.leave("c")
+    told = sent(outs, Reassign)
+    assert sorted(to for to, _ in told) == ["a", "b", "d"]
+    msg = told[0][1]
+    assert msg.lost == ["c"] and msg.reducers[start.group.index("c")] == "a"
+    others = [p for p in start.group if p != "c"]
+    assert [r for j, r in enumerate(msg.reducers) if start.group[j] != "c"] == others
+    seen = {"a": 25, "b": 25, "c": 25, "d": 25}  # c's part reached some reducers before it died
+    outs = []
+    for p in "abd":
+        outs += t.handle(p, done(start, samples=75, received=seen))
+    assert (t.epoch, t.round) == (1, None)
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    assert set(record.credits) == {"a", "b", "d"}
+
+
+def test_a_sender_lost_mid_round_is_waited_for_no_longer_and_a_second_loss_moves_the_backup(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    first = t.round.reducers[:]
+    outs = t.leave("b")
+    ((_, msg),) = sent(outs, Reassign)[:1]
+    assert msg.lost == ["b"] and "b" not in msg.reducers and set(msg.reducers) <= {"a", "c"}
+    backup = msg.reducers[first.index("b")]
+    outs = t.leave(backup)
+    ((to, msg),) = sent(outs, Reassign)
+    (alive,) = {"a", "c"} - {backup}
+    assert to == alive and msg.lost == sorted({"b", backup}) and msg.reducers == [alive] * len(start.group)
+
+
+def test_a_member_lost_after_it_answered_changes_nothing(clock):
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    start = open_round(t, {"a": 40, "b": 40, "c": 40})
+    t.handle("a", done(start))
+    assert not sent(t.leave("a"), Reassign)
+
+
+def test_with_nobody_to_take_the_part_over_the_members_are_told_at_once(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.handle("b", Progress(0, 50, 10.0, client_mode=True))
+    start = open_round(t, {"a": 60})
+    assert start.shares == [1.0, 0.0] if start.group[0] == "a" else [0.0, 1.0]
+    ((to, msg),) = sent(t.leave("a"), Reassign)
+    assert to == "b" and msg.lost == ["a"] and msg.reducers == start.group  # so its round fails now
+
+
 def test_at_the_deadline_those_that_answered_settle_and_the_silent_are_resynced(clock):
     t = ready_tracker(clock)
     start = open_round(t, {"b": 0, "a": 100})
@@ -376,16 +433,22 @@ def test_at_the_deadline_those_that_answered_settle_and_the_silent_are_resynced(
     assert (t.epoch, t.state_sha256) == (1, "h1")
 
 
-def test_a_silent_newcomer_never_holds_a_round_and_soon_sits_rounds_out(clock):
-    """Free identities that join and never send a part: on probation, nobody waits for
-    them, their claimed samples open no round, and after two rounds unseen they are out."""
+def with_newcomer(clock, name):
+    """a and b settled epoch 1 ("h1"); ``name`` has just joined and holds that state."""
     t = ready_tracker(clock, peers=("a", "b"), target_batch_size=90)
     start = open_round(t, {"a": 50, "b": 50})
     for p in "ab":
         t.handle(p, done(start, "h1"))
-    t.join("sybil", "sybil")
-    t.handle("sybil", SyncRequest())
-    t.handle("sybil", Ready(1, "h1"))
+    t.join(name, name)
+    t.handle(name, SyncRequest())
+    t.handle(name, Ready(1, "h1"))
+    return t
+
+
+def test_a_silent_newcomer_never_holds_a_round_and_soon_sits_rounds_out(clock):
+    """Free identities that join and never send a part: on probation, nobody waits for
+    them, their claimed samples open no round, and after two rounds unseen they are out."""
+    t = with_newcomer(clock, "sybil")
     assert not sent(t.handle("sybil", Progress(1, 10**6, 1e6)), RoundStart), "its word opens nothing"
     for epoch in (1, 2):
         start = open_round(t, {"a": 50, "b": 50, "sybil": 10**6})
@@ -402,13 +465,7 @@ def test_a_silent_newcomer_never_holds_a_round_and_soon_sits_rounds_out(clock):
 
 
 def test_a_newcomer_whose_part_arrived_is_proven_and_counts_from_then_on(clock):
-    t = ready_tracker(clock, peers=("a", "b"), target_batch_size=90)
-    start = open_round(t, {"a": 50, "b": 50})
-    for p in "ab":
-        t.handle(p, done(start, "h1"))
-    t.join("c", "c")
-    t.handle("c", SyncRequest())
-    t.handle("c", Ready(1, "h1"))
+    t = with_newcomer(clock, "c")
     start = open_round(t, {"a": 50, "b": 50, "c": 30})
     assert start.optional == ["c"]
     seen = {"a": 50, "b": 50, "c": 30}
@@ -419,6 +476,20 @@ def test_a_newcomer_whose_part_arrived_is_proven_and_counts_from_then_on(clock):
     assert not sent(t.handle("a", Progress(2, 45, 10.0)), RoundStart)
     ((_, start), *_) = sent(t.handle("c", Progress(2, 45, 10.0)), RoundStart)  # its samples count now
     assert start.optional == [] and "c" in start.group
+
+
+def test_a_newcomer_that_sends_parts_but_never_reports_its_step_stays_on_probation(clock):
+    """Sending parts the reducers take is not taking part: a stranger that never steps
+    would, as a voter with a share, hold every round until its timeout."""
+    t = with_newcomer(clock, "c")
+    for epoch in (1, 2):
+        start = open_round(t, {"a": 50, "b": 50, "c": 30})
+        assert start.optional == ["c"] and start.shares[start.group.index("c")] == 0
+        seen = {"a": 50, "b": 50, "c": 30}
+        for p in "ab":
+            t.handle(p, done(start, f"h{epoch + 1}", received=seen))
+        assert t.epoch == epoch + 1
+        t.handle("c", Ready(epoch + 1, f"h{epoch + 1}"))  # it follows the broadcast steps
 
 
 def test_peers_outside_the_round_are_resynced_when_it_advances(clock):

@@ -3,7 +3,8 @@
 Pure logic: methods take what happened and return what to send and record (outputs.py),
 so every rule is tested without a network. One Tracker per project, in parts:
 membership.py (who is here, what each reported), pairs.py (who reaches whom),
-scheduling.py (when a round opens, with whom), settlement.py (how it ends),
+scheduling.py (when a round opens, with whom), backups.py (members lost midway),
+settlement.py (how it ends),
 syncing.py (where a peer that is behind gets the state).
 """
 
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from engine.backbone.tracker.audits import Auditor
+from engine.backbone.tracker.backups import Backups
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.outputs import (
     Broadcast,
@@ -86,6 +88,7 @@ class Tracker:
         self.sources = StateSources(self, holders_due=clock() + recovery if epoch > 0 else 0.0)
         self.settlement = Settlement(self)
         self.audits = Auditor(self, rng)
+        self.backups = Backups(self)
         if unsettled is not None and unsettled.epoch == epoch:
             # We died while this round was under way: its members replay how it ended, and it
             # settles on what a majority of them say, as it would have.
@@ -113,9 +116,10 @@ class Tracker:
         return []
 
     def leave(self, peer_id: str) -> list[Out]:
+        out = self.backups.lost(peer_id)
         self.members.leave(peer_id)
         self.expected_checkpoints = {c for c in self.expected_checkpoints if c[0] != peer_id}
-        return self.settlement.close_if_answered()
+        return out + self.settlement.close_if_answered()
 
     def live_peers(self) -> list[PeerState]:
         return self.members.live(self.epoch)

@@ -88,7 +88,7 @@ class Auditor:
         p = self.t.project.aggregation.verify_probability
         parts = []
         if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
-            parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.group)
+            parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.reducers)
                      if rnd.shares[j] > 0 and self.rng.random() < p]
         self.drawn += len(parts)
         return RoundAudit(digest, parts)
@@ -106,7 +106,9 @@ class Auditor:
     def _start(self, rnd: OpenRound, audit: RoundAudit, part: PartCheck) -> list[Out]:
         done = rnd.outcomes[part.reducer]
         commitment = done.commitment
-        if not done.ok or commitment is None or done.state_sha256 != audit.digest:
+        inputs = (commitment.inputs_of(part.index, own=rnd.group.index(part.reducer))
+                  if commitment is not None else None)
+        if not done.ok or inputs is None or done.state_sha256 != audit.digest:
             part.passed, part.why = False, "its reducer did not commit to what it combined"
             return []
         holders = _holders(rnd, audit.digest)
@@ -114,10 +116,10 @@ class Auditor:
         if not applied:
             part.passed, part.why = False, "nobody committed to the result it applied"
             return []
-        self._compare_sent(rnd, part, commitment.inputs)
+        self._compare_sent(rnd, part, inputs)
         result = applied.most_common(1)[0][0]
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
-                           checker="-", inputs=commitment.inputs, result_sha256=result,
+                           checker="-", inputs=inputs, result_sha256=result,
                            timeout=self.t.project.round_timeout)
         return self._ask_next(rnd, part)
 

@@ -48,19 +48,30 @@ class OpenRound:
     first_success_at: float | None = None  # every member had stopped accumulating by then
     recovering: bool = False  # reopened after a restart: settles, credits nobody
     audit: RoundAudit | None = None  # the parts drawn for checking, once it has a majority state
+    lost: set[str] = field(default_factory=set)  # members that left midway (tracker/backups.py)
+    unproven: set[str] = field(default_factory=set)  # seen with samples; proven if its late step agrees
+    reducers: list[str] = field(default_factory=list)  # who reduces part j now (a backup, if lost)
+
+    def __post_init__(self) -> None:
+        if not self.reducers:
+            self.reducers = list(self.group)
 
     @property
     def voters(self) -> list[str]:
         """The members whose reports settle the round, and whom it waits for."""
-        return [p for p in self.group if p not in self.optional]
+        return [p for p in self.group if p not in self.optional and p not in self.lost]
 
     def answered(self, alive: set[str]) -> bool:
         """Every voter still here has said how the round ended."""
         return all(p in self.outcomes or p not in alive for p in self.voters)
 
     def weights(self) -> dict[str, float]:
-        """Each member's share of the vector: its weight as a reducer."""
-        return dict(zip(self.group, self.shares, strict=True))
+        """Each member's share of the vector: its weight as a reducer (a backup's includes
+        the parts it took over)."""
+        weights = dict.fromkeys(self.group, 0.0)
+        for reducer, share in zip(self.reducers, self.shares, strict=True):
+            weights[reducer] += share
+        return weights
 
     def start(self, timeout: float) -> RoundStart:
         return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,

@@ -68,6 +68,8 @@ class Settlement:
             return []
         rnd.outcomes[peer.peer_id] = msg
         if rnd.settled_to is not None and t.epoch == rnd.epoch + 1 and t.state_sha256 == rnd.settled_to:
+            if msg.ok and msg.state_sha256 == rnd.settled_to and peer.peer_id in rnd.unproven:
+                peer.proven = True  # the reducers saw its samples, and now its step agrees
             return self._judge(rnd, peer, msg)
         return t.resync(peer, "the round did not settle") if msg.ok else []
 
@@ -201,11 +203,12 @@ class Settlement:
         return out
 
     def _credit(self, rnd: OpenRound) -> dict:
-        """What a majority of reducers saw each member send, capped by its measured pace.
-        A member whose part they did not see is struck (a silent stranger sits rounds out
-        soon); one they saw with samples, whose step agreed, has proven itself."""
+        """What a majority of reducers saw each member send, capped by its measured pace;
+        nothing for a member lost midway. A member whose part they did not see is struck (a
+        silent stranger sits rounds out soon); one they saw with samples, whose step agreed,
+        has proven itself, once its step agrees."""
         reports = {member: outcome.received for member, outcome in rnd.outcomes.items()}
-        seen = seen_by_reducers(reports, rnd.weights())
+        seen = {p: n for p, n in seen_by_reducers(reports, rnd.weights()).items() if p not in rnd.lost}
         for pid in rnd.group:
             peer = self.t.members.get(pid)
             if peer is None:
@@ -214,6 +217,12 @@ class Settlement:
                 if pid in rnd.optional or pid in rnd.outcomes:  # (a silent voter is struck below)
                     self.t.members.strike(peer, "the reducers did not get its part")
             elif seen[pid] > 0 and peer.strikes == 0:
-                peer.proven = True
+                # Proven once its step agrees too: sending parts is not taking part. (An
+                # optional member's outcome may come after the round closed: see _late.)
+                outcome = rnd.outcomes.get(pid)
+                if outcome is None:
+                    rnd.unproven.add(pid)
+                elif outcome.ok and outcome.state_sha256 == rnd.settled_to:
+                    peer.proven = True
         ended = rnd.first_success_at if rnd.first_success_at is not None else rnd.settled_at
         return credits(seen, {p: m.claim(ended) for p, m in rnd.members.items()})

@@ -1,0 +1,68 @@
+"""Members lost mid-round: their control socket closed (the app was killed, or its
+machine or network went away: the socket's heartbeat notices in about 20 s). Without
+this, every peer would wait for the lost one's part or result until the round's
+deadline, and the round would be redone.
+
+The tracker tells the others (Reassign): stop waiting for the lost member, and send the
+parts it was reducing to a backup -- the live voter with the largest share, the one the LP
+found fastest. Only the backbone's own observation loses a member: no peer can make
+another look dead. A lost member votes on nothing and is credited with nothing."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from engine.backbone.tracker.outputs import Out, Send
+from engine.backbone.tracker.scheduling import OpenRound
+from engine.wire.control import Reassign
+
+if TYPE_CHECKING:
+    from engine.backbone.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def backup_reducer(rnd: OpenRound, client_mode: set[str]) -> str | None:
+    """Who takes over a lost reducer's parts: a live voter that accepts connections,
+    reducing the most already (the LP found its links the best); None if nobody can."""
+    share = dict.fromkeys(rnd.group, 0.0)
+    for reducer, s in zip(rnd.reducers, rnd.shares, strict=True):
+        share[reducer] += s
+    candidates = [p for p in rnd.voters if p not in client_mode]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: (share[p], -rnd.group.index(p)))
+
+
+class Backups:
+    def __init__(self, tracker: Tracker) -> None:
+        self.t = tracker
+        self.reassigned = 0  # parts handed to a backup since the backbone started
+
+    def lost(self, peer_id: str) -> list[Out]:
+        """``peer_id`` is gone from the round under way: hand its parts on, tell the rest."""
+        t, rnd = self.t, self.t.round
+        if rnd is None or rnd.settled_to is not None or peer_id not in rnd.group or peer_id in rnd.lost:
+            return []
+        if peer_id in rnd.outcomes:
+            return []  # it had finished: its step stands, and its results went out
+        rnd.lost.add(peer_id)
+        client_mode = {p for p in rnd.group if (s := t.members.get(p)) is not None and s.client_mode}
+        orphaned = [j for j, r in enumerate(rnd.reducers) if r == peer_id and rnd.shares[j] > 0]
+        backup = backup_reducer(rnd, client_mode) if orphaned else None
+        if orphaned and backup is None:
+            # The round fails at once on every member, rather than at its deadline.
+            log.warning("%s: round %d: %s left with parts to reduce, and no member can take them over",
+                        t.project.id, rnd.round_id, peer_id)
+        elif backup is not None:
+            for j in orphaned:
+                rnd.reducers[j] = backup
+            self.reassigned += len(orphaned)
+            log.warning("%s: round %d: %s left mid-round; %s reduces its part now", t.project.id,
+                        rnd.round_id, peer_id, backup)
+        else:
+            log.info("%s: round %d: %s left mid-round", t.project.id, rnd.round_id, peer_id)
+        msg = Reassign(round_id=rnd.round_id, epoch=rnd.epoch, lost=sorted(rnd.lost),
+                       reducers=list(rnd.reducers))
+        return [Send(p, msg) for p in rnd.group if p not in rnd.lost and p in t.members.peers]
