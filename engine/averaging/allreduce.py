@@ -184,8 +184,6 @@ class _Round:
         self.partners = [(j, p) for j, p in enumerate(self.plan.group)
                          if j != self.me and (self.reduces or self.size(j))]
         self.required = [p for _, p in self.partners if p not in self.plan.optional]
-        self.reducers = list(self.plan.group)  # who reduces part j: a backup once its reducer is lost
-        self.lost: set[str] = set()
         self.averaged = torch.empty_like(self.flat, dtype=torch.float32)
         self.began = asyncio.get_running_loop().time()
 
@@ -196,20 +194,24 @@ class _Round:
         lo, hi = self.bounds[j]
         return hi - lo
 
-    def _refresh(self) -> None:
-        """Take in the backbone's latest word on lost members (RoundChanges)."""
-        changes, group = self.plan.changes, self.plan.group
-        reducers = changes.reducers
-        if reducers is not None and len(reducers) == len(group) and set(reducers) <= set(group):
-            self.reducers = list(reducers)
-        self.lost = set(changes.lost) & set(group) - {self.plan.me}
+    @property
+    def reducers(self) -> list[str]:
+        """Who reduces part j: its member, or the backup the backbone named once it was lost."""
+        given, group = self.plan.changes.reducers, self.plan.group
+        if given is not None and len(given) == len(group) and set(given) <= set(group):
+            return given
+        return group
+
+    @property
+    def lost(self) -> frozenset[str]:
+        """The members the backbone says left midway (RoundChanges)."""
+        return (self.plan.changes.lost & frozenset(self.plan.group)) - {self.plan.me}
 
     async def _until_done(self, waits: Mapping[str, asyncio.Future], needed: Iterable[str]) -> None:
         """Until the waits of the ``needed`` peers are done -- or those peers are lost: a
         member that left midway is waited for no longer, and its failures are not ours."""
         needed = list(needed)
         while True:
-            self._refresh()
             for p in needed:
                 w = waits[p]
                 failed = p not in self.lost and w.done() and not w.cancelled() and w.exception() is not None
@@ -218,11 +220,15 @@ class _Round:
             pending = [waits[p] for p in needed if p not in self.lost and not waits[p].done()]
             if not pending:
                 return
-            changed = asyncio.ensure_future(self.plan.changes.wait())
-            try:
-                await asyncio.wait([*pending, changed], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
+            await self._any_or_news(pending)
+
+    async def _any_or_news(self, futures: list[asyncio.Future]) -> None:
+        """Until one of ``futures`` is done, or the backbone's word on lost members changes."""
+        news = asyncio.ensure_future(self.plan.changes.wait())
+        try:
+            await asyncio.wait([*futures, news], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            news.cancel()
 
     async def _lost_soon(self, peer: str) -> bool:
         """Whether the backbone says ``peer`` left, within VERDICT_WAIT (its link failed)."""
@@ -231,7 +237,6 @@ class _Round:
         while peer not in self.lost and loop.time() < until:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.plan.changes.wait(), until - loop.time())
-            self._refresh()
         return peer in self.lost
 
     async def run(self) -> Averaged:
@@ -276,15 +281,10 @@ class _Round:
             work = asyncio.ensure_future(self.send_and_receive(j, reducer))
             try:
                 while True:
-                    changed = asyncio.ensure_future(self.plan.changes.wait())
-                    try:
-                        await asyncio.wait([work, changed], return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        changed.cancel()
+                    await self._any_or_news([work])
                     if work.done() and not (isinstance(work.exception(), LinkClosed)
                                             and await self._lost_soon(reducer)):
                         return work.result()
-                    self._refresh()
                     if self.reducers[j] != reducer:
                         log.info("round %d: part %d goes to %s now (%s left)", self.plan.round_id, j,
                                  self.reducers[j], reducer)
