@@ -26,9 +26,7 @@ log = logging.getLogger(__name__)
 def backup_reducer(rnd: OpenRound, client_mode: set[str]) -> str | None:
     """Who takes over a lost reducer's parts: a live voter that accepts connections,
     reducing the most already (the LP found its links the best); None if nobody can."""
-    share = dict.fromkeys(rnd.group, 0.0)
-    for reducer, s in zip(rnd.reducers, rnd.shares, strict=True):
-        share[reducer] += s
+    share = rnd.weights()
     candidates = [p for p in rnd.voters if p not in client_mode]
     if not candidates:
         return None
