@@ -44,8 +44,11 @@ log = logging.getLogger(__name__)
 # when the round is done get as long before the round returns (and go on after).
 GRACE = 0.1
 # A link to a member that died may close before the backbone says the member left: wait
-# this long for its word (a Reassign) before the round fails.
-VERDICT_WAIT = 10.0
+# this long for its word (a Reassign) before the round fails. A killed peer's control
+# socket closes with its process, and the word arrives in a tenth of a second; a link that
+# dies under a peer still connected to the backbone (its NAT rebound) must fail the round
+# well before its deadline, naming that peer, so the tracker keeps the pair apart.
+VERDICT_WAIT = 2.0
 
 
 class AveragingError(RuntimeError):
@@ -169,6 +172,7 @@ class _Round:
     # keep apart peers that reach each other fine (the reducer's own report names the culprit).
     missing_links: set[str] = field(default_factory=set)
     missing_parts: dict[int, set[str]] = field(default_factory=dict)  # per part I reduce
+    closed: set[str] = field(default_factory=set)  # whose link closed under the round
     result_sends: list[asyncio.Future] = field(default_factory=list)
     sent: dict[int, str] = field(default_factory=dict)  # part index -> hash of ours (if verified)
     applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
@@ -188,7 +192,7 @@ class _Round:
         self.began = asyncio.get_running_loop().time()
 
     def suspects(self) -> set[str]:
-        return (self.missing_links | set().union(*self.missing_parts.values())) - self.lost
+        return (self.missing_links | self.closed | set().union(*self.missing_parts.values())) - self.lost
 
     def size(self, j: int) -> int:
         lo, hi = self.bounds[j]
@@ -231,7 +235,9 @@ class _Round:
             news.cancel()
 
     async def _lost_soon(self, peer: str) -> bool:
-        """Whether the backbone says ``peer`` left, within VERDICT_WAIT (its link failed)."""
+        """Whether the backbone says ``peer`` left, within VERDICT_WAIT (its link failed;
+        if the round's deadline comes first, the peer is still named as the suspect)."""
+        self.closed.add(peer)
         loop = asyncio.get_running_loop()
         until = loop.time() + VERDICT_WAIT
         while peer not in self.lost and loop.time() < until:

@@ -205,3 +205,29 @@ async def test_a_malformed_part_costs_its_sender_its_share_and_nobody_the_round(
     for r in results:
         assert set(r.received) == {"a", "b"} and r.samples == 2
     torch.testing.assert_close(results[0].vector, (vectors["a"] + vectors["b"]) / 2)
+
+
+async def test_a_link_that_dies_under_a_member_still_connected_fails_the_round_naming_it():
+    """c's links close mid-round but the backbone never says c left (its NAT rebound, say):
+    a and b give up within the short wait for the backbone's word, before the round's
+    deadline, and name c, so the tracker keeps the pair apart instead of retrying it (a
+    round that ran into its deadline while waiting named nobody)."""
+    names = ["a", "b", "c"]
+    meshes = make_meshes(names)
+    loop = asyncio.get_running_loop()
+    try:
+        rounds = {me: asyncio.ensure_future(butterfly_allreduce(
+            RoundPlan(1, 0, names, [1.0, 1.0, 1.0], me), torch.randn(30_000), 1, 1.0, meshes[me],
+            timeout=8.0)) for me in ("a", "b")}
+        await until(lambda: meshes["c"].mailbox.held("a")[0] and meshes["c"].mailbox.held("b")[0], 30,
+                    "the parts for c to arrive")
+        began = loop.time()
+        await meshes["c"].close()
+        for me, rnd in rounds.items():
+            with pytest.raises(AveragingError) as failed:
+                await rnd
+            assert failed.value.suspects == ["c"], (me, failed.value)
+        took = loop.time() - began
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    assert took < 6, f"the round waited {took:.1f}s for news of a member that never left"
