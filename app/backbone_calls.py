@@ -19,7 +19,17 @@ from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 from engine.credentials import CredentialStore, Login, backbone_key
 from engine.login import log_in, log_out, register
 from engine.wire import ProtocolError
-from engine.wire.api import MAX_REPLY, Curve, ErrorReply, Health, Leaderboard, Me, ProjectList, reply_codec
+from engine.wire.api import (
+    MAX_REPLY,
+    Curve,
+    ErrorReply,
+    Health,
+    Leaderboard,
+    Me,
+    ProjectList,
+    Ranking,
+    reply_codec,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -155,8 +165,9 @@ class BackboneCalls(QObject):
 
         self.submit(fetch, on_done, on_error, f"projects {url}")
 
-    def leaderboard(self, url: str, project: str, limit: int, offset: int, on_done, on_error) -> None:
-        query = urllib.parse.urlencode({"limit": limit, "offset": offset})
+    def leaderboard(self, url: str, project: str, limit: int, offset: int, by: Ranking, on_done,
+                    on_error) -> None:
+        query = urllib.parse.urlencode({"limit": limit, "offset": offset, "by": by.value})
         self.submit(lambda: get(f"{url}/api/projects/{project}/leaderboard?{query}", Leaderboard),
                     on_done, on_error)
 

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="list the backbones on the LAN; with --project, join the first that hosts it")
     peer.add_argument("--relay-only", action="store_true",
                       help="connect to other peers through the backbone's TURN relay only")
+    peer.add_argument("--aux", action="store_true",
+                      help="an auxiliary peer: no training, only aggregate the others' gradients (for a "
+                           "machine with a good connection but no useful compute)")
     peer.add_argument("--name", default="", help="name shown to others")
     peer.add_argument("--max-epochs", type=int, default=None, help="leave after this epoch")
     peer.add_argument("--threads", type=int, default=None, help="compute threads")
@@ -240,6 +243,7 @@ async def _peer(args: argparse.Namespace) -> int:
     from engine.account_cli import stored_token
     from engine.governor.governor import Governor
     from engine.governor.throttle import lower_priority
+    from engine.peer.auxiliary import AuxiliaryPeer
     from engine.peer.client import BackboneError
     from engine.peer.report import ConsoleReporter
     from engine.peer.runner import Peer, PeerOptions
@@ -265,9 +269,10 @@ async def _peer(args: argparse.Namespace) -> int:
         backbone_url=args.backbone, project_id=args.project, name=args.name,
         max_epochs=args.max_epochs, threads=args.threads, data_dir=args.data,
         data_seed=args.data_seed, slowdown=args.slowdown, ice_addresses=args.ice_address,
-        user_token=token, limits=limits, relay_only=args.relay_only,
+        user_token=token, limits=limits, relay_only=args.relay_only, auxiliary=args.aux,
     )
-    peer = Peer(options, ConsoleReporter(json_lines=args.json))
+    kind = AuxiliaryPeer if args.aux else Peer
+    peer = kind(options, ConsoleReporter(json_lines=args.json))
     governing = asyncio.ensure_future(Governor(limits).run(peer))
     try:
         reason = await peer.run()

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.controller import AppState, Controller
-from app.views.common import count, duration, heading, help_text, message, show_message
+from app.views.common import count, duration, heading, help_text, message, show_message, size
 from engine.credentials import Login
 from engine.wire.api import Me
 
@@ -104,7 +104,11 @@ class AccountPage(QWidget):
             self.totals.setText("No credited samples yet: they appear after the next step you take part in.")
             return
         rank = f", rank {mine.rank}" if mine.rank else ""
-        self.totals.setText(f"{count(mine.samples)} samples credited{rank}; "
+        aggregated = ""
+        if mine.aggregated_bytes:
+            place = f", rank {mine.aggregated_rank}" if mine.aggregated_rank else ""
+            aggregated = f"{size(mine.aggregated_bytes)} aggregated as an auxiliary peer{place}; "
+        self.totals.setText(f"{count(mine.samples)} samples credited{rank}; {aggregated}"
                             f"{duration(mine.compute_seconds)} of compute, "
                             f"{duration(mine.online_seconds)} online.")
 

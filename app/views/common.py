@@ -73,6 +73,13 @@ def count(n: int) -> str:
     return f"{n:,}"
 
 
+def size(nbytes: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
 def rate(bytes_per_second: float) -> str:
     if bytes_per_second >= 1e6:
         return f"{bytes_per_second / 1e6:.1f} MB/s"

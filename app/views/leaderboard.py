@@ -1,10 +1,11 @@
 """The leaderboard of the current project, from its backbone: my row highlighted, paging,
-refresh."""
+refresh; ranked by samples computed or, for auxiliary peers, by bytes aggregated."""
 
 from __future__ import annotations
 
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
+    QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -16,11 +17,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.controller import AppState, Controller
-from app.views.common import count, duration, heading, help_text, message, show_message
-from engine.wire.api import Leaderboard, LeaderboardEntry
+from app.views.common import count, duration, heading, help_text, message, show_message, size
+from engine.wire.api import Leaderboard, LeaderboardEntry, Ranking
 
 PAGE_SIZE = 25
-COLUMNS = ("Rank", "Volunteer", "Samples", "Share", "Compute time", "Online")
+COLUMNS = ("Rank", "Volunteer", "Samples", "Aggregated", "Share", "Compute time", "Online")
+RANKINGS = {Ranking.SAMPLES: "Samples computed", Ranking.AGGREGATED: "Bytes aggregated"}
 MINE = QColor("#d3f9d8")
 
 
@@ -46,10 +48,18 @@ class LeaderboardPage(QWidget):
         self.page = QLabel()
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.clicked.connect(lambda: self.load(self.offset))
+        self.ranking = QComboBox()
+        for ranking, label in RANKINGS.items():
+            self.ranking.addItem(label, ranking)
+        self.ranking.setToolTip("Training peers are ranked by the samples they computed; auxiliary peers "
+                                "(no training) by the bytes of gradients they aggregated for the others")
+        self.ranking.currentIndexChanged.connect(lambda _: self.load(0))
         self.error = message("error")
 
         top = QHBoxLayout()
         top.addWidget(heading("Leaderboard"), 1)
+        top.addWidget(QLabel("Rank by"))
+        top.addWidget(self.ranking)
         top.addWidget(self.refresh_button)
         paging = QHBoxLayout()
         paging.addWidget(self.previous)
@@ -83,15 +93,21 @@ class LeaderboardPage(QWidget):
             self.subtitle.setText("Join a project to see who contributes to it.")
             return
         self._shown_for = f"{state.backbone} {state.project_id}"
-        self.subtitle.setText(f"Credited samples in {state.project or state.project_id} at {state.backbone}")
+        by = self.by
+        what = "Credited samples" if by is Ranking.SAMPLES else "Bytes aggregated by auxiliary peers"
+        self.subtitle.setText(f"{what} in {state.project or state.project_id} at {state.backbone}")
         self.refresh_button.setEnabled(False)
         # Replies come back from a thread pool in any order; only the latest request may draw,
         # or a slow earlier page would replace the one the user just asked for.
         self._latest += 1
         request = self._latest
-        self.controller.client.leaderboard(state.backbone, state.project_id, self.page_size, offset,
+        self.controller.client.leaderboard(state.backbone, state.project_id, self.page_size, offset, by,
                                            lambda body: self._loaded(request, offset, body),
                                            lambda why: self._failed(request, why))
+
+    @property
+    def by(self) -> Ranking:
+        return Ranking(self.ranking.currentData())
 
     def _failed(self, request: int, why: str) -> None:
         if request != self._latest:
@@ -118,8 +134,10 @@ class LeaderboardPage(QWidget):
         me = self.my_username
         self.table.setRowCount(len(self.entries))
         for row, entry in enumerate(self.entries):
-            cells = (str(entry.rank), entry.username, count(entry.samples), f"{100 * entry.share:.1f} %",
-                     duration(entry.compute_seconds), "yes" if entry.online else "")
+            cells = (str(entry.rank), entry.username, count(entry.samples),
+                     size(entry.aggregated_bytes) if entry.aggregated_bytes else "",
+                     f"{100 * entry.share:.1f} %", duration(entry.compute_seconds),
+                     "yes" if entry.online else "")
             mine = me is not None and entry.username == me
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)

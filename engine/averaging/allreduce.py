@@ -5,6 +5,10 @@ accumulated sum to peer j, reduces its own part from everyone's contributions, a
 the averaged part back to all. Each part is reduced exactly once, so every peer (the
 reducer included) applies the very same bits.
 
+Auxiliary members (``RoundPlan.auxiliary``: peers with bandwidth but no useful compute)
+bring no gradient: they reduce their part (``aggregate_parts``) and take no step, so nobody
+waits for a part from them or sends them results.
+
 Members on probation (``RoundPlan.optional``: newcomers, or members that missed a round)
 reduce nothing, and their parts are taken only if they come while the round lasts anyway:
 a silent or slow stranger costs the others a short grace, never the round. A part that
@@ -53,11 +57,13 @@ VERDICT_WAIT = 2.0
 
 class AveragingError(RuntimeError):
     """The round could not complete on this peer (a peer vanished, a deadline passed).
-    ``suspects``: the peers it could not exchange with, for the tracker to keep apart."""
+    ``suspects``: the peers it could not exchange with, for the tracker to keep apart;
+    ``waiting``: the reducers whose results had not come."""
 
-    def __init__(self, message: str, suspects: Iterable[str] = ()) -> None:
+    def __init__(self, message: str, suspects: Iterable[str] = (), waiting: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.suspects = sorted(suspects)
+        self.waiting = sorted(waiting)
 
 
 class Misbehaved(ProtocolError):
@@ -99,10 +105,16 @@ class RoundPlan:
     target_batch_size: int = 10**9  # a sender's claimed samples weigh at most a share of it
     compression: CompressionMethod = "none"  # of parts and results on the wire
     changes: RoundChanges = field(default_factory=RoundChanges)
+    auxiliary: frozenset[str] = frozenset()  # members that reduce and bring no gradient
 
     @property
     def my_index(self) -> int:
         return self.group.index(self.me)
+
+    @property
+    def senders(self) -> list[str]:
+        """The members that bring a gradient, in group order."""
+        return [p for p in self.group if p not in self.auxiliary]
 
     @property
     def verified(self) -> bool:
@@ -133,6 +145,17 @@ class Averaged:
     reduced: list[Reduced] = field(default_factory=list)  # the same: each part I reduced
 
 
+@dataclass
+class ReducedParts:
+    """What an auxiliary member did in a round: it reduced parts and applied nothing."""
+
+    results: list[Result]  # one per part it reduced
+    received: dict[str, int]  # sender -> samples its parts to me carried
+    commitment: Commitment | None = None
+    reduced: list[Reduced] = field(default_factory=list)
+    bytes_in: int = 0  # payload bytes of the parts it combined
+
+
 async def butterfly_allreduce(
     plan: RoundPlan,
     local_sum: torch.Tensor,
@@ -147,12 +170,27 @@ async def butterfly_allreduce(
         return await asyncio.wait_for(round_.run(), timeout)
     except asyncio.TimeoutError:
         raise AveragingError(f"round {plan.round_id} did not finish within {timeout:.0f}s",
+                             round_.suspects(), round_.waiting()) from None
+    except LinkClosed as exc:
+        suspects = {exc.peer} if exc.peer else round_.suspects()
+        raise AveragingError(f"round {plan.round_id}: {exc}", suspects, round_.waiting()) from None
+    except Misbehaved as exc:
+        raise AveragingError(f"round {plan.round_id}: {exc}", {exc.peer}, round_.waiting()) from None
+
+
+async def aggregate_parts(plan: RoundPlan, numel: int, mesh: PeerMesh, timeout: float) -> ReducedParts:
+    """As an auxiliary member of the round: reduce the parts of a ``numel``-element vector
+    that are ours (and any the backbone hands us meanwhile), send the results to everyone
+    who brought a gradient; raise AveragingError."""
+    round_ = _Round(plan, None, 0, 0.0, mesh, timeout, numel=numel)
+    try:
+        return await asyncio.wait_for(round_.run_auxiliary(), timeout)
+    except asyncio.TimeoutError:
+        raise AveragingError(f"round {plan.round_id} did not finish within {timeout:.0f}s",
                              round_.suspects()) from None
     except LinkClosed as exc:
         suspects = {exc.peer} if exc.peer else round_.suspects()
         raise AveragingError(f"round {plan.round_id}: {exc}", suspects) from None
-    except Misbehaved as exc:
-        raise AveragingError(f"round {plan.round_id}: {exc}", {exc.peer}) from None
 
 
 @dataclass
@@ -161,11 +199,12 @@ class _Round:
     it takes over from a lost member), collect the others' results."""
 
     plan: RoundPlan
-    flat: torch.Tensor
+    flat: torch.Tensor | None  # our gradient sum (None: an auxiliary member brings none)
     samples: int
     loss_sum: float
     mesh: PeerMesh
     timeout: float
+    numel: int = 0  # the vector's length, when we bring no vector
     links: dict[str, PeerLink] = field(default_factory=dict)
     # Whom the round still waits for. A missing link or part points at that peer; a missing
     # result does not: its reducer may itself be waiting on someone else, and blaming it would
@@ -178,21 +217,38 @@ class _Round:
     applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
     reduced: list[Reduced] = field(default_factory=list)  # what I reduced (if verified)
     mine: list[Result] = field(default_factory=list)  # my results, one per part I reduced
+    bytes_in: int = 0  # payload bytes of the parts I combined
+    results_in: set[int] = field(default_factory=set)  # parts whose result we hold
 
     def __post_init__(self) -> None:
-        self.bounds = part_bounds(self.flat.numel(), self.plan.shares)
+        if self.flat is not None:
+            self.numel = self.flat.numel()
+        self.bounds = part_bounds(self.numel, self.plan.shares)
         self.me = self.plan.my_index
+        self.sends = self.flat is not None
         self.reduces = self.size(self.me) > 0
+        auxiliary = self.plan.auxiliary
         # Whom this peer exchanges with: the reducers (its parts out, results back) and, if
-        # it reduces, every sender. Optional partners are never waited for.
+        # it reduces, every member that brings a gradient. Optional partners are never
+        # waited for.
         self.partners = [(j, p) for j, p in enumerate(self.plan.group)
-                         if j != self.me and (self.reduces or self.size(j))]
+                         if j != self.me and ((self.sends and self.size(j)) or
+                                              (self.reduces and p not in auxiliary))]
         self.required = [p for _, p in self.partners if p not in self.plan.optional]
-        self.averaged = torch.empty_like(self.flat, dtype=torch.float32)
+        # Every part's result lands here (an auxiliary member applies nothing: it keeps none).
+        self.averaged = torch.empty(self.numel if self.sends else 0, dtype=torch.float32)
         self.began = asyncio.get_running_loop().time()
 
     def suspects(self) -> set[str]:
         return (self.missing_links | self.closed | set().union(*self.missing_parts.values())) - self.lost
+
+    def waiting(self) -> set[str]:
+        """The reducers whose results we still lack (none: an auxiliary member needs none)."""
+        if not self.sends:
+            return set()
+        reducers = self.reducers
+        return {reducers[j] for j in range(len(reducers))
+                if self.size(j) and j not in self.results_in and reducers[j] != self.plan.me} - self.lost
 
     def size(self, j: int) -> int:
         lo, hi = self.bounds[j]
@@ -245,6 +301,31 @@ class _Round:
                 await asyncio.wait_for(self.plan.changes.wait(), until - loop.time())
         return peer in self.lost
 
+    async def run_auxiliary(self) -> ReducedParts:
+        """Reduce our parts, and those handed to us as a backup until ours are done."""
+        await self.connect()
+        reducing: dict[int, asyncio.Future] = {}
+        try:
+            while True:
+                for j, reducer in enumerate(self.reducers):
+                    if reducer == self.plan.me and self.size(j) and j not in reducing:
+                        reducing[j] = asyncio.ensure_future(self.reduce(j))
+                pending = [task for task in reducing.values() if not task.done()]
+                for task in reducing.values():
+                    if task.done():
+                        task.result()  # raises what a reduction ran into
+                if not pending:
+                    break
+                await self._any_or_news(pending)
+        except BaseException:
+            for task in reducing.values():
+                task.cancel()
+                task.add_done_callback(_quiet)
+            raise
+        await self._results_sent()
+        return ReducedParts(self.mine, _seen_in_all(self.mine), self._commitment(), self.reduced,
+                            self.bytes_in)
+
     async def run(self) -> Averaged:
         await self.connect()
         exchanges = [asyncio.ensure_future(self.exchange(j))
@@ -256,10 +337,27 @@ class _Round:
                 task.cancel()
                 task.add_done_callback(_quiet)
             raise
+        await self._results_sent()
+        return self.outcome(results)
+
+    async def _results_sent(self) -> None:
+        """Our results out, or as long again as the round took (they go on after)."""
         if self.result_sends:
             now = asyncio.get_running_loop().time()
             await asyncio.wait(self.result_sends, timeout=max(GRACE, now - self.began))
-        return self.outcome(results)
+
+    def _commitment(self) -> Commitment | None:
+        """What we did, for projects that check reducers: the parts we sent and the results
+        we applied (by part), and what we combined for each part we reduced."""
+        if not self.plan.verified:
+            return None
+        parts = range(len(self.plan.group))
+        own = next((r for r in self.reduced if r.index == self.me), None)
+        return Commitment(sent=[self.sent.get(j) for j in parts] if self.sends else [],
+                          results=[self.applied.get(j) for j in parts] if self.sends else [],
+                          inputs=[c for c, _ in own.inputs] if own else [],
+                          backup=[BackupInputs(index=r.index, inputs=[c for c, _ in r.inputs])
+                                  for r in self.reduced if r.index != self.me])
 
     async def connect(self) -> None:
         self.missing_links = set(self.required)
@@ -317,6 +415,7 @@ class _Round:
             results.add_done_callback(_quiet)
 
     async def send_part(self, j: int, link: PeerLink) -> None:
+        assert self.flat is not None
         lo, hi = self.bounds[j]
         header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
                       loss_sum=self.loss_sum)
@@ -343,6 +442,7 @@ class _Round:
         out, and so are its samples: it is the only one to pay)."""
         frame = await self.mesh.mailbox.get(round_key("part", self.plan.round_id, j, peer), timeout=1e9)
         self.missing_parts.get(j, set()).discard(peer)
+        self.bytes_in += len(frame.payload)
         try:
             part = frame.header
             if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != j:
@@ -359,7 +459,7 @@ class _Round:
         """Every required sender's part ``j`` (a link lost fails the round, unless the
         backbone says its peer left), then what optional senders deliver within the grace.
         A lost member's part is left out: the round is the live members'."""
-        senders = [p for p in self.plan.group if p != self.plan.me]
+        senders = [p for p in self.plan.senders if p != self.plan.me]
         required = [p for p in senders if p not in self.plan.optional]
         self.missing_parts[j] = set(required)
         waits = {p: asyncio.ensure_future(self.receive_part(j, p)) for p in senders}
@@ -383,7 +483,9 @@ class _Round:
         inputs gets the same bits), divide by their samples, send the result to everyone."""
         parts = await self.gather_parts(j)
         lo, hi = self.bounds[j]
-        parts[self.plan.me] = (self.flat[lo:hi] if self.samples > 0 else None, self.samples, self.loss_sum)
+        if self.flat is not None:
+            own = self.flat[lo:hi] if self.samples > 0 else None
+            parts[self.plan.me] = (own, self.samples, self.loss_sum)
         contributions = [Contribution(p, values, samples) for p in self.plan.group if p in parts
                          for values, samples, _ in [parts[p]] if values is not None]
         try:
@@ -404,8 +506,10 @@ class _Round:
                 raise AveragingError(f"round {self.plan.round_id}: result not encodable ({exc})") from None
         if self.plan.verified:
             self.reduced.append(Reduced(self.plan.round_id, j, inputs, reduced))
-            self.applied[j] = await asyncio.to_thread(result_digest, reduced)
-        self.averaged[lo:hi] = reduced
+            if self.sends:
+                self.applied[j] = await asyncio.to_thread(result_digest, reduced)
+        if self.sends:
+            self.averaged[lo:hi] = reduced
         weights = combined.weights
         total = sum(weights.values())
         loss = sum(parts[p][2] * w / parts[p][1] for p, w in weights.items()) / total
@@ -416,7 +520,7 @@ class _Round:
                         loss=loss, received=received)
         self.mine.append(result)
         self.result_sends += [self.mesh.spawn(self._send_result(peer, result, payload))
-                              for peer in self.plan.group if peer != self.plan.me and peer not in self.lost]
+                              for peer in self.plan.senders if peer != self.plan.me and peer not in self.lost]
         return result
 
     def _combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
@@ -461,6 +565,7 @@ class _Round:
             raise Misbehaved(peer, f"result from {peer} is empty")
         lo, hi = self.bounds[j]
         self.averaged[lo:hi] = values
+        self.results_in.add(j)
         if self.plan.verified:
             self.applied[j] = await asyncio.to_thread(result_digest, values)
         return result
@@ -474,17 +579,8 @@ class _Round:
         senders = {s for r in results for s in r.received}
         samples = sum(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
         losses = [r.loss for r in results if r.loss is not None]
-        commitment = None
-        if self.plan.verified:
-            parts = range(len(self.plan.group))
-            own = next((r for r in self.reduced if r.index == self.me), None)
-            commitment = Commitment(sent=[self.sent.get(j) for j in parts],
-                                    results=[self.applied.get(j) for j in parts],
-                                    inputs=[c for c, _ in own.inputs] if own else [],
-                                    backup=[BackupInputs(index=r.index, inputs=[c for c, _ in r.inputs])
-                                            for r in self.reduced if r.index != self.me])
         return Averaged(self.averaged, samples, statistics.median_low(losses) if losses else None,
-                        _seen_in_all(self.mine), commitment, self.reduced)
+                        _seen_in_all(self.mine), self._commitment(), self.reduced)
 
 
 def round_key(kind: str, round_id: int, index: int, sender: str) -> tuple[str, int, str]:

@@ -18,25 +18,13 @@ import math
 
 import torch
 
+from engine.averaging.sizes import BLOCK, encoded_size
+from engine.averaging.sizes import blocks as _blocks
 from engine.project import CompressionMethod as Compression
 
-BLOCK = 1024
 _LEVELS = 255
 _FP16_RELATIVE = 2.0**-11  # half precision's rounding error, relative to the value
 _FP16_SUBNORMAL = 2.0**-24  # and its absolute floor, relative to the block's largest magnitude
-
-
-def _blocks(n: int) -> int:
-    return -(-n // BLOCK)
-
-
-def encoded_size(n: int, method: Compression) -> int:
-    """Bytes that ``n`` values take on the wire."""
-    if method == "fp16":
-        return 2 * n + 4 * _blocks(n)
-    if method == "uint8":
-        return n + 8 * _blocks(n)
-    return 4 * n
 
 
 def _padded(flat: torch.Tensor) -> torch.Tensor:

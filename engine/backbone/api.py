@@ -14,7 +14,7 @@ from aiohttp import web
 
 from engine import __version__
 from engine.backbone import api_accounts, api_checkpoints, api_probe, api_projects, openapi
-from engine.backbone.api_projects import LIMIT, OFFSET, QueryInt
+from engine.backbone.api_projects import BY, LIMIT, OFFSET, QueryInt, QueryRanking
 from engine.backbone.http import Handler, json_reply
 from engine.backbone.openapi import RawBody
 from engine.wire import WIRE_VERSION
@@ -57,7 +57,7 @@ class Route:
     replies: dict[int, type | RawBody | str]  # status -> the Struct answered, a raw body, or what happens
     body: type | RawBody | None = None
     auth: Auth = Auth.NONE
-    query: tuple[QueryInt, ...] = ()
+    query: tuple[QueryInt | QueryRanking, ...] = ()
 
 
 async def health(request: web.Request) -> web.Response:
@@ -109,8 +109,9 @@ ROUTES: tuple[Route, ...] = (
           {200: RawBody("application/octet-stream", "the bytes asked for"), 400: ErrorReply, 401: ErrorReply,
            404: ErrorReply, 409: ErrorReply, 429: ErrorReply}, auth=Auth.PEER, query=(api_probe.SIZE,)),
     Route("GET", f"{_PROJECT}/curve", api_projects.curve, "Loss per epoch", {200: Curve, 404: ErrorReply}),
-    Route("GET", f"{_PROJECT}/leaderboard", api_projects.leaderboard, "Credited samples per user, best first",
-          {200: Leaderboard, 400: ErrorReply, 404: ErrorReply}, query=(LIMIT, OFFSET)),
+    Route("GET", f"{_PROJECT}/leaderboard", api_projects.leaderboard,
+          "Credited samples (or bytes aggregated) per user, best first",
+          {200: Leaderboard, 400: ErrorReply, 404: ErrorReply}, query=(LIMIT, OFFSET, BY)),
     Route("GET", f"{_PROJECT}/checkpoints", api_checkpoints.list_checkpoints, "Stored checkpoints",
           {200: CheckpointList, 404: ErrorReply}),
     Route("GET", f"{_PROJECT}/checkpoints/{{epoch}}", api_checkpoints.get_checkpoint,

@@ -18,7 +18,16 @@ from engine.backbone.http import (
     required_user,
 )
 from engine.backbone.store import UsernameTaken
-from engine.wire.api import LoginReply, LoginRequest, Me, ProjectTotals, RegisterRequest, Revoked, SessionList
+from engine.wire.api import (
+    LoginReply,
+    LoginRequest,
+    Me,
+    ProjectTotals,
+    Ranking,
+    RegisterRequest,
+    Revoked,
+    SessionList,
+)
 from engine.wire.codec import Codec
 
 log = logging.getLogger(__name__)
@@ -109,6 +118,7 @@ async def me(request: web.Request) -> web.Response:
     projects: list[ProjectTotals] = []
     for totals in backbone.store.user_totals(user.id):
         totals.rank = backbone.store.rank(totals.project, user.id)
+        totals.aggregated_rank = backbone.store.rank(totals.project, user.id, Ranking.AGGREGATED)
         totals.online = user.id in backbone.online_users(totals.project)
         projects.append(totals)
     since = time.time() - TIMELINE_DAYS * 86400

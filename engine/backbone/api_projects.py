@@ -24,10 +24,18 @@ from engine.backbone.sessions import PeerSession
 from engine.backbone.store import User
 from engine.project import ProjectSpec
 from engine.wire import WIRE_VERSION, ProtocolError
-from engine.wire.api import Curve, JoinReply, JoinRequest, Leaderboard, LeaderboardEntry, ProjectList
+from engine.wire.api import (
+    Curve,
+    JoinReply,
+    JoinRequest,
+    Leaderboard,
+    LeaderboardEntry,
+    ProjectList,
+    Ranking,
+)
 from engine.wire.codec import Codec, encode_text
 from engine.wire.control import MAX_CONTROL_MESSAGE, Ping, Pong, Signal, from_peer, version_mismatch
-from engine.wire.types import IcePolicy
+from engine.wire.types import IcePolicy, PeerRole
 
 log = logging.getLogger(__name__)
 _join: Codec[JoinRequest] = Codec(JoinRequest, "join request", 64 * 1024)
@@ -71,8 +79,9 @@ async def join(request: web.Request) -> web.Response:
         raise _too_many(throttle.joins.wait(address), "too many peers joined from your address")
     peer_id, token = secrets.token_hex(8), secrets.token_urlsafe(32)
     name = body.name or f"peer-{peer_id[:6]}"
-    backbone.store.add_peer(peer_id, spec.id, name, token_digest(token), user.id if user else None)
-    log.info("%s: peer %s (%s) joined%s", spec.id, peer_id, name, f" for {user.username}" if user else "")
+    backbone.store.add_peer(peer_id, spec.id, name, token_digest(token), user.id if user else None, body.role)
+    kind = "auxiliary peer" if body.role is PeerRole.AUXILIARY else "peer"
+    log.info("%s: %s %s (%s) joined%s", spec.id, kind, peer_id, name, f" for {user.username}" if user else "")
     return json_reply(
         JoinReply(
             peer_id=peer_id, token=token, project=spec, username=user.username if user else None,
@@ -89,7 +98,8 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     spec = project_of(request)
     backbone = backbone_of(request)
     peer_id = request.match_info["peer"]
-    name, owner = authenticate_peer(request, spec, peer_id)
+    known = authenticate_peer(request, spec, peer_id)
+    name, owner = known.name, known.user_id
     user = _member(request, spec)
     if owner is not None and (user is None or user.id != owner):
         raise web.HTTPUnauthorized(text="this peer belongs to another account")
@@ -117,7 +127,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     backbone.sessions[peer_id] = session
     backbone.store.peer_connected(peer_id)
     backbone.send_ice_servers(session)  # the join reply's may have expired (a reconnect)
-    backbone.execute(spec.id, tracker.join(peer_id, name))
+    backbone.execute(spec.id, tracker.join(peer_id, name, known.role))
     try:
         async for raw in ws:
             if raw.type == WSMsgType.TEXT:
@@ -192,25 +202,50 @@ class QueryInt:
             raise web.HTTPBadRequest(text=f"{self.name} must be an integer from {self.low} to {self.high}")
         return int(text)
 
+    def schema(self) -> dict:
+        return {"type": "integer", "minimum": self.low, "maximum": self.high, "default": self.default}
+
+
+@dataclass(frozen=True)
+class QueryRanking:
+    """The leaderboard's ``by`` parameter: what it ranks by."""
+
+    name: str
+    description: str
+
+    def read(self, request: web.Request) -> Ranking:
+        text = request.query.get(self.name, Ranking.SAMPLES.value)
+        try:
+            return Ranking(text)
+        except ValueError:
+            choices = ", ".join(r.value for r in Ranking)
+            raise web.HTTPBadRequest(text=f"{self.name} must be one of {choices}") from None
+
+    def schema(self) -> dict:
+        return {"type": "string", "enum": [r.value for r in Ranking], "default": Ranking.SAMPLES.value}
+
 
 LIMIT = QueryInt("limit", 1, 500, 50, "entries per page")
 OFFSET = QueryInt("offset", 0, 10**9, 0, "entries to skip")
+BY = QueryRanking("by", "rank by samples computed, or by bytes aggregated (auxiliary peers)")
 
 
 async def leaderboard(request: web.Request) -> web.Response:
     spec = project_of(request)
     backbone = backbone_of(request)
-    limit, offset = LIMIT.read(request), OFFSET.read(request)
-    total, rows = backbone.store.leaderboard(spec.id, limit, offset)
+    limit, offset, by = LIMIT.read(request), OFFSET.read(request), BY.read(request)
+    (samples_total, bytes_total), rows = backbone.store.leaderboard(spec.id, limit, offset, by)
     online = backbone.online_users(spec.id)
+    counted, total = (5, bytes_total) if by is Ranking.AGGREGATED else (2, samples_total)
     entries = [
-        LeaderboardEntry(rank=offset + i + 1, username=username, samples=samples,
-                         share=min(round(samples / total, 6), 1.0) if total else 0.0,
-                         compute_seconds=round(seconds, 1), last_seen=_iso(last_seen),
-                         online=user_id in online)
-        for i, (username, user_id, samples, seconds, last_seen) in enumerate(rows)
+        LeaderboardEntry(rank=offset + i + 1, username=row[0], samples=row[2],
+                         share=min(round(row[counted] / total, 6), 1.0) if total else 0.0,
+                         compute_seconds=round(row[3], 1), last_seen=_iso(row[4]),
+                         online=row[1] in online, aggregated_bytes=row[5])
+        for i, row in enumerate(rows)
     ]
-    return json_reply(Leaderboard(spec.id, total, limit, offset, entries))
+    return json_reply(Leaderboard(project=spec.id, total_samples=samples_total, limit=limit, offset=offset,
+                                  entries=entries, total_aggregated_bytes=bytes_total, by=by))
 
 
 def _iso(timestamp: float) -> str | None:

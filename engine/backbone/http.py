@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from engine.backbone.accounts import token_digest
-from engine.backbone.store import User
+from engine.backbone.store import KnownPeer, User
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
 from engine.wire.api import MAX_JSON_BODY, PEER_TOKEN_HEADER, ErrorReply
@@ -124,10 +124,10 @@ def client_address(request: web.Request) -> str:
     return remote
 
 
-def authenticate_peer(request: web.Request, spec: ProjectSpec, peer_id: str) -> tuple[str, int | None]:
-    """A peer proves itself with the token it got at join; returns (name, user id)."""
+def authenticate_peer(request: web.Request, spec: ProjectSpec, peer_id: str) -> KnownPeer:
+    """A peer proves itself with the token it got at join."""
     token = request.headers.get(PEER_TOKEN_HEADER, "")
     known = backbone_of(request).store.peer(peer_id, spec.id)
-    if not token or known is None or not hmac.compare_digest(known[1], token_digest(token)):
+    if not token or known is None or not hmac.compare_digest(known.token_sha256, token_digest(token)):
         raise web.HTTPUnauthorized(text="unknown peer or wrong peer token")
-    return known[0], known[2]
+    return known

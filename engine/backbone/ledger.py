@@ -17,13 +17,21 @@ is never cut:
 With ``TOLERANCE`` to spare for jitter in the first, and ``SPEED_UP`` in the second: a
 peer's throughput may jump when a neighbour process stops. A peer that claims ten times
 what it computed is credited a small multiple of what it computed.
+
+An auxiliary peer computes no samples: it is credited with the bytes it aggregated -- the
+wire size of the parts it reduced, once per sender whose part the majority of reducers
+saw -- in rounds that settled with its results applied.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from engine.averaging.sizes import encoded_size
+from engine.project import CompressionMethod
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,12 @@ class Claim:
 class Credit:
     samples: int
     compute_seconds: float
+    aggregated_bytes: int = 0  # an auxiliary peer's: what it reduced for the others
+
+
+def bytes_aggregated(part_sizes: Sequence[int], senders: int, method: CompressionMethod) -> int:
+    """What a reducer of parts of ``part_sizes`` elements took in from ``senders`` senders."""
+    return senders * sum(encoded_size(n, method) for n in part_sizes)
 
 
 def seen_by_reducers(reports: dict[str, dict[str, int]], weights: dict[str, float]) -> dict[str, int]:

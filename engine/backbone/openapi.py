@@ -72,8 +72,7 @@ def _operation(route: Route, ref: dict[type, dict]) -> dict[str, Any]:
     parameters = [{"name": name, "in": "path", "required": True, "schema": PATH_PARAMETERS[name]}
                   for name in re.findall(r"{(\w+)}", route.path)]
     parameters += [{"name": q.name, "in": "query", "required": False, "description": q.description,
-                    "schema": {"type": "integer", "minimum": q.low, "maximum": q.high, "default": q.default}}
-                   for q in route.query]
+                    "schema": q.schema()} for q in route.query]
     if parameters:
         operation["parameters"] = parameters
     if route.auth.value in SECURITY:

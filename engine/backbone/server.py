@@ -201,7 +201,7 @@ class Backbone:
                 owners[peer_id] = session.user_id
             else:  # left since the round began; its work still counts
                 known = self.store.peer(peer_id, project)
-                owners[peer_id] = known[2] if known else None
+                owners[peer_id] = known.user_id if known else None
         return owners
 
     def online_users(self, project: str) -> set[int]:

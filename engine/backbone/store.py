@@ -18,16 +18,18 @@ from pathlib import Path
 
 from engine.backbone.ledger import Credit
 from engine.backbone.tracker.outputs import RoundOpened
-from engine.wire.api import CurvePoint, HourTotals, LoginSession, ProjectTotals
+from engine.wire.api import CurvePoint, HourTotals, LoginSession, ProjectTotals, Ranking
 from engine.wire.control import CheckpointInfo, Step
+from engine.wire.types import PeerRole
 
 log = logging.getLogger(__name__)
 TOKEN_IDLE = 90 * 86400.0  # a log-in unused this long expires
 TOKEN_TOUCH = 3600.0  # how stale a token's last use may be recorded
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Version 2: hashes cover the whole state (parameters, optimizer state, epoch), not the
 # parameters alone, so the old ones name nothing a peer holds any more; log-in tokens
-# expire unused and say what client made them.
+# expire unused and say what client made them. Version 3: auxiliary peers, credited with
+# the bytes they aggregated.
 MIGRATIONS = {
     2: """
 ALTER TABLE tokens ADD COLUMN last_used REAL;
@@ -36,6 +38,12 @@ ALTER TABLE collaborations RENAME COLUMN params_sha256 TO state_sha256;
 ALTER TABLE steps RENAME COLUMN params_sha256 TO state_sha256;
 ALTER TABLE checkpoints RENAME COLUMN params_sha256 TO state_sha256;
 UPDATE collaborations SET state_sha256 = NULL;
+""",
+    3: """
+ALTER TABLE peers ADD COLUMN role TEXT NOT NULL DEFAULT 'trainer';
+ALTER TABLE contributions ADD COLUMN aggregated_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE user_totals ADD COLUMN aggregated_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE collaborations ADD COLUMN aggregated_bytes INTEGER NOT NULL DEFAULT 0;
 """,
 }
 SCHEMA = """
@@ -50,7 +58,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 CREATE TABLE IF NOT EXISTS collaborations (
     project TEXT PRIMARY KEY, epoch INTEGER NOT NULL, state_sha256 TEXT,
-    credited_samples INTEGER NOT NULL DEFAULT 0
+    credited_samples INTEGER NOT NULL DEFAULT 0, aggregated_bytes INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS steps (
     project TEXT NOT NULL, round_id INTEGER NOT NULL, epoch INTEGER NOT NULL, loss REAL,
@@ -62,6 +70,7 @@ CREATE TABLE IF NOT EXISTS contributions (
     project TEXT NOT NULL, round_id INTEGER NOT NULL, peer_id TEXT NOT NULL,
     user_id INTEGER REFERENCES users(id), samples INTEGER NOT NULL,
     compute_seconds REAL NOT NULL, credited_at REAL NOT NULL,
+    aggregated_bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (project, round_id, peer_id)
 );
 CREATE INDEX IF NOT EXISTS contributions_by_user ON contributions (user_id, credited_at);
@@ -69,9 +78,11 @@ CREATE TABLE IF NOT EXISTS user_totals (
     project TEXT NOT NULL, user_id INTEGER NOT NULL REFERENCES users(id),
     samples INTEGER NOT NULL DEFAULT 0, compute_seconds REAL NOT NULL DEFAULT 0,
     online_seconds REAL NOT NULL DEFAULT 0, last_seen REAL NOT NULL DEFAULT 0,
+    aggregated_bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (project, user_id)
 );
 CREATE INDEX IF NOT EXISTS leaderboard ON user_totals (project, samples DESC, user_id);
+CREATE INDEX IF NOT EXISTS leaderboard_aggregated ON user_totals (project, aggregated_bytes DESC, user_id);
 CREATE TABLE IF NOT EXISTS sessions (
     project TEXT NOT NULL, user_id INTEGER NOT NULL REFERENCES users(id), peer_id TEXT NOT NULL,
     started REAL NOT NULL, ended REAL NOT NULL
@@ -89,7 +100,7 @@ CREATE TABLE IF NOT EXISTS rounds (
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, project TEXT NOT NULL, name TEXT NOT NULL,
     token_sha256 TEXT NOT NULL, user_id INTEGER REFERENCES users(id), joined_at REAL NOT NULL,
-    connected_at REAL, last_seen REAL, left_at REAL
+    connected_at REAL, last_seen REAL, left_at REAL, role TEXT NOT NULL DEFAULT 'trainer'
 );
 """
 
@@ -98,6 +109,14 @@ CREATE TABLE IF NOT EXISTS peers (
 class User:
     id: int
     username: str
+
+
+@dataclass(frozen=True)
+class KnownPeer:
+    name: str
+    token_sha256: str
+    user_id: int | None
+    role: PeerRole
 
 
 class UsernameTaken(ValueError):
@@ -259,27 +278,33 @@ class Store:
         now = time.time()
         db = self._transaction()
         try:
-            credited = 0
+            credited = aggregated = 0
             for peer_id, credit in credits.items():
                 user_id = owners.get(peer_id)
                 cur = db.execute(
-                    "INSERT OR IGNORE INTO contributions VALUES (?,?,?,?,?,?,?)",
-                    (project, round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now),
+                    "INSERT OR IGNORE INTO contributions (project, round_id, peer_id, user_id, samples, "
+                    "compute_seconds, credited_at, aggregated_bytes) VALUES (?,?,?,?,?,?,?,?)",
+                    (project, round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now,
+                     credit.aggregated_bytes),
                 )
                 if cur.rowcount == 0:
                     continue  # already credited: a replay must not count twice
                 credited += credit.samples
+                aggregated += credit.aggregated_bytes
                 if user_id is not None:
                     db.execute(
-                        "INSERT INTO user_totals (project, user_id, samples, compute_seconds, last_seen) "
-                        "VALUES (?,?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
+                        "INSERT INTO user_totals (project, user_id, samples, compute_seconds, last_seen, "
+                        "aggregated_bytes) VALUES (?,?,?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
                         "samples = samples + excluded.samples, "
                         "compute_seconds = compute_seconds + excluded.compute_seconds, "
+                        "aggregated_bytes = aggregated_bytes + excluded.aggregated_bytes, "
                         "last_seen = excluded.last_seen",
-                        (project, user_id, credit.samples, credit.compute_seconds, now),
+                        (project, user_id, credit.samples, credit.compute_seconds, now,
+                         credit.aggregated_bytes),
                     )
-            db.execute("UPDATE collaborations SET credited_samples = credited_samples + ? WHERE project=?",
-                       (credited, project))
+            db.execute("UPDATE collaborations SET credited_samples = credited_samples + ?, "
+                       "aggregated_bytes = aggregated_bytes + ? WHERE project=?",
+                       (credited, aggregated, project))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -315,48 +340,55 @@ class Store:
 
     # --- ledger queries ------------------------------------------------------------------
 
-    def leaderboard(self, project: str, limit: int, offset: int) -> tuple[int, list[tuple]]:
-        """(credited samples of the project, rows of (username, user id, samples, compute
-        seconds, last seen) best first)."""
+    def leaderboard(self, project: str, limit: int, offset: int,
+                    by: Ranking = Ranking.SAMPLES) -> tuple[tuple[int, int], list[tuple]]:
+        """((credited samples, aggregated bytes) of the project, rows of (username, user id,
+        samples, compute seconds, last seen, aggregated bytes) best first by ``by``; ranked by
+        aggregated bytes, only users who aggregated any)."""
         total = self.db.execute(
-            "SELECT credited_samples FROM collaborations WHERE project=?", (project,)
+            "SELECT credited_samples, aggregated_bytes FROM collaborations WHERE project=?", (project,)
         ).fetchone()
+        column = "aggregated_bytes" if by is Ranking.AGGREGATED else "samples"
+        only = "AND aggregated_bytes > 0" if by is Ranking.AGGREGATED else ""
         # Page through the covering index alone, then fetch the page's details: a deep
         # offset then skips index entries, not joined rows (100k users: ~5 ms, not ~100).
         rows = self.db.execute(
-            "SELECT users.username, users.id, t.samples, t.compute_seconds, t.last_seen FROM "
-            "(SELECT user_id FROM user_totals WHERE project=? ORDER BY samples DESC, user_id "
+            "SELECT users.username, users.id, t.samples, t.compute_seconds, t.last_seen, t.aggregated_bytes "
+            f"FROM (SELECT user_id FROM user_totals WHERE project=? {only} ORDER BY {column} DESC, user_id "
             "LIMIT ? OFFSET ?) page JOIN user_totals t ON t.project=? AND t.user_id = page.user_id "
-            "JOIN users ON users.id = t.user_id ORDER BY t.samples DESC, t.user_id",
+            f"JOIN users ON users.id = t.user_id ORDER BY t.{column} DESC, t.user_id",
             (project, limit, offset, project),
         ).fetchall()
-        return (total[0] if total else 0), rows
+        return ((total[0], total[1]) if total else (0, 0)), rows
 
-    def rank(self, project: str, user_id: int) -> int | None:
+    def rank(self, project: str, user_id: int, by: Ranking = Ranking.SAMPLES) -> int | None:
+        column = "aggregated_bytes" if by is Ranking.AGGREGATED else "samples"
         row = self.db.execute(
-            "SELECT samples FROM user_totals WHERE project=? AND user_id=?", (project, user_id)
+            f"SELECT {column} FROM user_totals WHERE project=? AND user_id=?", (project, user_id)
         ).fetchone()
-        if row is None:
+        if row is None or (by is Ranking.AGGREGATED and row[0] == 0):
             return None
         ahead = self.db.execute(
-            "SELECT COUNT(*) FROM user_totals WHERE project=? "
-            "AND (samples > ? OR (samples = ? AND user_id < ?))",
+            f"SELECT COUNT(*) FROM user_totals WHERE project=? "
+            f"AND ({column} > ? OR ({column} = ? AND user_id < ?))",
             (project, row[0], row[0], user_id),
         ).fetchone()[0]
         return ahead + 1
 
     def user_totals(self, user_id: int) -> list[ProjectTotals]:
         rows = self.db.execute(
-            "SELECT project, samples, compute_seconds, online_seconds, last_seen FROM user_totals "
-            "WHERE user_id=? ORDER BY project", (user_id,),
+            "SELECT project, samples, compute_seconds, online_seconds, last_seen, aggregated_bytes "
+            "FROM user_totals WHERE user_id=? ORDER BY project", (user_id,),
         ).fetchall()
-        return [ProjectTotals(*row) for row in rows]
+        return [ProjectTotals(project=project, samples=samples, compute_seconds=seconds,
+                              online_seconds=online, last_seen=seen, aggregated_bytes=aggregated)
+                for project, samples, seconds, online, seen, aggregated in rows]
 
     def timeline(self, user_id: int, since: float) -> list[HourTotals]:
         rows = self.db.execute(
             "SELECT project, CAST(credited_at / 3600 AS INTEGER) * 3600 AS hour, SUM(samples), "
-            "SUM(compute_seconds) FROM contributions WHERE user_id=? AND credited_at >= ? "
-            "GROUP BY project, hour ORDER BY hour, project", (user_id, since),
+            "SUM(compute_seconds), SUM(aggregated_bytes) FROM contributions WHERE user_id=? "
+            "AND credited_at >= ? GROUP BY project, hour ORDER BY hour, project", (user_id, since),
         ).fetchall()
         return [HourTotals(*row) for row in rows]
 
@@ -394,19 +426,19 @@ class Store:
     # --- peers and their sessions --------------------------------------------------------
 
     def add_peer(self, peer_id: str, project: str, name: str, token_sha256: str,
-                 user_id: int | None) -> None:
+                 user_id: int | None, role: PeerRole = PeerRole.TRAINER) -> None:
         self.db.execute(
-            "INSERT INTO peers (peer_id, project, name, token_sha256, user_id, joined_at) "
-            "VALUES (?,?,?,?,?,?)", (peer_id, project, name, token_sha256, user_id, time.time()),
+            "INSERT INTO peers (peer_id, project, name, token_sha256, user_id, joined_at, role) "
+            "VALUES (?,?,?,?,?,?,?)", (peer_id, project, name, token_sha256, user_id, time.time(), str(role)),
         )
 
-    def peer(self, peer_id: str, project: str) -> tuple[str, str, int | None] | None:
-        """(name, token digest, user id) of a peer of ``project``."""
+    def peer(self, peer_id: str, project: str) -> KnownPeer | None:
+        """A peer of ``project``, as it joined (its role stays with it across reconnects)."""
         row = self.db.execute(
-            "SELECT name, token_sha256, user_id FROM peers WHERE peer_id=? AND project=?",
+            "SELECT name, token_sha256, user_id, role FROM peers WHERE peer_id=? AND project=?",
             (peer_id, project),
         ).fetchone()
-        return (row[0], row[1], row[2]) if row else None
+        return KnownPeer(row[0], row[1], row[2], PeerRole(row[3])) if row else None
 
     def peer_connected(self, peer_id: str, at: float | None = None) -> None:
         now = at if at is not None else time.time()

@@ -97,10 +97,10 @@ class Audits:
             if reason:
                 return Verdict(False, reason)
             values.append(torch.frombuffer(frame.payload, dtype=torch.float32))
-        opt = self.peer.optimizer
+        project = self.peer.project
         inputs = list(zip(msg.inputs, values[:-1], strict=True))
-        return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, opt.aggregation,
-                                       opt.target_batch_size, opt.compression)
+        return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, project.aggregation,
+                                       project.target_batch_size, project.compression)
 
 
 def _wrong_input(frame: Frame, msg: Audit, position: int, committed: Committed | None) -> str:

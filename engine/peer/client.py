@@ -37,6 +37,7 @@ from engine.wire.control import (
     from_backbone,
     version_mismatch,
 )
+from engine.wire.types import PeerRole
 
 log = logging.getLogger(__name__)
 RECONNECT_FIRST = 1.0  # seconds: the first pause is 0.5-1 s
@@ -87,13 +88,13 @@ class ControlClient:
             headers[PEER_ID_HEADER] = self.join_reply.peer_id
         return headers
 
-    async def join(self) -> JoinReply:
+    async def join(self, role: PeerRole = PeerRole.TRAINER) -> JoinReply:
         if self._http is None:
             local = (self.local_address, 0) if self.local_address else None
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=local),
                                                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"{self.base_url}/api/projects/{self.project_id}/peers"
-        request = JoinRequest(name=self.name, version=__version__, wire=WIRE_VERSION)
+        request = JoinRequest(name=self.name, version=__version__, wire=WIRE_VERSION, role=role)
         try:
             async with self._http.post(url, data=encode(request), headers=self._headers()) as resp:
                 reply = await _answer(resp, _join_reply)

@@ -69,6 +69,17 @@ class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):
     averaging_seconds: Seconds = 0.0
 
 
+class Aggregated(Struct, tag_field="type", tag="aggregated", kw_only=True):
+    """A round in which this auxiliary peer reduced parts for the others."""
+
+    round_id: int
+    epoch: EpochNumber
+    parts: Count  # how many parts it reduced (its own, and any it took over)
+    senders: Count  # whose parts it combined
+    bytes_in: Count  # bytes of the parts it took in
+    seconds: Seconds
+
+
 class RoundFailed(Struct):
     epoch: EpochNumber
     reason: str
@@ -84,4 +95,4 @@ class Stopped(Struct):
 
 
 PeerEvent = (Joined | Connection | Governed | ComputingOn | SyncProgress | Synced | EpochCompleted
-             | RoundFailed | StatusChanged | Stopped)
+             | Aggregated | RoundFailed | StatusChanged | Stopped)

@@ -7,6 +7,7 @@ import sys
 
 from engine.console import StatusLine, bar, megabytes
 from engine.peer.events import (
+    Aggregated,
     ComputingOn,
     Connection,
     EpochCompleted,
@@ -63,6 +64,13 @@ class ConsoleReporter:
                                   "my_samples": event.my_samples,
                                   "paths": {p: str(v) if v else None for p, v in event.paths.items()}}),
                       flush=True)
+        elif isinstance(event, Aggregated):
+            self.line.say(f"round {event.round_id} (epoch {event.epoch}): aggregated "
+                          f"{megabytes(event.bytes_in)} from {event.senders} peers in {event.seconds:.1f}s")
+            if self.json_lines:
+                print(json.dumps({"aggregated": event.bytes_in, "round_id": event.round_id,
+                                  "epoch": event.epoch, "senders": event.senders, "parts": event.parts,
+                                  "seconds": round(event.seconds, 3)}), flush=True)
         elif isinstance(event, RoundFailed):
             self.line.say(f"round for epoch {event.epoch} failed: {event.reason}")
         elif isinstance(event, StatusChanged):

@@ -30,6 +30,7 @@ from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, Pe
 from engine.peer.rounds import Rounds
 from engine.peer.state_sync import StateSync
 from engine.peer.training import heartbeat_loop, training_loop
+from engine.project import ProjectSpec
 from engine.tasks import Task, create_task, initial_model
 from engine.training.device import Placement, choose_device
 from engine.training.optimizer import CollaborativeOptimizer
@@ -64,6 +65,7 @@ class PeerOptions:
     reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
     limits: Limits = field(default_factory=Limits)
     relay_only: bool = False  # connect to other peers through TURN only
+    auxiliary: bool = False  # reduce parts of rounds only: no training (engine/peer/auxiliary.py)
 
 
 class Peer:
@@ -96,6 +98,12 @@ class Peer:
         # (epoch, hash) the backbone told us to resync to while paused: done on resume
         self._resync_on_resume: tuple[int, str | None] | None = None
         self._placement: Placement | None = None
+
+    @property
+    def project(self) -> ProjectSpec:
+        """The project as the backbone described it when we joined."""
+        assert self.client.join_reply is not None
+        return self.client.join_reply.project
 
     @property
     def optimizer(self) -> CollaborativeOptimizer:
@@ -187,10 +195,7 @@ class Peer:
         loops: list[asyncio.Task] = []
         try:
             await self._start()
-            loops = [asyncio.ensure_future(coro) for coro in (
-                self.control.run(), training_loop(self), heartbeat_loop(self), self._stop.wait())]
-            self.spawn(self._first_sync())
-            self.spawn(self._measure_link())
+            loops = [asyncio.ensure_future(coro) for coro in self._loops()]
             done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 error = None if task.cancelled() else task.exception()
@@ -204,15 +209,18 @@ class Peer:
         self.emit(Stopped(self._stop_reason))
         return self._stop_reason
 
+    def _loops(self) -> list[Coroutine[Any, Any, Any]]:
+        """What runs until the peer stops (the first to end stops the rest), once started."""
+        self.spawn(self._first_sync())
+        self.spawn(self._measure_link())
+        return [self.control.run(), training_loop(self), heartbeat_loop(self), self._stop.wait()]
+
     async def _start(self) -> None:
         opts = self.options
         threads = opts.threads or opts.limits.threads
         if threads:
             torch.set_num_threads(threads)
-        addresses = opts.ice_addresses
-        if addresses is None and is_loopback_host(urlparse(opts.backbone_url).hostname or ""):
-            addresses = ["127.0.0.1"]
-        restrict_host_addresses(addresses)
+        self._restrict_addresses()
         reply = await self.client.join()
         self.peer_id = reply.peer_id
         project = reply.project
@@ -246,6 +254,14 @@ class Peer:
         if not self._running:
             self._opt.pause(True)
         self._sync = StateSync(self.client, self._mesh, self.mailbox, self._opt, self.fresh_model, self.emit)
+
+    def _restrict_addresses(self) -> None:
+        """Offer only the addresses asked for (loopback, for a backbone on this machine)."""
+        opts = self.options
+        addresses = opts.ice_addresses
+        if addresses is None and is_loopback_host(urlparse(opts.backbone_url).hostname or ""):
+            addresses = ["127.0.0.1"]
+        restrict_host_addresses(addresses)
 
     def _link_estimate(self) -> tuple[float | None, float | None]:
         link = self.bandwidth.estimate(self.upload.rate, self.download.rate)

@@ -248,7 +248,7 @@ class CollaborativeOptimizer:
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me,
                          frozenset(start.optional), self.aggregation, self.target_batch_size,
-                         self.compression)
+                         self.compression, auxiliary=frozenset(start.auxiliary))
         try:
             try:
                 averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,
@@ -259,7 +259,7 @@ class CollaborativeOptimizer:
                 if self.epoch == start.epoch:
                     await self._run(lambda: self.accumulator.restore(taken))
                 await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc),
-                                           unreachable=exc.suspects))
+                                           unreachable=exc.suspects, waiting=exc.waiting))
                 return None
         finally:
             self._in_round = False
@@ -270,7 +270,8 @@ class CollaborativeOptimizer:
             self.kept.taken = taken
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
-                                   received=averaged.received, commitment=averaged.commitment)
+                                   received=averaged.received, commitment=averaged.commitment,
+                                   numel=averaged.vector.numel())
         await self._send(self.last_step)
         step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
                     peers=len(start.group), round_seconds=seconds, state_sha256=digest)

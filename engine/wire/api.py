@@ -21,9 +21,11 @@ from engine.wire.types import (
     Loss,
     Name,
     PeerId,
+    PeerRole,
     ProjectId,
     Rate,
     Seconds,
+    StrEnum,
     Text,
 )
 
@@ -114,6 +116,7 @@ class JoinRequest(Struct, kw_only=True):
     name: Name = ""
     version: Name = ""  # the peer's Cotrain release
     wire: int = 1  # releases before wire v2 did not say
+    role: PeerRole = PeerRole.TRAINER
 
     def __post_init__(self) -> None:
         if not self.name.isprintable():
@@ -162,25 +165,35 @@ class Curve(Struct):
     epochs: list[CurvePoint]
 
 
-class LeaderboardEntry(Struct):
+class Ranking(StrEnum):
+    """What a leaderboard ranks users by."""
+
+    SAMPLES = "samples"  # samples computed (training peers)
+    AGGREGATED = "aggregated"  # bytes aggregated for the others (auxiliary peers)
+
+
+class LeaderboardEntry(Struct, kw_only=True):
     rank: Count
     username: Name
     samples: Count
-    share: Annotated[float, Meta(ge=0, le=1)]
+    share: Annotated[float, Meta(ge=0, le=1)]  # of what the ranking counts
     compute_seconds: Seconds
     last_seen: Annotated[str, Meta(max_length=32)] | None  # ISO 8601, UTC
     online: bool
+    aggregated_bytes: Count = 0
 
 
-class Leaderboard(Struct):
+class Leaderboard(Struct, kw_only=True):
     project: ProjectId
     total_samples: Count
     limit: Count
     offset: Count
     entries: list[LeaderboardEntry]
+    total_aggregated_bytes: Count = 0
+    by: Ranking = Ranking.SAMPLES
 
 
-class ProjectTotals(Struct):
+class ProjectTotals(Struct, kw_only=True):
     """A user's credited work in one project."""
 
     project: ProjectId
@@ -190,6 +203,8 @@ class ProjectTotals(Struct):
     last_seen: Timestamp
     rank: Count | None = None
     online: bool = False
+    aggregated_bytes: Count = 0  # as an auxiliary peer
+    aggregated_rank: Count | None = None
 
 
 class HourTotals(Struct):
@@ -197,6 +212,7 @@ class HourTotals(Struct):
     hour: Timestamp  # UNIX time of the hour's start
     samples: Count
     compute_seconds: Seconds
+    aggregated_bytes: Count = 0
 
 
 class Me(Struct):

@@ -39,7 +39,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[3] = WIRE_VERSION
+    v: Literal[4] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -134,7 +134,12 @@ class RoundDone(ControlMessage, tag="round_done"):
     error: Text | None = None
     received: SampleCounts = field(default_factory=dict)  # sender -> samples in its part to me
     unreachable: PeerList = field(default_factory=list)  # peers it could not exchange with
+    # Reducers whose results had not come when it failed: not evidence that the pair cannot
+    # exchange (the reducer may wait on someone else), but a majority's word against an
+    # auxiliary peer that withholds its results.
+    waiting: PeerList = field(default_factory=list)
     commitment: Commitment | None = None  # in projects whose reducers are checked
+    numel: Count = 0  # length of the averaged vector: sizes an auxiliary peer's credit
 
 
 class AuditDone(ControlMessage, tag="audit_done"):
@@ -221,6 +226,9 @@ class RoundStart(ControlMessage, tag="round_start"):
     # Members on probation (newcomers, or after a missed round): their parts are taken if
     # they come in time, never waited for; they reduce nothing.
     optional: Annotated[list[PeerId], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    # Auxiliary peers: they reduce their part and bring no gradient, so nobody waits for a
+    # part from them, nor sends them results, and they take no step.
+    auxiliary: Annotated[list[PeerId], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.group) != len(self.shares):
@@ -234,6 +242,11 @@ class RoundStart(ControlMessage, tag="round_start"):
         optional = set(self.optional)
         if any(share > 0 for peer, share in zip(self.group, self.shares, strict=True) if peer in optional):
             raise ValueError("optional members reduce nothing")
+        auxiliary = set(self.auxiliary)
+        if not auxiliary <= set(self.group) - optional or len(auxiliary) != len(self.auxiliary):
+            raise ValueError("auxiliary members must be listed once, in the group and not optional")
+        if len(auxiliary) >= len(self.group):
+            raise ValueError("a round needs a member that brings a gradient")
 
 
 class Reassign(ControlMessage, tag="reassign"):

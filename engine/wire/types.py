@@ -61,6 +61,13 @@ class LinkPath(StrEnum):
         return list(LinkPath).index(self)
 
 
+class PeerRole(StrEnum):
+    """What a peer brings to a collaboration."""
+
+    TRAINER = "trainer"  # computes gradients, reduces a part of each round, applies every step
+    AUXILIARY = "aux"  # no training: reduces parts only (a machine with bandwidth but no useful compute)
+
+
 class SignalKind(StrEnum):
     OFFER = "offer"
     ANSWER = "answer"

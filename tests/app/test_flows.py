@@ -14,8 +14,10 @@ import pytest
 from app.application import CotrainApp
 from app.controller import Controller
 from app.settings_store import Current, SettingsStore
+from app.views.leaderboard import COLUMNS
 from engine.credentials import SERVICE, backbone_key
 from engine.governor.policy import GovernorState
+from engine.wire.api import Ranking
 from tests.app.conftest import (
     TEST_LIMITS,
     WORKER_START,
@@ -218,15 +220,17 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
         wait_until(lambda: "as alice" in running.dashboard.project.text(), 30)
     bb = running.backbone
     bob_token = bb.call(register(bb.url, "bobby"))
-    bob = None
+    carol_token = bb.call(register(bb.url, "carol"))
+    bob = carol = None
     try:
         bob = bb.call(_start_bob(bb.url, bob_token))
-        # Both earn credit in the steps they take together.
-        wait_until(lambda: _credited(bb) >= {"alice", "bobby"}, 60,
-                   lambda: f"credit for alice and bobby; credited {_credited(bb)}")
+        carol = bb.call(_start_auxiliary(bb.url, carol_token))
+        # Both earn credit in the steps they take together; carol, an auxiliary peer,
+        # for the bytes she aggregates for them.
+        wait_until(lambda: _credited(bb) >= {"alice", "bobby"} and _aggregated(bb) > 0, 60,
+                   lambda: f"credit for alice and bobby, bytes for carol; credited {_credited(bb)}")
     finally:
-        if bob is not None:
-            bb.call(stop_all(bob))
+        bb.call(stop_all(*(p for p in (bob, carol) if p is not None)))
     board = running.page("leaderboard")
     board.refresh_button.click()
     wait_until(lambda: {e.username for e in board.entries} >= {"alice", "bobby"}, 30)
@@ -247,11 +251,33 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
     wait_until(lambda: board.offset == 1 and board.entries and board.entries[0].username != first,
                30, "the second page")
     assert board.previous.isEnabled()
+    # Ranked by bytes aggregated: carol alone, with what she aggregated in its column.
+    board.page_size = 25
+    board.ranking.setCurrentIndex(board.ranking.findData(Ranking.AGGREGATED))
+    wait_until(lambda: [e.username for e in board.entries] == ["carol"], 30,
+               lambda: f"carol ranked by bytes; shown {[e.username for e in board.entries]}")
+    assert board.table.item(0, COLUMNS.index("Aggregated")).text().endswith("B")
+    assert board.table.item(0, COLUMNS.index("Share")).text() == "100.0 %"
+    assert "aggregated by auxiliary peers" in board.subtitle.text()
+    board.ranking.setCurrentIndex(board.ranking.findData(Ranking.SAMPLES))
     wait_until(lambda: contributing(running), 30)
 
 
 async def _start_bob(url: str, token: str):
     return start_peer(url, "tiny-lm", "bob", threads=1, user_token=token)
+
+
+async def _start_auxiliary(url: str, token: str):
+    from tests.collab.test_auxiliary import start_auxiliary
+
+    return start_auxiliary(url, "tiny-lm", "carol", user_token=token)
+
+
+def _aggregated(bb: ThreadedBackbone) -> int:
+    async def total() -> int:
+        return bb.backbone.store.leaderboard("tiny-lm", 1, 0)[0][1]
+
+    return bb.call(total())
 
 
 def _credited(bb: ThreadedBackbone) -> set[str]:

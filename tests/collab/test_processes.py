@@ -95,6 +95,49 @@ async def test_a_reducer_killed_mid_round_is_replaced_and_that_round_completes(t
                   "one state on all 3 survivors")
 
 
+async def test_an_auxiliary_peer_killed_as_its_round_begins_is_replaced_and_the_trainers_go_on(tmp_path):
+    """`cotrain peer --aux` reduces for two trainers; SIGKILLed as a round it reduces in
+    begins, its part goes to a trainer and that same round settles, with nothing credited
+    to it."""
+    project = tiny_project(target_batch_size=96, round_timeout=30)
+    async with running_backbone(tmp_path, project) as backbone:
+        tracker = backbone.trackers[project.id]
+        trainers = [await spawn_peer(backbone.url, project.id, f"t{i}", tmp_path) for i in range(2)]
+        helper = await spawn_peer(backbone.url, project.id, "helper", tmp_path, "--aux")
+        killed: list[RoundStart] = []
+        recorded: list = []
+        carry_out = backbone.execute
+
+        def execute(project_id, outs):
+            carry_out(project_id, outs)
+            recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
+            starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
+            if not killed and starts and len(helper.epochs) >= 2 and starts[0].auxiliary:
+                helper.kill()
+                killed.append(starts[0])
+
+        backbone.execute = execute
+        try:
+            await until(lambda: killed, 120, "two rounds the auxiliary peer reduced in, then a third")
+            start = killed[0]
+            await until(lambda: tracker.epoch > start.epoch, project.round_timeout,
+                        "the round the auxiliary peer died in to settle")
+            for p in trainers:
+                await p.reached(start.epoch + 2, timeout=60)
+        finally:
+            await terminate(*trainers, helper)
+    # `cotrain peer --aux --json`: one object per round it reduced in.
+    assert all({"aggregated", "round_id", "epoch", "senders", "seconds"} <= set(e) for e in helper.epochs)
+    assert all(e["aggregated"] > 0 and e["senders"] == 2 for e in helper.epochs)
+    (step,) = [r.step for r in recorded if isinstance(r, RecordStep) and r.step.epoch == start.epoch + 1]
+    assert step.round_id == start.round_id, "the round was redone"
+    (credited,) = [r.credits for r in recorded
+                   if isinstance(r, RecordCredits) and r.round_id == start.round_id]
+    assert set(credited) == set(start.group) - set(start.auxiliary)
+    hashes = {e["state_sha256"] for p in trainers for e in p.epochs if e["epoch"] == start.epoch + 1}
+    assert hashes == {step.state_sha256}
+
+
 @pytest.mark.timeout(660)
 async def test_cotrain_demo_trains_three_peers_to_identical_parameters():
     process = await asyncio.create_subprocess_exec(

@@ -33,6 +33,7 @@ from engine.wire.control import (
     from_backbone,
 )
 from engine.wire.framing import Frame
+from engine.wire.types import PeerRole
 
 _addresses = itertools.count(2)
 # The data plane's first chunk of a message, as the wire defines it (engine/wire/framing.py):
@@ -175,10 +176,11 @@ class Adversary:
     def peer_ids(self) -> list[str]:
         return [s.peer_id for s in self.strangers]
 
-    async def join(self, name: str = "mallory", follow: bool = False) -> Stranger:
+    async def join(self, name: str = "mallory", follow: bool = False,
+                   role: PeerRole = PeerRole.TRAINER) -> Stranger:
         """A new identity, its control socket open; Refused if the backbone says no."""
         assert self.http is not None
-        body = encode(JoinRequest(name=name, version="0", wire=WIRE_VERSION))
+        body = encode(JoinRequest(name=name, version="0", wire=WIRE_VERSION, role=role))
         async with self.http.post(f"{self.url}/api/projects/{self.project}/peers", data=body,
                                   headers={"Content-Type": "application/json"}) as resp:
             text = await resp.text()

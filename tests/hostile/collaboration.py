@@ -186,6 +186,16 @@ class Collaboration:
             row = db.execute(query, peer_ids).fetchone()
         return int(row[0])
 
+    def aggregated(self, peer_ids: list[str]) -> int:
+        """Bytes aggregated the ledger credits to these peers (as auxiliary peers)."""
+        if not peer_ids:
+            return 0
+        with self.db() as db:
+            marks = ",".join("?" * len(peer_ids))
+            query = f"SELECT COALESCE(SUM(aggregated_bytes), 0) FROM contributions WHERE peer_id IN ({marks})"
+            row = db.execute(query, peer_ids).fetchone()
+        return int(row[0])
+
     def recorded(self) -> dict[int, tuple[float | None, str]]:
         """epoch -> (loss, state hash) of every step the backbone recorded."""
         with self.db() as db:
@@ -328,7 +338,7 @@ def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list
     during = [losses[e] for e in range(verdict.during.first_epoch + 1, verdict.during.last_epoch + 1)]
     assert all(loss is not None and math.isfinite(loss) for loss in before + during)
     assert statistics.mean(during) <= statistics.mean(before) + LOSS_NOISE, (before, during)
-    assert may_earn or collab.credited(adversary_ids) == 0
+    assert may_earn or collab.credited(adversary_ids) == collab.aggregated(adversary_ids) == 0
     assert all(p.alive for p in collab.processes())
     for name, before in verdict.rss_before.items():
         assert verdict.rss_after[name] - before < MAX_GROWTH, f"{name}: {verdict.figure()}"

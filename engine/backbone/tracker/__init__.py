@@ -44,6 +44,7 @@ from engine.wire.control import (
     Status,
     SyncRequest,
 )
+from engine.wire.types import PeerRole
 
 __all__ = ["Broadcast", "CollaborationState", "Out", "RecordCredits", "RecordStep", "RoundOpened", "Send",
            "Tracker"]
@@ -111,8 +112,8 @@ class Tracker:
 
     # --- membership -----------------------------------------------------------------------
 
-    def join(self, peer_id: str, name: str) -> list[Out]:
-        self.members.join(peer_id, name)
+    def join(self, peer_id: str, name: str, role: PeerRole = PeerRole.TRAINER) -> list[Out]:
+        self.members.join(peer_id, name, auxiliary=role is PeerRole.AUXILIARY)
         return []
 
     def leave(self, peer_id: str) -> list[Out]:
@@ -130,6 +131,8 @@ class Tracker:
         peer = self.members.get(peer_id)
         if peer is None:
             return []
+        if peer.auxiliary:
+            return self._from_auxiliary(peer, msg)
         if isinstance(msg, Progress):
             return self._progress(peer, msg)
         if isinstance(msg, SyncRequest):
@@ -144,6 +147,17 @@ class Tracker:
             return self._availability(peer, msg)
         if isinstance(msg, BadState):
             return self.sources.bad_state(peer, msg)
+        return []
+
+    def _from_auxiliary(self, peer: PeerState, msg: ControlMessage) -> list[Out]:
+        """An auxiliary peer holds no state and brings no gradient: it reports its link,
+        reduces parts and shows them to checkers; the rest is not its to say."""
+        if isinstance(msg, Progress):
+            self.members.report_link(peer, msg, self.clock())
+        elif isinstance(msg, RoundDone):
+            return self.settlement.round_done(peer, msg)
+        elif isinstance(msg, Availability):
+            peer.paused = msg.paused
         return []
 
     def _availability(self, peer: PeerState, msg: Availability) -> list[Out]:

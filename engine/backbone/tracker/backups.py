@@ -24,10 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def backup_reducer(rnd: OpenRound, client_mode: set[str]) -> str | None:
-    """Who takes over a lost reducer's parts: a live voter that accepts connections,
-    reducing the most already (the LP found its links the best); None if nobody can."""
+    """Who takes over a lost reducer's parts: a live voter or auxiliary member that accepts
+    connections and is still in the round (one that answered has finished it), reducing the
+    most already (the LP found its links the best); None if nobody can."""
     share = rnd.weights()
-    candidates = [p for p in rnd.voters if p not in client_mode]
+    candidates = [p for p in [*rnd.voters, *rnd.auxiliary_reducers()]
+                  if p not in client_mode and p not in rnd.outcomes]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (share[p], -rnd.group.index(p)))

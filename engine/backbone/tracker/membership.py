@@ -56,6 +56,9 @@ class PeerState:
     proven: bool = False
     accusers: set[str] = field(default_factory=set)  # joiners it served state that did not check out
     excluded_until: float = 0.0  # left out of rounds until then
+    # An auxiliary peer: no state, no gradient; it reduces parts of rounds. Proven once a
+    # round it reduced a part of settled (until then it reduces only in trial rounds).
+    auxiliary: bool = False
 
 
 @dataclass
@@ -94,8 +97,8 @@ class Members:
         self._gathered = 0  # their sum
         self._counted_at = -math.inf
 
-    def join(self, peer_id: str, name: str) -> None:
-        self.peers[peer_id] = PeerState(peer_id, name, self._clock())
+    def join(self, peer_id: str, name: str, auxiliary: bool = False) -> None:
+        self.peers[peer_id] = PeerState(peer_id, name, self._clock(), auxiliary=auxiliary)
 
     def leave(self, peer_id: str) -> None:
         self.peers.pop(peer_id, None)
@@ -104,13 +107,21 @@ class Members:
         return self.peers.get(peer_id)
 
     def live(self, epoch: int) -> list[PeerState]:
-        """In sync with ``epoch``, allowed to compute, heard from lately, and not excluded."""
+        """Trainers in sync with ``epoch``, allowed to compute, heard from lately, and not
+        excluded."""
         now = self._clock()
         return [
             p for p in self.peers.values()
             if p.ready and not p.paused and p.epoch == epoch and now - p.heard_at <= self.peer_timeout
-            and p.excluded_until <= now
+            and p.excluded_until <= now and not p.auxiliary
         ]
+
+    def auxiliaries(self) -> list[PeerState]:
+        """Auxiliary peers heard from lately, not paused and not excluded, by id."""
+        now = self._clock()
+        return sorted((p for p in self.peers.values()
+                       if p.auxiliary and not p.paused and now - p.heard_at <= self.peer_timeout
+                       and p.excluded_until <= now), key=lambda p: p.peer_id)
 
     def strike(self, peer: PeerState, why: str) -> None:
         """It dissented from the settled state or missed a round: twice in a row, and it sits
@@ -146,6 +157,13 @@ class Members:
         peer.heard_at = now
         if step != 0:
             peer.reported_at = now
+
+    def report_link(self, peer: PeerState, msg: Progress, now: float) -> None:
+        """An auxiliary peer's report: it is alive, and what its link achieves. Its samples
+        are nobody's (it computes none)."""
+        peer.client_mode = msg.client_mode
+        peer.upload, peer.download = msg.upload or peer.upload, msg.download or peer.download
+        peer.heard_at = now
 
     def may_reach(self, target: int, peer: PeerState, epoch: int, now: float) -> bool:
         """A cheap first test for the hot path: False only if the live peers' samples fall

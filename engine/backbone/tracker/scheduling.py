@@ -2,7 +2,14 @@
 joiner is still downloading the state (a wait that takes at most a tenth of the time,
 however many joiners come and go), and the group can all reach each other. Peers on probation join
 the round as optional members: their parts are welcome, but nobody waits for them and
-their word does not open it."""
+their word does not open it.
+
+Auxiliary peers join every round whose members they all reach, as reducers only. One that
+has not proven itself yet (no round it reduced in has settled) is everyone's to wait for
+as any reducer is, so only one such peer at a time gets a trial round, and trial rounds
+take at most a tenth of the time: after one that lasted d seconds, the next comes
+(TRIAL_SPACING - 1) * d later. Identities that come as auxiliary peers and stall their
+trial cost the collaboration at most a tenth of its time, however many there are."""
 
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ MAX_CLAIM_RATIO = 16.0
 # Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
 # identities that ask for the state and never download it cannot stall the rest.
 HOLD_SHARE = 1 / 10
+# Rounds with an unproven auxiliary peer in them take at most 1 / TRIAL_SPACING of the time.
+TRIAL_SPACING = 10
 
 
 @dataclass
@@ -51,6 +60,8 @@ class OpenRound:
     lost: set[str] = field(default_factory=set)  # members that left midway (tracker/backups.py)
     unproven: set[str] = field(default_factory=set)  # seen with samples; proven if its late step agrees
     reducers: list[str] = field(default_factory=list)  # who reduces part j now (a backup, if lost)
+    auxiliary: set[str] = field(default_factory=set)  # reduce only: no gradient, no step, no vote
+    trial: bool = False  # an unproven auxiliary peer reduces in it (Scheduler.trial_over)
 
     def __post_init__(self) -> None:
         if not self.reducers:
@@ -59,11 +70,18 @@ class OpenRound:
     @property
     def voters(self) -> list[str]:
         """The members whose reports settle the round, and whom it waits for."""
-        return [p for p in self.group if p not in self.optional and p not in self.lost]
+        return [p for p in self.group
+                if p not in self.optional and p not in self.lost and p not in self.auxiliary]
+
+    def auxiliary_reducers(self) -> list[str]:
+        """The auxiliary members that reduce a part now."""
+        weights = self.weights()
+        return [p for p in self.group if p in self.auxiliary and p not in self.lost and weights[p] > 0]
 
     def answered(self, alive: set[str]) -> bool:
-        """Every voter still here has said how the round ended."""
-        return all(p in self.outcomes or p not in alive for p in self.voters)
+        """Every voter, and every auxiliary member with a part, still here has said how the
+        round ended (the latter's report is what credits the parts it reduced)."""
+        return all(p in self.outcomes or p not in alive for p in [*self.voters, *self.auxiliary_reducers()])
 
     def weights(self) -> dict[str, float]:
         """Each member's share of the vector: its weight as a reducer (a backup's includes
@@ -75,7 +93,7 @@ class OpenRound:
 
     def start(self, timeout: float) -> RoundStart:
         return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,
-                          sorted(self.optional))
+                          sorted(self.optional), sorted(self.auxiliary))
 
 
 class Scheduler:
@@ -93,6 +111,7 @@ class Scheduler:
         self._round_ids = itertools.count(last_round_id + 1)
         self._hold_began: float | None = None  # when downloads began holding rounds back
         self._next_hold = -math.inf  # no new hold before then
+        self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
 
     def retry_later(self) -> None:
         """A round failed: give the peers a moment before the next."""
@@ -137,30 +156,65 @@ class Scheduler:
         else:
             self._hold_began = None
         proven = {p.peer_id for p in counted}
-        group = self.pairs.connected_group(
+        trainers = self.pairs.connected_group(
             [(p.peer_id, p.samples if p.peer_id in proven else -1) for p in live], now)
-        members = [p for p in live if p.peer_id in group]
+        members = [p for p in live if p.peer_id in trainers]
         voters = [p for p in members if p.peer_id in proven]
         if not voters or sum(p.samples for p in voters) < target:
             return None
         optional = {p.peer_id for p in members} - proven
+        helpers = self._auxiliaries(trainers, now)
+        auxiliary = {p.peer_id for p in helpers}
+        group = sorted([*trainers, *auxiliary])
+        balanced = shares([*members, *helpers], group, optional, self.equal_shares, auxiliary)
+        idle = {p for p, share in zip(group, balanced.shares, strict=True) if p in auxiliary and share == 0}
+        if idle:  # the LP found their links no help: they sit this round out
+            kept = [(p, s) for p, s in zip(group, balanced.shares, strict=True) if p not in idle]
+            group, auxiliary = [p for p, _ in kept], auxiliary - idle
+            balanced = Balance([s for _, s in kept], balanced.seconds)
+        trial = any(not p.proven for p in helpers if p.peer_id in auxiliary)
+        if trial:
+            self._next_trial = math.inf  # until this one is over
         due = epoch + 1 - last_checkpoint >= self.project.checkpoint_every
-        balanced = shares(members, group, optional, self.equal_shares)
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
             members={p.peer_id: Pace.of(p, members) for p in members}, optional=optional,
+            auxiliary=auxiliary, trial=trial,
         )
-        log.info("%s: round %d for epoch %d with %d peers, %d samples, shares %s (%.3f s per MB)",
-                 self.project.id, rnd.round_id, rnd.epoch, len(group),
+        log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s "
+                 "(%.3f s per MB)", self.project.id, rnd.round_id, rnd.epoch, len(group), len(auxiliary),
                  sum(m.samples for m in rnd.members.values()), " ".join(f"{s:.2f}" for s in rnd.shares),
                  balanced.seconds * 1e6)
         return rnd
 
+    def trial_over(self, rnd: OpenRound) -> None:
+        """A round is over: if it was a trial, the next one waits nine times as long as it took."""
+        if rnd.trial:
+            now = self._clock()
+            self._next_trial = now + (TRIAL_SPACING - 1) * (now - rnd.opened_at)
 
-def shares(members: list[PeerState], group: list[str], optional: set[str], equal: bool = False) -> Balance:
+    def _auxiliaries(self, trainers: list[str], now: float) -> list[PeerState]:
+        """The auxiliary peers that join a round of ``trainers``: those that reach them all
+        and accept connections; of those not proven yet, one, if a trial is due."""
+        chosen = []
+        trial_due = now >= self._next_trial
+        for peer in self.members.auxiliaries():
+            if peer.client_mode or not all(self.pairs.reachable(peer.peer_id, t, now) for t in trainers):
+                continue
+            if peer.proven:
+                chosen.append(peer)
+            elif trial_due:
+                chosen.append(peer)
+                trial_due = False
+        return chosen
+
+
+def shares(members: list[PeerState], group: list[str], optional: set[str], equal: bool = False,
+           auxiliary: set[str] | frozenset[str] = frozenset()) -> Balance:
     """Each member's share of the vector, by DeDLOC's LP over the links the members report.
+    Auxiliary members bring no gradient: they only reduce.
     Client-mode peers reduce nothing (unless all voters are), nor do members on probation.
     A member that has not measured its link counts as the median of those that have (all
     equal: equal shares); a claim beyond MAX_CLAIM_RATIO times that median (or below its
@@ -178,8 +232,8 @@ def shares(members: list[PeerState], group: list[str], optional: set[str], equal
         # Within MAX_CLAIM_RATIO of the median either way: keeps the LP well conditioned.
         return min(max(value or typical, typical / MAX_CLAIM_RATIO), typical * MAX_CLAIM_RATIO)
 
-    links = [Member(rate(by_id[peer].upload), rate(by_id[peer].download), reduces=peer not in client)
-             for peer in group]
+    links = [Member(rate(by_id[peer].upload), rate(by_id[peer].download), sends=peer not in auxiliary,
+                    reduces=peer not in client) for peer in group]
     if not equal:
         try:
             return balance(links, 1.0)

@@ -6,7 +6,15 @@ counts too: it may have failed because the one reporting success withheld its re
 Then the epoch advances, members that dissent resync (twice in a row, and they sit rounds
 out), and once every voter has answered, each member is credited with what a majority of
 reducers saw it send; one the reducers did not see is struck. A round that does not
-settle is discarded: its members go back to the last settled state, which they kept."""
+settle is discarded: its members go back to the last settled state, which they kept.
+
+Auxiliary members take no step and never vote: a round they reduced in that settles
+proves them and credits the bytes they aggregated; their silence strikes them.
+
+A round that does not settle while most of the other voters still waited for a reducer's
+results strikes that reducer, unless it names whose part it missed (those pairs are kept
+apart instead): a reducer that takes the parts and withholds its results sits rounds out
+after its second time, like any peer struck twice."""
 
 from __future__ import annotations
 
@@ -15,7 +23,8 @@ import statistics
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from engine.backbone.ledger import credits, seen_by_reducers
+from engine.averaging.partition import part_sizes
+from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound
@@ -144,11 +153,17 @@ class Settlement:
             # the machine its owner asked back.
             if p.ready and not p.paused and p.peer_id not in rnd.group:
                 out += t.resync(p, "an epoch finished while you were not in the round")
+        for aux in rnd.auxiliary_reducers():
+            peer = t.members.get(aux)
+            if peer is not None:  # the voters applied its results: they agree
+                peer.proven, peer.strikes = True, 0
         return out
 
     def _judge(self, rnd: OpenRound, peer: PeerState, msg: RoundDone) -> list[Out]:
-        """A member's outcome against the settled state."""
+        """A member's outcome against the settled state (an auxiliary member holds none)."""
         t = self.t
+        if peer.peer_id in rnd.auxiliary:
+            return []
         if msg.ok and msg.state_sha256 == rnd.settled_to:
             peer.ready, peer.epoch, peer.strikes = True, t.epoch, 0
             t.members.restart_accumulation(peer)
@@ -177,6 +192,7 @@ class Settlement:
     def close(self, rnd: OpenRound) -> list[Out]:
         t = self.t
         t.round, self.closed = None, rnd
+        t.scheduler.trial_over(rnd)
         out: list[Out] = []
         if rnd.settled_to is None and not (rnd.audit is not None and rnd.audit.failed):
             out += self._try_settle(rnd, final=True)
@@ -200,7 +216,28 @@ class Settlement:
                 if not rnd.recovering:  # (after a restart, it may have been away reconnecting)
                     t.members.strike(peer, "it did not finish a round")
                 out += t.resync(peer, "you did not finish the round in time")
+        if rnd.settled_to is None and not rnd.recovering:
+            weights = rnd.weights()
+            for reducer in [p for p in rnd.group if weights[p] > 0 and p not in rnd.lost]:
+                peer = t.members.get(reducer)
+                why = self._withheld(rnd, reducer)
+                if peer is not None and why:
+                    t.members.strike(peer, why)
         return out
+
+    @staticmethod
+    def _withheld(rnd: OpenRound, reducer: str) -> str:
+        """Why a round that did not settle is this reducer's fault, if it is: an auxiliary
+        one never answered (a silent voter is struck already), or most of the other voters
+        were still waiting for its results while it named nobody whose part it missed."""
+        outcome = rnd.outcomes.get(reducer)
+        if outcome is None:
+            return "it did not finish a round it reduced in" if reducer in rnd.auxiliary else ""
+        if outcome.unreachable:
+            return ""  # the pairs it names are kept apart instead
+        others = [p for p in rnd.voters if p != reducer]
+        waiting = sum(reducer in o.waiting for p, o in rnd.outcomes.items() if p in others)
+        return "the others still waited for its results" if others and waiting * 2 > len(others) else ""
 
     def _credit(self, rnd: OpenRound) -> dict:
         """What a majority of reducers saw each member send, capped by its measured pace;
@@ -211,7 +248,7 @@ class Settlement:
         seen = {p: n for p, n in seen_by_reducers(reports, rnd.weights()).items() if p not in rnd.lost}
         for pid in rnd.group:
             peer = self.t.members.get(pid)
-            if peer is None:
+            if peer is None or pid in rnd.auxiliary:  # (it sends no part)
                 continue
             if pid not in seen:
                 if pid in rnd.optional or pid in rnd.outcomes:  # (a silent voter is struck below)
@@ -225,4 +262,26 @@ class Settlement:
                 elif outcome.ok and outcome.state_sha256 == rnd.settled_to:
                     peer.proven = True
         ended = rnd.first_success_at if rnd.first_success_at is not None else rnd.settled_at
-        return credits(seen, {p: m.claim(ended) for p, m in rnd.members.items()})
+        computed = credits(seen, {p: m.claim(ended) for p, m in rnd.members.items()})
+        return computed | self._aggregated(rnd, seen)
+
+    def _aggregated(self, rnd: OpenRound, seen: dict[str, int]) -> dict[str, Credit]:
+        """Each auxiliary reducer's credit: the bytes of the parts it reduced, from each
+        sender the reducers saw bring samples. The vector's length is what the voters that
+        hold the settled state say it is."""
+        lengths = [o.numel for p, o in rnd.outcomes.items()
+                   if p in rnd.voters and o.ok and o.state_sha256 == rnd.settled_to and o.numel > 0]
+        if not lengths:
+            return {}
+        sizes = part_sizes(statistics.median_low(lengths), rnd.shares)
+        out = {}
+        for aux in rnd.auxiliary_reducers():
+            outcome = rnd.outcomes.get(aux)
+            if outcome is None or not outcome.ok:
+                continue
+            senders = sum(1 for s in outcome.received if seen.get(s, 0) > 0)
+            parts = [sizes[j] for j, reducer in enumerate(rnd.reducers) if reducer == aux]
+            aggregated = bytes_aggregated(parts, senders, self.t.project.compression)
+            if aggregated > 0:
+                out[aux] = Credit(0, 0.0, aggregated)
+        return out

@@ -74,7 +74,7 @@ class StateSources:
         rnd = t.round
         if patient and not reachable and rnd is not None and any(
                 m != peer.peer_id and m not in rnd.outcomes and m in t.members.peers
-                and pairs.reachable(peer.peer_id, m, now) for m in rnd.group):
+                and m not in rnd.auxiliary and pairs.reachable(peer.peer_id, m, now) for m in rnd.group):
             return []  # answered when the round's members report (or it closes)
         checkpoint = t.checkpoint
         if (not donors and now < self.holders_due

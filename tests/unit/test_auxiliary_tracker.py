@@ -1,0 +1,159 @@
+"""The tracker's rules for auxiliary peers (``cotrain peer --aux``): reducers that bring no
+gradient, hold no state and never vote. Driven directly: no network, a controllable clock."""
+
+from engine.averaging.partition import part_sizes
+from engine.averaging.sizes import encoded_size
+from engine.backbone.tracker import RecordCredits, Tracker
+from engine.backbone.tracker.scheduling import TRIAL_SPACING
+from engine.wire.control import Progress, Reassign, Resync, RoundDone, RoundStart
+from engine.wire.types import PeerRole
+from tests.unit.test_tracker import Clock, clock, done, open_round, ready_tracker, sent
+
+__all__ = ["clock"]  # the fixture
+
+MBIT = 125_000.0
+
+
+def with_auxiliary(clock, *aux: str, links: dict | None = None, **kw) -> Tracker:
+    """a and b train (10 Mbit/s each way); the ``aux`` peers joined as auxiliary ones and
+    reported their links (100 Mbit/s unless ``links`` says otherwise)."""
+    t = ready_tracker(clock, peers=("a", "b"), **kw)
+    for p in aux:
+        t.join(p, p, PeerRole.AUXILIARY)
+        rate = (links or {}).get(p, 100 * MBIT)
+        t.handle(p, Progress(0, 0, 0.0, upload=rate, download=rate))
+    for p in "ab":
+        t.handle(p, Progress(0, 0, 0.0, upload=10 * MBIT, download=10 * MBIT))
+    return t
+
+
+def aux_done(start: RoundStart, numel: int = 0, **kw) -> RoundDone:
+    """An auxiliary member's outcome: no state, the parts it took."""
+    kw.setdefault("received", {p: 50 for p in start.group if p not in start.auxiliary})
+    return RoundDone(start.round_id, start.epoch, True, None, numel=numel, **kw)
+
+
+def test_an_auxiliary_peer_with_the_fastest_link_reduces_most_and_brings_no_gradient(clock):
+    t = with_auxiliary(clock, "x")
+    start = open_round(t, {"a": 50, "b": 50})
+    assert start.group == ["a", "b", "x"] and start.auxiliary == ["x"]
+    shares = dict(zip(start.group, start.shares, strict=True))
+    assert shares["x"] > 0.8, shares  # a parameter server, the LP's choice for one fat link
+    assert t.round.voters == ["a", "b"]
+
+
+def test_an_auxiliary_peer_neither_counts_samples_nor_votes_nor_is_resynced(clock):
+    t = with_auxiliary(clock, "x")
+    assert not sent(t.handle("x", Progress(0, 10**6, 1e6, upload=100 * MBIT)), RoundStart)
+    start = open_round(t, {"a": 50, "b": 50})
+    # Its word on the state moves nothing: the round settles on the voters' hashes alone.
+    outs = t.handle("x", RoundDone(start.round_id, 0, True, "f" * 64, numel=10, received={"a": 50, "b": 50}))
+    assert t.epoch == 0
+    for p in "ab":
+        outs += t.handle(p, done(start, numel=1000))
+    assert (t.epoch, t.state_sha256) == (1, "h1")
+    assert not [to for to, _ in sent(outs, Resync) if to == "x"]
+    assert t.peers["x"].proven and t.peers["x"].strikes == 0
+
+
+def test_a_settled_round_credits_the_auxiliary_peer_with_the_bytes_it_aggregated(clock):
+    t = with_auxiliary(clock, "x", compression="uint8")
+    start = open_round(t, {"a": 50, "b": 50})
+    numel = 100_000
+    outs = t.handle("x", aux_done(start))
+    for p in "ab":
+        outs += t.handle(p, done(start, numel=numel, received={"a": 50, "b": 50}))
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    part = part_sizes(numel, start.shares)[start.group.index("x")]
+    assert record.credits["x"].aggregated_bytes == 2 * encoded_size(part, "uint8")
+    assert record.credits["x"].samples == 0
+    assert {record.credits[p].samples for p in "ab"} == {50}
+
+
+def test_the_round_waits_for_the_auxiliary_reducers_report_before_crediting(clock):
+    t = with_auxiliary(clock, "x")
+    start = open_round(t, {"a": 50, "b": 50})
+    outs = []
+    for p in "ab":
+        outs += t.handle(p, done(start, numel=1000, received={"a": 50, "b": 50}))
+    assert t.epoch == 1 and t.round is not None, "settled, but open for the auxiliary member's report"
+    assert not [o for o in outs if isinstance(o, RecordCredits)]
+    outs = t.handle("x", aux_done(start))
+    assert t.round is None and [o for o in outs if isinstance(o, RecordCredits)]
+
+
+def test_unproven_auxiliary_peers_get_one_trial_round_in_ten_of_the_time(clock):
+    """Identities that come as auxiliary peers and stall: one reduces in a trial round, the
+    round fails at its deadline, it is struck; the next trial comes only after nine times as
+    long as that round took, so stalled trials cost at most a tenth of the time."""
+    t = with_auxiliary(clock, "x", "y", "z")
+    start = open_round(t, {"a": 50, "b": 50})
+    (trial,) = start.auxiliary
+    for p in "ab":
+        t.handle(p, done(start, ok=False, waiting=[trial]))
+    took = start.timeout + 10
+    clock.now += took
+    t.tick()
+    assert t.round is None and t.peers[trial].strikes == 1
+    closed = clock.now
+
+    def next_round(epoch: int) -> RoundStart:
+        clock.now += 2
+        for p in ("x", "y", "z"):
+            t.handle(p, Progress(epoch, 0, 0.0, upload=100 * MBIT, download=100 * MBIT))
+        return open_round(t, {"a": 60, "b": 60})
+
+    for epoch in range(3):  # rounds of the trainers alone meanwhile
+        again = next_round(epoch)
+        assert again.auxiliary == [], clock.now - closed
+        for p in "ab":
+            t.handle(p, done(again, digest=f"h{epoch + 1}"))
+        assert t.epoch == epoch + 1
+        clock.now = closed + (TRIAL_SPACING - 1) * took - 3
+    clock.now = closed + (TRIAL_SPACING - 1) * took
+    assert len(next_round(3).auxiliary) == 1
+
+
+def test_an_auxiliary_reducer_that_withholds_its_results_is_struck_then_sits_rounds_out(clock):
+    t = with_auxiliary(clock, "x")
+    for attempt in range(2):
+        if attempt:  # proven again, as after a round it reduced in settled
+            t.peers["x"].proven = True
+            clock.now += 2
+        start = open_round(t, {"a": 50, "b": 50})
+        assert start.auxiliary == ["x"]
+        t.handle("x", aux_done(start))  # it says it is done; the trainers never got its results
+        for p in "ab":
+            t.handle(p, done(start, ok=False, waiting=["x"]))
+        assert t.round is None and t.peers["x"].strikes == attempt + 1
+    assert t.peers["x"].excluded_until > clock.now
+    clock.now += 2
+    assert open_round(t, {"a": 60, "b": 60}).auxiliary == []
+
+
+def test_an_auxiliary_reducer_that_names_a_sender_it_missed_is_not_struck(clock):
+    t = with_auxiliary(clock, "x")
+    start = open_round(t, {"a": 50, "b": 50})
+    t.handle("x", RoundDone(start.round_id, 0, False, None, error="no part from b", unreachable=["b"]))
+    for p in "ab":
+        t.handle(p, done(start, ok=False, waiting=["x"]))
+    assert t.peers["x"].strikes == 0
+    assert not t.pairs.reachable("x", "b", clock.now)
+
+
+def test_a_lost_reducers_part_goes_to_the_auxiliary_peer_unless_it_has_finished(clock):
+    t = with_auxiliary(clock, "x", links={"x": 30 * MBIT})
+    start = open_round(t, {"a": 50, "b": 50})
+    ((_, msg),) = sent(t.leave("a"), Reassign)[:1]
+    assert msg.reducers[start.group.index("a")] == "x"
+    t2 = with_auxiliary(Clock(), "x", links={"x": 30 * MBIT})
+    start = open_round(t2, {"a": 50, "b": 50})
+    t2.handle("x", aux_done(start))
+    ((_, msg),) = sent(t2.leave("a"), Reassign)[:1]
+    assert msg.reducers[start.group.index("a")] == "b"  # x has finished its round
+
+
+def test_an_auxiliary_peer_behind_a_relay_only_is_left_out(clock):
+    t = with_auxiliary(clock, "x")
+    t.handle("x", Progress(0, 0, 0.0, client_mode=True, upload=100 * MBIT, download=100 * MBIT))
+    assert open_round(t, {"a": 50, "b": 50}).auxiliary == []
