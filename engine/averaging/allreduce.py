@@ -1,9 +1,10 @@
 """One butterfly all-reduce round over the peer mesh.
 
-Every peer owns one contiguous part of the flat gradient. It sends part j of its
-accumulated sum to peer j, reduces its own part from everyone's contributions, and sends
-the averaged part back to all. Each part is reduced exactly once, so every peer (the
-reducer included) applies the very same bits.
+Every peer owns one contiguous share of the flat gradient, in ``pieces`` parts. It sends
+each part of its accumulated sum to that part's reducer, reduces its own parts from
+everyone's contributions, and sends each averaged part back to all as soon as it is done
+(so results flow out while later parts still flow in). Each part is reduced exactly once,
+so every peer (the reducer included) applies the very same bits.
 
 Auxiliary members (``RoundPlan.auxiliary``: peers with bandwidth but no useful compute)
 bring no gradient: they reduce their part (``aggregate_parts``) and take no step, so nobody
@@ -36,7 +37,7 @@ from engine.project import AggregationSpec, CompressionMethod
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
-from engine.wire.control import BackupInputs, Commitment, Committed
+from engine.wire.control import Commitment, Committed, PartInputs
 from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
 
@@ -106,10 +107,19 @@ class RoundPlan:
     compression: CompressionMethod = "none"  # of parts and results on the wire
     changes: RoundChanges = field(default_factory=RoundChanges)
     auxiliary: frozenset[str] = frozenset()  # members that reduce and bring no gradient
+    pieces: int = 1  # parts per member's share: part j is member j // pieces's
 
     @property
     def my_index(self) -> int:
         return self.group.index(self.me)
+
+    @property
+    def parts(self) -> int:
+        return len(self.group) * self.pieces
+
+    def owner(self, part: int) -> str:
+        """The member a part was given to when the round opened."""
+        return self.group[part // self.pieces]
 
     @property
     def senders(self) -> list[str]:
@@ -221,20 +231,24 @@ class _Round:
     results_in: set[int] = field(default_factory=set)  # parts whose result we hold
 
     def __post_init__(self) -> None:
+        plan = self.plan
         if self.flat is not None:
             self.numel = self.flat.numel()
-        self.bounds = part_bounds(self.numel, self.plan.shares)
-        self.me = self.plan.my_index
+        self.bounds = part_bounds(self.numel, plan.shares, plan.pieces)
         self.sends = self.flat is not None
-        self.reduces = self.size(self.me) > 0
-        auxiliary = self.plan.auxiliary
+        share = [sum(self.size(j) for j in range(m * plan.pieces, (m + 1) * plan.pieces))
+                 for m in range(len(plan.group))]
+        self.reduces = share[plan.my_index] > 0
         # Whom this peer exchanges with: the reducers (its parts out, results back) and, if
         # it reduces, every member that brings a gradient. Optional partners are never
         # waited for.
-        self.partners = [(j, p) for j, p in enumerate(self.plan.group)
-                         if j != self.me and ((self.sends and self.size(j)) or
-                                              (self.reduces and p not in auxiliary))]
-        self.required = [p for _, p in self.partners if p not in self.plan.optional]
+        self.partners = [p for m, p in enumerate(plan.group)
+                         if p != plan.me and ((self.sends and share[m]) or
+                                              (self.reduces and p not in plan.auxiliary))]
+        self.required = [p for p in self.partners if p not in plan.optional]
+        # A reducer's parts go to it in order, each whole before the next: it can reduce the
+        # first while the others come (``send_part`` waits for its turn).
+        self.turns = [asyncio.Event() for _ in range(plan.parts)]
         # Every part's result lands here (an auxiliary member applies nothing: it keeps none).
         self.averaged = torch.empty(self.numel if self.sends else 0, dtype=torch.float32)
         self.began = asyncio.get_running_loop().time()
@@ -250,6 +264,10 @@ class _Round:
         return {reducers[j] for j in range(len(reducers))
                 if self.size(j) and j not in self.results_in and reducers[j] != self.plan.me} - self.lost
 
+    def ours(self, j: int) -> bool:
+        """Whether part ``j`` was given to us when the round opened."""
+        return self.plan.owner(j) == self.plan.me
+
     def size(self, j: int) -> int:
         lo, hi = self.bounds[j]
         return hi - lo
@@ -257,10 +275,11 @@ class _Round:
     @property
     def reducers(self) -> list[str]:
         """Who reduces part j: its member, or the backup the backbone named once it was lost."""
-        given, group = self.plan.changes.reducers, self.plan.group
-        if given is not None and len(given) == len(group) and set(given) <= set(group):
+        plan = self.plan
+        given = plan.changes.reducers
+        if given is not None and len(given) == plan.parts and set(given) <= set(plan.group):
             return given
-        return group
+        return [plan.owner(j) for j in range(plan.parts)]
 
     @property
     def lost(self) -> frozenset[str]:
@@ -329,7 +348,7 @@ class _Round:
     async def run(self) -> Averaged:
         await self.connect()
         exchanges = [asyncio.ensure_future(self.exchange(j))
-                     for j in range(len(self.plan.group)) if self.size(j)]
+                     for j in range(self.plan.parts) if self.size(j)]
         try:
             results = list(await asyncio.gather(*exchanges))
         except BaseException:
@@ -351,16 +370,17 @@ class _Round:
         we applied (by part), and what we combined for each part we reduced."""
         if not self.plan.verified:
             return None
-        parts = range(len(self.plan.group))
-        own = next((r for r in self.reduced if r.index == self.me), None)
+        parts = range(self.plan.parts)
         return Commitment(sent=[self.sent.get(j) for j in parts] if self.sends else [],
                           results=[self.applied.get(j) for j in parts] if self.sends else [],
-                          inputs=[c for c, _ in own.inputs] if own else [],
-                          backup=[BackupInputs(index=r.index, inputs=[c for c, _ in r.inputs])
-                                  for r in self.reduced if r.index != self.me])
+                          reduced=[PartInputs(index=r.index, inputs=[c for c, _ in r.inputs])
+                                   for r in sorted(self.reduced, key=lambda r: r.index)])
 
     async def connect(self) -> None:
         self.missing_links = set(self.required)
+        for j in range(self.plan.parts):  # a part nobody sends over a link is nobody's turn to wait on
+            if not self.sends or self.ours(j) or not self.size(j):
+                self.turns[j].set()
 
         async def connect(peer: str) -> None:
             self.links[peer] = await self.mesh.link(peer)
@@ -381,6 +401,7 @@ class _Round:
         while True:
             reducer = self.reducers[j]
             if reducer == self.plan.me:
+                self.turns[j].set()  # (a part handed to us: we do not send it)
                 return await self.reduce(j)
             work = asyncio.ensure_future(self.send_and_receive(j, reducer))
             try:
@@ -420,15 +441,21 @@ class _Round:
         header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=self.samples,
                       loss_sum=self.loss_sum)
         payload: bytes | memoryview = b""
-        if self.samples > 0:
-            payload = self.flat[lo:hi].numpy().data
-            if self.plan.compression != "none":
-                payload = await asyncio.to_thread(compression.encode, self.flat[lo:hi], self.plan.compression)
-        if self.plan.verified:
-            # Committed as the reducer will take it: decoded.
-            self.sent[j] = await asyncio.to_thread(
-                part_digest, self.samples, self._decode(payload, hi - lo) if payload else None)
-        await link.send(header, payload)
+        try:
+            if self.samples > 0:
+                payload = self.flat[lo:hi].numpy().data
+                if self.plan.compression != "none":
+                    payload = await asyncio.to_thread(compression.encode, self.flat[lo:hi],
+                                                      self.plan.compression)
+            if self.plan.verified:
+                # Committed as the reducer will take it: decoded.
+                self.sent[j] = await asyncio.to_thread(
+                    part_digest, self.samples, self._decode(payload, hi - lo) if payload else None)
+            if j % self.plan.pieces:
+                await self.turns[j - 1].wait()  # the reducer's previous piece is on its way
+            await link.send(header, payload)
+        finally:
+            self.turns[j].set()
 
     def _decode(self, payload: bytes | memoryview, n: int) -> torch.Tensor | memoryview | bytes:
         method = self.plan.compression

@@ -1,4 +1,9 @@
-"""Pure functions that split a flat vector into contiguous parts, one per reducer.
+"""Pure functions that split a flat vector into contiguous parts: each member's share of
+it, in ``pieces`` parts of its own.
+
+A reducer's share comes in pieces so that a round is a pipeline, as DeDLOC's fluid model
+assumes: once every sender's first piece is in, its result flows back while the later
+pieces still flow in. Part ``j`` belongs to member ``j // pieces``.
 
 No network here: these decide *what* each peer sends, and are tested alone (how a reducer
 combines its part is engine/averaging/robust.py).
@@ -28,10 +33,13 @@ def part_sizes(total: int, shares: Sequence[float]) -> list[int]:
     return sizes
 
 
-def part_bounds(total: int, shares: Sequence[float]) -> list[tuple[int, int]]:
-    """(start, end) of each part."""
+def part_bounds(total: int, shares: Sequence[float], pieces: int = 1) -> list[tuple[int, int]]:
+    """(start, end) of each part: ``pieces`` parts per share, of near-equal sizes."""
+    if pieces < 1:
+        raise ValueError("a share comes in at least one piece")
     bounds, start = [], 0
     for size in part_sizes(total, shares):
-        bounds.append((start, start + size))
-        start += size
+        for piece in part_sizes(size, [1.0] * pieces):
+            bounds.append((start, start + piece))
+            start += piece
     return bounds

@@ -128,7 +128,7 @@ class AuxiliaryPeer(Peer):
         changes = self._changes.setdefault(start.round_id, RoundChanges())
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.peer_id,
                          frozenset(start.optional), project.aggregation, project.target_batch_size,
-                         project.compression, changes, frozenset(start.auxiliary))
+                         project.compression, changes, frozenset(start.auxiliary), start.pieces)
         began = time.monotonic()
         try:
             done = await aggregate_parts(plan, self.numel, self.mesh, start.timeout)

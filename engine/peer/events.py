@@ -65,8 +65,11 @@ class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):
     paths: Annotated[dict[PeerId, LinkPath | None], Meta(max_length=MAX_GROUP)] = \
         field(default_factory=dict)  # peer -> how its link connects
     # This peer's own time in the round: averaging, then applying the step (the step's
-    # round_seconds is the backbone's, from opening the round to settling it).
+    # round_seconds is the backbone's, from opening the round to settling it), and when
+    # (UNIX time) it began, its gradient in hand: the round's members together ran from the
+    # last of them to begin to the last to finish.
     averaging_seconds: Seconds = 0.0
+    averaging_began: Seconds = 0.0
 
 
 class Aggregated(Struct, tag_field="type", tag="aggregated", kw_only=True):

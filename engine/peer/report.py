@@ -61,6 +61,7 @@ class ConsoleReporter:
                                   "samples": r.samples, "peers": r.peers, "state_sha256": r.state_sha256,
                                   "round_seconds": round(r.round_seconds, 3),
                                   "averaging_seconds": round(event.averaging_seconds, 3),
+                                  "averaging_began": round(event.averaging_began, 3),
                                   "my_samples": event.my_samples,
                                   "paths": {p: str(v) if v else None for p, v in event.paths.items()}}),
                       flush=True)

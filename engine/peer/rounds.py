@@ -77,7 +77,8 @@ class Rounds:
             return
         step, taken = outcome
         completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
-                                   paths=peer.mesh.paths(), averaging_seconds=step.round_seconds)
+                                   paths=peer.mesh.paths(), averaging_seconds=step.round_seconds,
+                                   averaging_began=time.time() - step.round_seconds)
         self._unsettled = (completed, start.checkpoint_by)
         self._confirm()
 
@@ -114,7 +115,8 @@ class Rounds:
         peer = self.peer
         completed = EpochCompleted(step=settled, my_samples=completed.my_samples,
                                    my_batches=completed.my_batches, paths=completed.paths,
-                                   averaging_seconds=completed.averaging_seconds)
+                                   averaging_seconds=completed.averaging_seconds,
+                                   averaging_began=completed.averaging_began)
         peer.history.append(completed)
         peer.emit(completed)
         if checkpoint_by == peer.peer_id:

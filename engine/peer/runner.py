@@ -288,8 +288,12 @@ class Peer:
         return initial_model(self.task, self.client.join_reply.project.seed)
 
     def _all_links_relayed(self) -> bool:
-        paths = [p for p in self.mesh.paths().values() if p]
-        return bool(paths) and all(p == "relay" for p in paths)
+        """Client mode, detected: every link we know the path of leaves through our own TURN
+        relay (a link relayed because the other side is behind one does not count: CI saw a
+        peer on a slow direct link take itself for a client when its first link was to a
+        relay-only peer)."""
+        known = [relayed for relayed in self.mesh.relayed_here().values() if relayed is not None]
+        return bool(known) and all(known)
 
     async def _shutdown(self) -> None:
         pending = [t for t in self.rounds.uploads if not t.done()]

@@ -248,7 +248,7 @@ class CollaborativeOptimizer:
         began = time.monotonic()
         plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me,
                          frozenset(start.optional), self.aggregation, self.target_batch_size,
-                         self.compression, auxiliary=frozenset(start.auxiliary))
+                         self.compression, auxiliary=frozenset(start.auxiliary), pieces=start.pieces)
         try:
             try:
                 averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,

@@ -14,7 +14,7 @@ from aiortc import RTCDataChannel, RTCPeerConnection
 from engine.aio import spawn
 from engine.ratelimit import Buckets, Rate
 from engine.transport.counters import LinkCounters
-from engine.transport.patches import nominated_path
+from engine.transport.patches import nominated_path, relayed_here
 from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
 from engine.wire.frames import Goodbye, GoodbyeAck, Header, PathView, ReceiveLimit
@@ -177,6 +177,11 @@ class PeerLink:
     async def _acknowledge(self) -> None:
         with contextlib.suppress(LinkClosed):
             await self.send(GoodbyeAck())
+
+    @property
+    def relayed_here(self) -> bool | None:
+        """Whether this side reaches the other through its own TURN relay (None: not known yet)."""
+        return relayed_here(self.pc)
 
     def local_path(self) -> LinkPath | None:
         """The nominated candidate pair as this side sees it (None before ICE completes)."""

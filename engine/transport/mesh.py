@@ -141,6 +141,10 @@ class PeerMesh:
     def paths(self) -> dict[str, LinkPath | None]:
         return {p: link.path for p, link in self._links.items() if link.is_open}
 
+    def relayed_here(self) -> dict[str, bool | None]:
+        """Per open link, whether it leaves through this side's own TURN relay."""
+        return {p: link.relayed_here for p, link in self._links.items() if link.is_open}
+
     def counters(self) -> dict[str, LinkCounters]:
         return {p: link.counters for p, link in self._links.items()}
 

@@ -152,14 +152,27 @@ def _allowed_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     ]
 
 
-def nominated_path(pc: RTCPeerConnection) -> LinkPath | None:
-    """The nominated candidate pair's kind as this side sees it (None before ICE completes):
-    it sits on aioice's connection, inside aiortc's SCTP -> DTLS -> ICE transport chain."""
+def _nominated_pair(pc: RTCPeerConnection):
+    """The nominated candidate pair (None before ICE completes): it sits on aioice's
+    connection, inside aiortc's SCTP -> DTLS -> ICE transport chain."""
     try:
         connection = pc.sctp.transport.transport._connection  # type: ignore[union-attr]
-        pair = connection._nominated.get(1)
+        return connection._nominated.get(1)
     except AttributeError:
         return None
+
+
+def relayed_here(pc: RTCPeerConnection) -> bool | None:
+    """Whether the link leaves this side through its own TURN relay (None before ICE
+    completes). A link relayed only because the other side is behind one says nothing of
+    whether others can reach us."""
+    pair = _nominated_pair(pc)
+    return None if pair is None else pair.local_candidate.type == "relay"
+
+
+def nominated_path(pc: RTCPeerConnection) -> LinkPath | None:
+    """The nominated candidate pair's kind as this side sees it (None before ICE completes)."""
+    pair = _nominated_pair(pc)
     if pair is None:
         return None
     kinds = {pair.local_candidate.type, pair.remote_candidate.type}

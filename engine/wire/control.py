@@ -15,6 +15,7 @@ from engine.wire import WIRE_VERSION
 from engine.wire.codec import Codec
 from engine.wire.types import (
     MAX_GROUP,
+    MAX_PIECES,
     Count,
     EpochNumber,
     Loss,
@@ -95,8 +96,9 @@ Digests = Annotated[list[Sha256 | None], Meta(max_length=MAX_GROUP)]  # by part 
 CommittedList = Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
 
 
-class BackupInputs(Struct, kw_only=True):
-    """As a backup reducer: what it combined for part ``index``, which it took over."""
+class PartInputs(Struct, kw_only=True):
+    """As a reducer: what it combined for part ``index`` (one of its own, or one it took
+    over as a backup)."""
 
     index: Annotated[int, Meta(ge=0, lt=MAX_GROUP)]
     inputs: CommittedList
@@ -104,19 +106,16 @@ class BackupInputs(Struct, kw_only=True):
 
 class Commitment(Struct, kw_only=True):
     """What a member of a round did, told before anyone knows which parts will be checked
-    (see Audit): the hash of the part it sent each reducer, of each result it applied, and,
-    as a reducer, of every part it combined (its own part's, then any it took over)."""
+    (see Audit): the hash of the part it sent each reducer, of each result it applied (by
+    part index), and, as a reducer, of every part it combined."""
 
     sent: Digests = field(default_factory=list)
     results: Digests = field(default_factory=list)
-    inputs: CommittedList = field(default_factory=list)
-    backup: Annotated[list[BackupInputs], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    reduced: Annotated[list[PartInputs], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
 
-    def inputs_of(self, index: int, own: int) -> list[Committed] | None:
-        """What it combined for part ``index`` (``own``: the part it was given at the start)."""
-        if index == own:
-            return self.inputs
-        return next((b.inputs for b in self.backup if b.index == index), None)
+    def inputs_of(self, index: int) -> list[Committed] | None:
+        """What it combined for part ``index``, if it reduced that part."""
+        return next((p.inputs for p in self.reduced if p.index == index), None)
 
 
 class RoundDone(ControlMessage, tag="round_done"):
@@ -229,6 +228,9 @@ class RoundStart(ControlMessage, tag="round_start"):
     # Auxiliary peers: they reduce their part and bring no gradient, so nobody waits for a
     # part from them, nor sends them results, and they take no step.
     auxiliary: Annotated[list[PeerId], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    # Each member's share comes in this many parts (averaging/partition.py): part j is
+    # member j // pieces's to reduce, and its result goes out while later pieces come in.
+    pieces: Annotated[int, Meta(ge=1, le=MAX_PIECES)] = 1
 
     def __post_init__(self) -> None:
         if len(self.group) != len(self.shares):
@@ -247,13 +249,16 @@ class RoundStart(ControlMessage, tag="round_start"):
             raise ValueError("auxiliary members must be listed once, in the group and not optional")
         if len(auxiliary) >= len(self.group):
             raise ValueError("a round needs a member that brings a gradient")
+        if len(self.group) * self.pieces > MAX_GROUP:
+            raise ValueError(f"a round has at most {MAX_GROUP} parts")
 
 
 class Reassign(ControlMessage, tag="reassign"):
     """Members of round ``round_id`` left it midway (their control socket closed or went
     silent): stop waiting for anything from ``lost``, and from now on send part j to
-    ``reducers[j]`` and take its result from there. A lost reducer's parts go to a backup;
-    every member keeps its own parts until the round ends, so only those are sent again."""
+    ``reducers[j]`` and take its result from there (one entry per part, not per member). A
+    lost reducer's parts go to a backup; every member keeps its own parts until the round
+    ends, so only those are sent again."""
 
     round_id: RoundId
     epoch: EpochNumber

@@ -26,7 +26,8 @@ ProjectId = Annotated[str, Meta(pattern="^[a-z0-9][a-z0-9-]{0,62}$")]
 Name = Annotated[str, Meta(max_length=64)]
 Text = Annotated[str, Meta(max_length=4096)]
 Url = Annotated[str, Meta(max_length=2048)]
-MAX_GROUP = 10_000  # peers in one round
+MAX_GROUP = 10_000  # peers in one round, and parts of one
+MAX_PIECES = 8  # parts per member's share
 
 
 class StrEnum(str, Enum):

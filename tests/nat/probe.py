@@ -2,8 +2,8 @@
 
 Joins a project on a real backbone (signaling and ICE servers as a peer gets them),
 connects to the other probe, reports the path ICE selected and how long set-up took, then
-averages a fixed tensor with it. Prints one JSON line: {"ok", "path", "connect_seconds",
-"allreduce_seconds"} or {"ok": false, "error", "after_seconds"}.
+averages a fixed tensor with it. Prints one JSON line: {"ok", "path", "relayed_here",
+"connect_seconds", "allreduce_seconds"} or {"ok": false, "error", "after_seconds"}.
 
     python -m tests.nat.probe --backbone URL --project ID --name a --rendezvous DIR --other b
 """
@@ -70,7 +70,7 @@ async def probe(args: argparse.Namespace) -> dict:
         link = await mesh.link(other)
         connected = time.monotonic() - start
         await asyncio.wait_for(link.path_announced.wait(), 10)
-        path = link.path
+        path, relayed_here = link.path, link.relayed_here
         n = args.tensor_mb * (1 << 20) // 4
         value = 1.0 if args.name < args.other else 3.0
         plan = RoundPlan(round_id=1, epoch=0, group=sorted([reply.peer_id, other]), shares=[0.5, 0.5],
@@ -82,7 +82,7 @@ async def probe(args: argparse.Namespace) -> dict:
         # Closing now could cut the other probe off before it has read our last message.
         publish(rendezvous, f"{args.name}.done", "")
         await wait_for_file(rendezvous / f"{args.other}.done", 60)
-        return {"ok": ok, "path": path, "connect_seconds": round(connected, 3),
+        return {"ok": ok, "path": path, "relayed_here": relayed_here, "connect_seconds": round(connected, 3),
                 "allreduce_seconds": round(averaging, 3), "peer_id": reply.peer_id,
                 **({} if ok else {"error": "averaged values are wrong"})}
     except Exception as exc:  # the probe's job is to report what happened

@@ -98,16 +98,18 @@ async def spawn_peer_in(host: Host, url: str | None, project: str, name: str, lo
 
 
 async def run_probes(a: Host, b: Host, url: str, project: str, workdir: Path, *args: str,
-                     timeout: float = 120) -> tuple[dict, dict]:
-    """Two connectivity probes (tests/nat/probe.py), one per host; their JSON reports."""
+                     timeout: float = 120, a_args: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """Two connectivity probes (tests/nat/probe.py), one per host; their JSON reports.
+    ``args`` go to both, ``a_args`` to the first only."""
     rendezvous = workdir / f"rendezvous-{os.urandom(3).hex()}"
     rendezvous.mkdir()
     procs = []
-    for host, me, other in ((a, "a", "b"), (b, "b", "a")):
+    for host, me, other, own in ((a, "a", "b", a_args), (b, "b", "a", ())):
         log = open(workdir / f"probe-{rendezvous.name}-{me}.log", "wb")  # noqa: SIM115
         procs.append(await asyncio.create_subprocess_exec(
             *host.prefix(), sys.executable, "-m", "tests.nat.probe", "--backbone", url,
-            "--project", project, "--name", me, "--other", other, "--rendezvous", str(rendezvous), *args,
+            "--project", project, "--name", me, "--other", other, "--rendezvous", str(rendezvous),
+            *args, *own,
             stdout=asyncio.subprocess.PIPE, stderr=log, cwd=REPO,
         ))
         log.close()

@@ -53,6 +53,16 @@ async def test_relay_only_policy_relays_even_between_public_hosts(network, with_
     assert_connected(a, b, "relay")
 
 
+async def test_only_the_peer_behind_the_relay_takes_itself_for_a_client(network, with_turn):
+    """A relay-only peer and a public host: their link is relayed, but only the first
+    leaves through its own relay. The public host must not conclude that others cannot
+    reach it (client mode: it would reduce nothing)."""
+    a, b = await run_probes(network.host, network.lan_host, with_turn, PROJECT, network.workdir,
+                            a_args=("--relay-only",))
+    assert_connected(a, b, "relay")
+    assert (a["relayed_here"], b["relayed_here"]) == (True, False), (a, b)
+
+
 async def test_a_backbone_with_a_relay_only_policy_sends_every_peer_through_turn(network):
     backbone, url = network.backbone(8474, "--relay-only")
     try:

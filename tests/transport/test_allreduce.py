@@ -13,12 +13,14 @@ from tests.conftest import until
 from tests.transport.mesh_pair import make_meshes
 
 
-async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, compression="none", moved=None):
+async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, compression="none", moved=None,
+                   pieces=1):
     """``moved``, if given, gets the bytes each peer sent."""
     meshes = make_meshes(names)
     try:
         results = await asyncio.gather(*(
-            butterfly_allreduce(RoundPlan(round_id, 4, names, shares, me, compression=compression),
+            butterfly_allreduce(RoundPlan(round_id, 4, names, shares, me, compression=compression,
+                                          pieces=pieces),
                                 vectors[i] * samples[i], samples[i], 2.0 * samples[i], meshes[me], timeout)
             for i, me in enumerate(names)
         ))
@@ -29,12 +31,13 @@ async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, co
     return results
 
 
-@pytest.mark.parametrize("shares", [[1.0, 1.0, 1.0], [3.0, 0.5, 1.0]])
-async def test_every_peer_gets_the_same_bits_of_the_sample_weighted_mean(shares):
+@pytest.mark.parametrize(("shares", "pieces"),
+                         [([1.0, 1.0, 1.0], 1), ([3.0, 0.5, 1.0], 1), ([3.0, 0.5, 1.0], 4)])
+async def test_every_peer_gets_the_same_bits_of_the_sample_weighted_mean(shares, pieces):
     names = ["a", "b", "c"]
     vectors = [torch.randn(100_003) for _ in names]
     samples = [5, 11, 0]
-    results = await _average(names, vectors, samples, shares)
+    results = await _average(names, vectors, samples, shares, pieces=pieces)
     expected = (vectors[0] * 5 + vectors[1] * 11) / 16
     for r in results:
         assert torch.equal(r.vector, results[0].vector)
@@ -136,8 +139,8 @@ async def test_a_reducer_that_dies_mid_round_is_replaced_and_only_its_part_is_se
     part = 10_000 * 4
     assert part <= resent < 2 * part + 10_000, resent
     if verify:
-        (backup,) = results[0].commitment.backup
-        assert backup.index == 2 and [c.sender for c in backup.inputs] == ["a", "b"]
+        own, backup = results[0].commitment.reduced
+        assert own.index == 0 and backup.index == 2 and [c.sender for c in backup.inputs] == ["a", "b"]
         assert [r.index for r in results[0].reduced] == [0, 2]
 
 
@@ -231,3 +234,34 @@ async def test_a_link_that_dies_under_a_member_still_connected_fails_the_round_n
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
     assert took < 6, f"the round waited {took:.1f}s for news of a member that never left"
+
+
+async def test_a_reducer_takes_its_pieces_in_order_and_commits_to_each():
+    """Shares in four pieces: each sender's pieces reach their reducer one after the other,
+    every member applies the same bits, and in a checked project every member commits to
+    each piece (the reducer to what it combined for each)."""
+    names = ["a", "b"]
+    vectors = {p: torch.randn(40_000) for p in names}
+    spec = AggregationSpec(verify_probability=1.0)
+    meshes = make_meshes(names)
+    arrived: list[int] = []
+    put = meshes["b"].mailbox.put
+
+    def record(key, frame):
+        if key[0].startswith("part:"):
+            arrived.append(frame.header.index)
+        put(key, frame)
+
+    meshes["b"].mailbox.put = record
+    try:
+        results = await asyncio.gather(*(
+            butterfly_allreduce(RoundPlan(1, 0, names, [1.0, 3.0], me, aggregation=spec, pieces=4),
+                                vectors[me] * 2, 2, 1.0, meshes[me], 60.0) for me in names))
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    assert torch.equal(results[0].vector, results[1].vector)
+    torch.testing.assert_close(results[0].vector, (vectors["a"] + vectors["b"]) / 2)
+    assert arrived == [4, 5, 6, 7]  # a's pieces of b's share, in order
+    for r in results:
+        assert len(r.commitment.sent) == len(r.commitment.results) == 8
+    assert [p.index for p in results[1].commitment.reduced] == [4, 5, 6, 7]

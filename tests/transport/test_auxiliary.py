@@ -55,7 +55,7 @@ async def test_trainers_apply_the_same_average_an_auxiliary_member_helped_reduce
     # It sent each trainer its result and nothing else (no part of its own).
     assert 3 * encoded_size(part, compression) <= aux_sent < 3.3 * encoded_size(part, compression)
     # It committed to what it combined, and the trainers to the result they applied.
-    assert [c.sender for c in aux.commitment.inputs] == TRAINERS
+    assert [c.sender for c in aux.commitment.inputs_of(3)] == TRAINERS
     assert len({o.commitment.results[3] for o in trained}) == 1
 
 

@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,3 +23,18 @@ def test_parts_cover_the_vector_exactly(total, shares):
 def test_bounds_are_contiguous_and_ordered():
     bounds = part_bounds(10, [1, 1, 1])
     assert bounds == [(0, 4), (4, 7), (7, 10)]
+
+
+@given(st.integers(0, 10**6), st.lists(st.floats(0, 100), min_size=1, max_size=16), st.integers(1, 8))
+def test_pieces_split_each_share_and_still_tile_the_vector(total, shares, pieces):
+    if sum(shares) <= 0:
+        return
+    whole = part_bounds(total, shares)
+    split = part_bounds(total, shares, pieces)
+    assert len(split) == len(shares) * pieces
+    for member, (lo, hi) in enumerate(whole):
+        own = split[member * pieces:(member + 1) * pieces]
+        assert own[0][0] == lo and own[-1][1] == hi
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(own))
+        sizes = [b - a for a, b in own]
+        assert max(sizes) - min(sizes) <= 1

@@ -10,7 +10,7 @@ from engine.averaging.audit import part_digest, recheck, result_digest
 from engine.averaging.robust import Contribution, aggregate
 from engine.backbone.tracker import RecordStep
 from engine.project import AggregationSpec
-from engine.wire.control import Audit, AuditDone, Commitment, Committed, Resync
+from engine.wire.control import Audit, AuditDone, Commitment, Committed, PartInputs, Resync
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 
 # --- the checker's recomputation ------------------------------------------------------------
@@ -68,9 +68,11 @@ def checked_tracker(probability=1.0, seed=1):
     return t, clock
 
 
-def committed_done(start, results, inputs=()):
-    """A member's outcome, with the result hashes it applied and, as a reducer, its inputs."""
-    commitment = Commitment(sent=["p" * 64] * len(start.group), results=list(results), inputs=list(inputs))
+def committed_done(start, results, inputs=(), member=None):
+    """A member's outcome, with the result hashes it applied and, as a reducer of its own
+    part (``member``'s), its inputs."""
+    reduced = [PartInputs(index=start.group.index(member), inputs=list(inputs))] if member and inputs else []
+    commitment = Commitment(sent=["p" * 64] * len(start.group), results=list(results), reduced=reduced)
     return done(start, commitment=commitment)
 
 
@@ -81,7 +83,7 @@ def run_round(t, results=None):
     outs = []
     for member in start.group:
         inputs = [Committed(sender=s, samples=30, sha256="p" * 64) for s in start.group]
-        outs += t.handle(member, committed_done(start, results, inputs))
+        outs += t.handle(member, committed_done(start, results, inputs, member))
     return start, outs
 
 

@@ -89,7 +89,7 @@ class Auditor:
         parts = []
         if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
             parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.reducers)
-                     if rnd.shares[j] > 0 and self.rng.random() < p]
+                     if rnd.share_of(j) > 0 and self.rng.random() < p]
         self.drawn += len(parts)
         return RoundAudit(digest, parts)
 
@@ -106,8 +106,7 @@ class Auditor:
     def _start(self, rnd: OpenRound, audit: RoundAudit, part: PartCheck) -> list[Out]:
         done = rnd.outcomes[part.reducer]
         commitment = done.commitment
-        inputs = (commitment.inputs_of(part.index, own=rnd.group.index(part.reducer))
-                  if commitment is not None else None)
+        inputs = commitment.inputs_of(part.index) if commitment is not None else None
         holds_state = part.reducer in rnd.auxiliary or done.state_sha256 == audit.digest
         if not done.ok or inputs is None or not holds_state:
             part.passed, part.why = False, "its reducer did not commit to what it combined"

@@ -49,7 +49,7 @@ class Backups:
             return []  # it had finished: its step stands, and its results went out
         rnd.lost.add(peer_id)
         client_mode = {p for p in rnd.group if (s := t.members.get(p)) is not None and s.client_mode}
-        orphaned = [j for j, r in enumerate(rnd.reducers) if r == peer_id and rnd.shares[j] > 0]
+        orphaned = [j for j, r in enumerate(rnd.reducers) if r == peer_id and rnd.share_of(j) > 0]
         backup = backup_reducer(rnd, client_mode) if orphaned else None
         if orphaned and backup is None:
             # The round fails at once on every member, rather than at its deadline.

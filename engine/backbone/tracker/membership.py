@@ -152,8 +152,8 @@ class Members:
             peer.throughput = max(peer.throughput * PACE_DECAY, msg.samples / msg.compute_seconds)
             peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
         peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
-        peer.compute_seconds, peer.client_mode = msg.compute_seconds, msg.client_mode
-        peer.upload, peer.download = msg.upload or peer.upload, msg.download or peer.download
+        peer.compute_seconds = msg.compute_seconds
+        self._links(peer, msg)
         peer.heard_at = now
         if step != 0:
             peer.reported_at = now
@@ -161,9 +161,16 @@ class Members:
     def report_link(self, peer: PeerState, msg: Progress, now: float) -> None:
         """An auxiliary peer's report: it is alive, and what its link achieves. Its samples
         are nobody's (it computes none)."""
+        self._links(peer, msg)
+        peer.heard_at = now
+
+    @staticmethod
+    def _links(peer: PeerState, msg: Progress) -> None:
+        if msg.client_mode != peer.client_mode:
+            log.info("%s %s", peer.peer_id, "reaches the others through a relay only: it reduces nothing"
+                     if msg.client_mode else "is reachable directly again")
         peer.client_mode = msg.client_mode
         peer.upload, peer.download = msg.upload or peer.upload, msg.download or peer.download
-        peer.heard_at = now
 
     def may_reach(self, target: int, peer: PeerState, epoch: int, now: float) -> bool:
         """A cheap first test for the hot path: False only if the live peers' samples fall

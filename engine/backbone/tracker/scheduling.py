@@ -38,6 +38,14 @@ MAX_CLAIM_RATIO = 16.0
 HOLD_SHARE = 1 / 10
 # Rounds with an unproven auxiliary peer in them take at most 1 / TRIAL_SPACING of the time.
 TRIAL_SPACING = 10
+# A round the LP expects to move bytes for this long or more comes in PIECES parts per
+# member's share, pipelined (averaging/partition.py): on shaped home links, results flowing
+# out while later pieces flow in brought rounds from 1.25-1.29x the LP's fluid prediction
+# to PIPELINED_GAP. Shorter rounds are latency, not bytes: one part each. So are rounds of
+# groups so large that PIECES parts each would make commitments (a hash per part) large.
+PIPELINE_FROM = 1.0
+PIECES = 4
+MAX_PIPELINED_PARTS = 256
 
 
 @dataclass
@@ -62,10 +70,15 @@ class OpenRound:
     reducers: list[str] = field(default_factory=list)  # who reduces part j now (a backup, if lost)
     auxiliary: set[str] = field(default_factory=set)  # reduce only: no gradient, no step, no vote
     trial: bool = False  # an unproven auxiliary peer reduces in it (Scheduler.trial_over)
+    pieces: int = 1  # parts per member's share (averaging/partition.py)
 
     def __post_init__(self) -> None:
         if not self.reducers:
-            self.reducers = list(self.group)
+            self.reducers = [p for p in self.group for _ in range(self.pieces)]
+
+    def share_of(self, part: int) -> float:
+        """The fraction of the vector part ``part`` holds."""
+        return self.shares[part // self.pieces] / self.pieces
 
     @property
     def voters(self) -> list[str]:
@@ -87,13 +100,13 @@ class OpenRound:
         """Each member's share of the vector: its weight as a reducer (a backup's includes
         the parts it took over)."""
         weights = dict.fromkeys(self.group, 0.0)
-        for reducer, share in zip(self.reducers, self.shares, strict=True):
-            weights[reducer] += share
+        for j, reducer in enumerate(self.reducers):
+            weights[reducer] += self.share_of(j)
         return weights
 
     def start(self, timeout: float) -> RoundStart:
         return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,
-                          sorted(self.optional), sorted(self.auxiliary))
+                          sorted(self.optional), sorted(self.auxiliary), self.pieces)
 
 
 class Scheduler:
@@ -112,6 +125,7 @@ class Scheduler:
         self._hold_began: float | None = None  # when downloads began holding rounds back
         self._next_hold = -math.inf  # no new hold before then
         self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
+        self.vector_bytes = 0  # what a round moves per member, once a settled round told us
 
     def retry_later(self) -> None:
         """A round failed: give the peers a moment before the next."""
@@ -176,17 +190,19 @@ class Scheduler:
         if trial:
             self._next_trial = math.inf  # until this one is over
         due = epoch + 1 - last_checkpoint >= self.project.checkpoint_every
+        predicted = balanced.seconds * self.vector_bytes
+        pipelined = predicted >= PIPELINE_FROM and len(group) * PIECES <= MAX_PIPELINED_PARTS
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
             members={p.peer_id: Pace.of(p, members) for p in members}, optional=optional,
-            auxiliary=auxiliary, trial=trial,
+            auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined else 1,
         )
-        log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s "
-                 "(%.3f s per MB)", self.project.id, rnd.round_id, rnd.epoch, len(group), len(auxiliary),
-                 sum(m.samples for m in rnd.members.values()), " ".join(f"{s:.2f}" for s in rnd.shares),
-                 balanced.seconds * 1e6)
+        log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s in %d "
+                 "pieces (%.3f s per MB, %.1f s predicted)", self.project.id, rnd.round_id, rnd.epoch,
+                 len(group), len(auxiliary), sum(m.samples for m in rnd.members.values()),
+                 " ".join(f"{s:.2f}" for s in rnd.shares), rnd.pieces, balanced.seconds * 1e6, predicted)
         return rnd
 
     def trial_over(self, rnd: OpenRound) -> None:

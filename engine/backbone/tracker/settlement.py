@@ -23,7 +23,8 @@ import statistics
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from engine.averaging.partition import part_sizes
+from engine.averaging.partition import part_bounds
+from engine.averaging.sizes import encoded_size
 from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
@@ -135,6 +136,9 @@ class Settlement:
         losses = [o.loss for o in holders if o.loss is not None]
         rnd.settled_to, rnd.settled_at = digest, t.clock()
         t.epoch, t.state_sha256 = rnd.epoch + 1, digest
+        lengths = [o.numel for o in holders if o.numel > 0]
+        if lengths:  # what rounds move: the LP's time per byte times this is a round's
+            t.scheduler.vector_bytes = encoded_size(statistics.median_low(lengths), t.project.compression)
         step = Step(epoch=t.epoch, round_id=rnd.round_id, loss=statistics.median(losses) if losses else None,
                     samples=int(statistics.median_low(o.samples for o in holders)), peers=len(rnd.group),
                     round_seconds=round(t.clock() - rnd.opened_at, 3), state_sha256=digest)
@@ -273,7 +277,7 @@ class Settlement:
                    if p in rnd.voters and o.ok and o.state_sha256 == rnd.settled_to and o.numel > 0]
         if not lengths:
             return {}
-        sizes = part_sizes(statistics.median_low(lengths), rnd.shares)
+        sizes = [hi - lo for lo, hi in part_bounds(statistics.median_low(lengths), rnd.shares, rnd.pieces)]
         out = {}
         for aux in rnd.auxiliary_reducers():
             outcome = rnd.outcomes.get(aux)
