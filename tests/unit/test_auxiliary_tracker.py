@@ -85,17 +85,18 @@ def test_the_round_waits_for_the_auxiliary_reducers_report_before_crediting(cloc
 def test_unproven_auxiliary_peers_get_one_trial_round_in_ten_of_the_time(clock):
     """Identities that come as auxiliary peers and stall: one reduces in a trial round, the
     round fails at its deadline, it is struck; the next trial comes only after nine times as
-    long as that round took, so stalled trials cost at most a tenth of the time."""
+    long as that round took (and the pause after it), twice that since it failed: stalled
+    trials cost at most a tenth of the time, and ever less."""
     t = with_auxiliary(clock, "x", "y", "z")
     start = open_round(t, {"a": 50, "b": 50})
     (trial,) = start.auxiliary
+    took = start.timeout  # the trainers give up on its results at their deadline
+    clock.now += took
     for p in "ab":
         t.handle(p, done(start, ok=False, waiting=[trial]))
-    took = start.timeout + 10
-    clock.now += took
-    t.tick()
-    assert t.round is None and t.peers[trial].strikes == 1
+    assert t.round is None and t.peers[trial].strikes == 1, "closed once the voters answered"
     closed = clock.now
+    wait = (TRIAL_SPACING - 1) * (took + t.scheduler.retry_delay) * 2
 
     def next_round(epoch: int) -> RoundStart:
         clock.now += 2
@@ -109,8 +110,8 @@ def test_unproven_auxiliary_peers_get_one_trial_round_in_ten_of_the_time(clock):
         for p in "ab":
             t.handle(p, done(again, digest=f"h{epoch + 1}"))
         assert t.epoch == epoch + 1
-        clock.now = closed + (TRIAL_SPACING - 1) * took - 3
-    clock.now = closed + (TRIAL_SPACING - 1) * took
+        clock.now = closed + wait - 3
+    clock.now = closed + wait
     assert len(next_round(3).auxiliary) == 1
 
 

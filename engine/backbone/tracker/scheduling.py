@@ -8,8 +8,9 @@ Auxiliary peers join every round whose members they all reach, as reducers only.
 has not proven itself yet (no round it reduced in has settled) is everyone's to wait for
 as any reducer is, so only one such peer at a time gets a trial round, and trial rounds
 take at most a tenth of the time: after one that lasted d seconds, the next comes
-(TRIAL_SPACING - 1) * d later. Identities that come as auxiliary peers and stall their
-trial cost the collaboration at most a tenth of its time, however many there are."""
+(TRIAL_SPACING - 1) * d later, twice that after a trial that failed, four times after two
+in a row... Identities that come as auxiliary peers and stall their trials cost the
+collaboration at most a tenth of its time, however many there are, and ever less."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ MAX_CLAIM_RATIO = 16.0
 # Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
 # identities that ask for the state and never download it cannot stall the rest.
 HOLD_SHARE = 1 / 10
-# Rounds with an unproven auxiliary peer in them take at most 1 / TRIAL_SPACING of the time.
+# Rounds with an unproven auxiliary peer in them take at most 1 / TRIAL_SPACING of the time,
+# and half that again after each trial in a row that failed (up to 2**MAX_TRIAL_BACKOFF).
 TRIAL_SPACING = 10
+MAX_TRIAL_BACKOFF = 6
 # A round the LP expects to move bytes for this long or more comes in PIECES parts per
 # member's share, pipelined (averaging/partition.py): on shaped home links, results flowing
 # out while later pieces flow in brought rounds from 1.25-1.29x the LP's fluid prediction
@@ -92,9 +95,11 @@ class OpenRound:
         return [p for p in self.group if p in self.auxiliary and p not in self.lost and weights[p] > 0]
 
     def answered(self, alive: set[str]) -> bool:
-        """Every voter, and every auxiliary member with a part, still here has said how the
-        round ended (the latter's report is what credits the parts it reduced)."""
-        return all(p in self.outcomes or p not in alive for p in [*self.voters, *self.auxiliary_reducers()])
+        """Every voter still here has said how the round ended -- and, once it settled, every
+        auxiliary member with a part (its report is what credits the parts it reduced; a
+        round that did not settle credits nobody, so nobody waits for a withholder's)."""
+        waited = [*self.voters, *(self.auxiliary_reducers() if self.settled_to is not None else [])]
+        return all(p in self.outcomes or p not in alive for p in waited)
 
     def weights(self) -> dict[str, float]:
         """Each member's share of the vector: its weight as a reducer (a backup's includes
@@ -125,6 +130,7 @@ class Scheduler:
         self._hold_began: float | None = None  # when downloads began holding rounds back
         self._next_hold = -math.inf  # no new hold before then
         self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
+        self._failed_trials = 0  # trial rounds in a row that did not settle
         self.vector_bytes = 0  # what a round moves per member, once a settled round told us
 
     def retry_later(self) -> None:
@@ -206,10 +212,20 @@ class Scheduler:
         return rnd
 
     def trial_over(self, rnd: OpenRound) -> None:
-        """A round is over: if it was a trial, the next one waits nine times as long as it took."""
-        if rnd.trial:
-            now = self._clock()
-            self._next_trial = now + (TRIAL_SPACING - 1) * (now - rnd.opened_at)
+        """A round is over: if it was a trial, the next one waits nine times as long as it
+        took (with the pause after a failed round), and twice that again after each trial in
+        a row that failed: identities that keep stalling their trials get ever fewer."""
+        if not rnd.trial:
+            return
+        now = self._clock()
+        took = now - rnd.opened_at
+        if rnd.settled_to is None:
+            took += self.retry_delay
+            self._failed_trials += 1
+        else:
+            self._failed_trials = 0
+        backoff = 2 ** min(self._failed_trials, MAX_TRIAL_BACKOFF)
+        self._next_trial = now + (TRIAL_SPACING - 1) * took * backoff
 
     def _auxiliaries(self, trainers: list[str], now: float) -> list[PeerState]:
         """The auxiliary peers that join a round of ``trainers``: those that reach them all
