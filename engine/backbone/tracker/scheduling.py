@@ -44,8 +44,9 @@ MAX_TRIAL_BACKOFF = 6
 # A round the LP expects to move bytes for this long or more comes in PIECES parts per
 # member's share, pipelined (averaging/partition.py): on shaped home links, results flowing
 # out while later pieces flow in brought rounds from 1.25-1.29x the LP's fluid prediction
-# to PIPELINED_GAP. Shorter rounds are latency, not bytes: one part each. So are rounds of
-# groups so large that PIECES parts each would make commitments (a hash per part) large.
+# to 1.15x (tests/nat/test_shaped_links.py). Shorter rounds are latency, not bytes: one part
+# each. So are rounds of groups so large that PIECES parts each would make commitments (a
+# hash per part) large.
 PIPELINE_FROM = 1.0
 PIECES = 4
 MAX_PIPELINED_PARTS = 256
