@@ -190,8 +190,8 @@ async def butterfly_allreduce(
 
 async def aggregate_parts(plan: RoundPlan, numel: int, mesh: PeerMesh, timeout: float) -> ReducedParts:
     """As an auxiliary member of the round: reduce the parts of a ``numel``-element vector
-    that are ours (and any the backbone hands us meanwhile), send the results to everyone
-    who brought a gradient; raise AveragingError."""
+    that are ours and send the results to everyone who brought a gradient; raise
+    AveragingError."""
     round_ = _Round(plan, None, 0, 0.0, mesh, timeout, numel=numel)
     try:
         return await asyncio.wait_for(round_.run_auxiliary(), timeout)
@@ -321,23 +321,14 @@ class _Round:
         return peer in self.lost
 
     async def run_auxiliary(self) -> ReducedParts:
-        """Reduce our parts, and those handed to us as a backup until ours are done."""
+        """Reduce our parts (the backbone never hands an auxiliary member a lost one's)."""
         await self.connect()
-        reducing: dict[int, asyncio.Future] = {}
+        reducing = [asyncio.ensure_future(self.reduce(j)) for j in range(self.plan.parts)
+                    if self.ours(j) and self.size(j)]
         try:
-            while True:
-                for j, reducer in enumerate(self.reducers):
-                    if reducer == self.plan.me and self.size(j) and j not in reducing:
-                        reducing[j] = asyncio.ensure_future(self.reduce(j))
-                pending = [task for task in reducing.values() if not task.done()]
-                for task in reducing.values():
-                    if task.done():
-                        task.result()  # raises what a reduction ran into
-                if not pending:
-                    break
-                await self._any_or_news(pending)
+            await asyncio.gather(*reducing)
         except BaseException:
-            for task in reducing.values():
+            for task in reducing:
                 task.cancel()
                 task.add_done_callback(_quiet)
             raise

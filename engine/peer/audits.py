@@ -35,7 +35,11 @@ class Audits:
         self.kept: list[Reduced] = []
 
     def keep(self, reduced: list[Reduced]) -> None:
-        """The parts we reduced in our last round: ours, and any we took over as a backup."""
+        """The parts we reduced in our last round: ours, and any we took over as a backup.
+        A round that ends after a newer one (an auxiliary peer's, abandoned by the trainers)
+        must not replace what the newer one kept: it may be checked."""
+        if reduced and any(r.round_id > reduced[0].round_id for r in self.kept):
+            return
         self.kept = list(reduced)
 
     def settled(self, round_id: int) -> None:

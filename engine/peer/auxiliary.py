@@ -28,6 +28,7 @@ from engine.training.params import trainable
 from engine.transport.ice import ice_configuration
 from engine.transport.mesh import PeerMesh
 from engine.wire.control import (
+    AUXILIARY_DEADLINE,
     Audit,
     Availability,
     BackboneMessage,
@@ -131,7 +132,9 @@ class AuxiliaryPeer(Peer):
                          project.compression, changes, frozenset(start.auxiliary), start.pieces)
         began = time.monotonic()
         try:
-            done = await aggregate_parts(plan, self.numel, self.mesh, start.timeout)
+            # Giving up before the trainers do, it names whose parts it missed before they
+            # name it as the reducer they waited for.
+            done = await aggregate_parts(plan, self.numel, self.mesh, AUXILIARY_DEADLINE * start.timeout)
         except AveragingError as exc:
             log.warning("round %d: %s", start.round_id, exc)
             self.emit(RoundFailed(start.epoch, str(exc)))

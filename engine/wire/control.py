@@ -213,6 +213,11 @@ class SyncPlan(ControlMessage, tag="sync_plan"):
     state_sha256: Sha256 | None = None
 
 
+# An auxiliary member gives up on a round at this share of its timeout, and reports whose
+# parts it missed, before the trainers give up on its results and name it.
+AUXILIARY_DEADLINE = 0.8
+
+
 class RoundStart(ControlMessage, tag="round_start"):
     """Opens an averaging round: who is in it and which part of the vector each reduces."""
 

@@ -5,9 +5,10 @@ from engine.averaging.partition import part_sizes
 from engine.averaging.sizes import encoded_size
 from engine.backbone.tracker import RecordCredits, Tracker
 from engine.backbone.tracker.scheduling import TRIAL_SPACING
+from engine.backbone.tracker.settlement import REPORT_GRACE
 from engine.wire.control import Progress, Reassign, Resync, RoundDone, RoundStart
 from engine.wire.types import PeerRole
-from tests.unit.test_tracker import Clock, clock, done, open_round, ready_tracker, sent
+from tests.unit.test_tracker import clock, done, open_round, ready_tracker, sent
 
 __all__ = ["clock"]  # the fixture
 
@@ -90,13 +91,16 @@ def test_unproven_auxiliary_peers_get_one_trial_round_in_ten_of_the_time(clock):
     t = with_auxiliary(clock, "x", "y", "z")
     start = open_round(t, {"a": 50, "b": 50})
     (trial,) = start.auxiliary
-    took = start.timeout  # the trainers give up on its results at their deadline
-    clock.now += took
+    opened = clock.now
+    clock.now += start.timeout  # the trainers give up on its results at their deadline
     for p in "ab":
         t.handle(p, done(start, ok=False, waiting=[trial]))
-    assert t.round is None and t.peers[trial].strikes == 1, "closed once the voters answered"
+    assert t.round is not None, "it waits for the auxiliary member's report until the deadline"
+    clock.now += 0.3
+    t.tick()
+    assert t.round is None and t.peers[trial].strikes == 1
     closed = clock.now
-    wait = (TRIAL_SPACING - 1) * (took + t.scheduler.retry_delay) * 2
+    wait = (TRIAL_SPACING - 1) * (closed - opened + t.scheduler.retry_delay) * 2
 
     def next_round(epoch: int) -> RoundStart:
         clock.now += 2
@@ -142,16 +146,50 @@ def test_an_auxiliary_reducer_that_names_a_sender_it_missed_is_not_struck(clock)
     assert not t.pairs.reachable("x", "b", clock.now)
 
 
-def test_a_lost_reducers_part_goes_to_the_auxiliary_peer_unless_it_has_finished(clock):
+def test_a_lost_reducers_part_goes_to_a_trainer_never_to_an_auxiliary_peer(clock):
+    """An auxiliary member is done once its own parts are, which the backbone cannot see
+    before it reports: handed a part then, it would never reduce it."""
     t = with_auxiliary(clock, "x", links={"x": 30 * MBIT})
     start = open_round(t, {"a": 50, "b": 50})
     ((_, msg),) = sent(t.leave("a"), Reassign)[:1]
-    assert msg.reducers[start.group.index("a")] == "x"
-    t2 = with_auxiliary(Clock(), "x", links={"x": 30 * MBIT})
-    start = open_round(t2, {"a": 50, "b": 50})
-    t2.handle("x", aux_done(start))
-    ((_, msg),) = sent(t2.leave("a"), Reassign)[:1]
-    assert msg.reducers[start.group.index("a")] == "b"  # x has finished its round
+    assert msg.reducers[start.group.index("a")] == "b"
+
+
+def test_an_honest_auxiliary_peer_that_names_a_missing_sender_before_the_deadline_is_not_struck(clock):
+    """A trainer dies mid-round without its socket closing: the auxiliary member waits for
+    its part, gives up first and names it; the other trainer waited for the auxiliary
+    member's result, but one voter's word strikes nobody."""
+    t = with_auxiliary(clock, "x")
+    start = open_round(t, {"a": 50, "b": 50})
+    clock.now += 0.8 * start.timeout
+    t.handle("x", RoundDone(start.round_id, 0, False, None, error="no part from b", unreachable=["b"]))
+    clock.now += 0.2 * start.timeout
+    for p in "ab":
+        t.handle(p, done(start, ok=False, waiting=["x"]))
+    assert t.round is None and t.peers["x"].strikes == 0
+
+
+def test_a_proven_auxiliary_peer_that_never_reports_holds_a_settled_round_only_a_grace(clock):
+    t = with_auxiliary(clock, "x")
+    t.peers["x"].proven = True
+    start = open_round(t, {"a": 50, "b": 50})
+    for p in "ab":
+        t.handle(p, done(start, numel=1000))
+    assert t.epoch == 1 and t.round is not None
+    clock.now += REPORT_GRACE + 0.1
+    outs = t.tick()
+    assert t.round is None and t.peers["x"].strikes == 1
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    assert "x" not in record.credits and set(record.credits) == {"a", "b"}
+
+
+def test_an_auxiliary_peers_report_does_not_time_the_trainers_credit(clock):
+    """Its outcome may come at once; the trainers' claims are judged up to the first
+    voter's success."""
+    t = with_auxiliary(clock, "x")
+    start = open_round(t, {"a": 50, "b": 50})
+    t.handle("x", aux_done(start))
+    assert t.round.first_success_at is None
 
 
 def test_an_auxiliary_peer_behind_a_relay_only_is_left_out(clock):

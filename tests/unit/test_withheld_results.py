@@ -34,6 +34,14 @@ def test_one_voters_word_strikes_nobody(clock):
     assert t.round is None and t.peers["a"].strikes == 0
 
 
+def test_in_a_round_of_two_voters_one_cannot_strike_the_other(clock):
+    t = ready_tracker(clock, peers=("a", "b"))
+    start = open_round(t, {"a": 50, "b": 50})
+    t.handle("b", done(start, ok=False, waiting=["a"]))
+    t.handle("a", done(start, ok=False))
+    assert t.round is None and t.peers["a"].strikes == 0
+
+
 def test_a_reducer_that_names_a_sender_it_missed_is_not_the_one_struck(clock):
     t = ready_tracker(clock, peers=("a", "b", "c"))
     start = open_round(t, {p: 40 for p in "abc"})

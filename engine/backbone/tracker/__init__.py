@@ -221,6 +221,10 @@ class Tracker:
                 return out
         if rnd is not None and self.clock() > rnd.deadline + self.round_grace:
             return self.settlement.close(rnd)
+        if rnd is not None and self.clock() > self.settlement.reports_due(rnd):
+            out = self.settlement.close_if_answered()  # without an auxiliary member silent so long
+            if self.round is not rnd:
+                return out
         return self.sources.recovery_over() + self._maybe_open_round()
 
     # --- checkpoints and status ---------------------------------------------------------

@@ -24,12 +24,12 @@ log = logging.getLogger(__name__)
 
 
 def backup_reducer(rnd: OpenRound, client_mode: set[str]) -> str | None:
-    """Who takes over a lost reducer's parts: a live voter or auxiliary member that accepts
-    connections and is still in the round (one that answered has finished it), reducing the
-    most already (the LP found its links the best); None if nobody can."""
+    """Who takes over a lost reducer's parts: a live voter that accepts connections and is
+    still in the round (one that answered has finished it), reducing the most already (the
+    LP found its links the best); None if nobody can. Not an auxiliary member: it is done
+    once its own parts are, and the backbone cannot tell when that is before it reports."""
     share = rnd.weights()
-    candidates = [p for p in [*rnd.voters, *rnd.auxiliary_reducers()]
-                  if p not in client_mode and p not in rnd.outcomes]
+    candidates = [p for p in rnd.voters if p not in client_mode and p not in rnd.outcomes]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (share[p], -rnd.group.index(p)))

@@ -95,11 +95,11 @@ class OpenRound:
         weights = self.weights()
         return [p for p in self.group if p in self.auxiliary and p not in self.lost and weights[p] > 0]
 
-    def answered(self, alive: set[str]) -> bool:
-        """Every voter still here has said how the round ended -- and, once it settled, every
-        auxiliary member with a part (its report is what credits the parts it reduced; a
-        round that did not settle credits nobody, so nobody waits for a withholder's)."""
-        waited = [*self.voters, *(self.auxiliary_reducers() if self.settled_to is not None else [])]
+    def answered(self, alive: set[str], auxiliary: bool = True) -> bool:
+        """Every voter still here has said how the round ended -- and, unless told not to
+        wait for them any longer, every auxiliary member with a part (its report credits
+        the parts it reduced, or names whose parts it missed)."""
+        waited = [*self.voters, *(self.auxiliary_reducers() if auxiliary else [])]
         return all(p in self.outcomes or p not in alive for p in waited)
 
     def weights(self) -> dict[str, float]:

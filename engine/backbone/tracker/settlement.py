@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     from engine.backbone.tracker import Tracker
 
 log = logging.getLogger(__name__)
+# After a round settles, how long it stays open for its auxiliary members' reports (what
+# credits their parts): an honest one reports before the trainers have applied the step.
+# A round that does not settle waits for them until its deadline: an auxiliary peer gives
+# up at AUXILIARY_DEADLINE of the round's timeout (wire/control.py), naming whose parts it
+# missed, before the trainers give up on its results.
+REPORT_GRACE = 2.0
 
 
 class Settlement:
@@ -50,7 +56,7 @@ class Settlement:
         if peer.peer_id not in rnd.group or peer.peer_id in rnd.outcomes:
             return []
         rnd.outcomes[peer.peer_id] = msg
-        if msg.ok and rnd.first_success_at is None:
+        if msg.ok and rnd.first_success_at is None and peer.peer_id in rnd.voters:
             rnd.first_success_at = t.clock()
         out: list[Out] = []
         if rnd.settled_to is None:
@@ -189,9 +195,14 @@ class Settlement:
         if rnd.recovering and rnd.settled_to is None:
             waited |= set(rnd.voters)
         checking = rnd.audit is not None and not (rnd.audit.passed or rnd.audit.failed)
-        if checking or not rnd.answered(waited):
+        if checking or not rnd.answered(waited, auxiliary=self.t.clock() <= self.reports_due(rnd)):
             return []
         return self.close(rnd)
+
+    @staticmethod
+    def reports_due(rnd: OpenRound) -> float:
+        """Until when the round waits for its auxiliary members' reports."""
+        return rnd.deadline if rnd.settled_to is None else rnd.settled_at + REPORT_GRACE
 
     def close(self, rnd: OpenRound) -> list[Out]:
         t = self.t
@@ -220,7 +231,7 @@ class Settlement:
                 if not rnd.recovering:  # (after a restart, it may have been away reconnecting)
                     t.members.strike(peer, "it did not finish a round")
                 out += t.resync(peer, "you did not finish the round in time")
-        if rnd.settled_to is None and not rnd.recovering:
+        if not rnd.recovering:
             weights = rnd.weights()
             for reducer in [p for p in rnd.group if weights[p] > 0 and p not in rnd.lost]:
                 peer = t.members.get(reducer)
@@ -229,19 +240,20 @@ class Settlement:
                     t.members.strike(peer, why)
         return out
 
-    @staticmethod
-    def _withheld(rnd: OpenRound, reducer: str) -> str:
-        """Why a round that did not settle is this reducer's fault, if it is: an auxiliary
-        one never answered (a silent voter is struck already), or most of the other voters
-        were still waiting for its results while it named nobody whose part it missed."""
+    def _withheld(self, rnd: OpenRound, reducer: str) -> str:
+        """Why the round's end is this reducer's fault, if it is: an auxiliary one stayed
+        silent past ``reports_due``; or the round did not settle while at least two, and
+        most, of the other voters were still waiting for its results, and it named nobody
+        whose part it missed."""
         outcome = rnd.outcomes.get(reducer)
         if outcome is None:
-            return "it did not finish a round it reduced in" if reducer in rnd.auxiliary else ""
-        if outcome.unreachable:
-            return ""  # the pairs it names are kept apart instead
+            silent = reducer in rnd.auxiliary and self.t.clock() > self.reports_due(rnd)
+            return "it did not report on a round it reduced in" if silent else ""
+        if rnd.settled_to is not None or outcome.unreachable:
+            return ""  # (the pairs it names are kept apart instead)
         others = [p for p in rnd.voters if p != reducer]
         waiting = sum(reducer in o.waiting for p, o in rnd.outcomes.items() if p in others)
-        return "the others still waited for its results" if others and waiting * 2 > len(others) else ""
+        return "the others still waited for its results" if waiting >= 2 and waiting * 2 > len(others) else ""
 
     def _credit(self, rnd: OpenRound) -> dict:
         """What a majority of reducers saw each member send, capped by its measured pace;
@@ -249,13 +261,19 @@ class Settlement:
         silent stranger sits rounds out soon); one they saw with samples, whose step agreed,
         has proven itself, once its step agrees."""
         reports = {member: outcome.received for member, outcome in rnd.outcomes.items()}
-        seen = {p: n for p, n in seen_by_reducers(reports, rnd.weights()).items() if p not in rnd.lost}
+        # Reducers that never reported (an auxiliary member silent past its grace) vouch for
+        # nobody and against nobody: the others decide, and a sender they did not see is
+        # struck only if they hold most of the vector.
+        weights = rnd.weights()
+        reported = {r: w for r, w in weights.items() if r in rnd.outcomes}
+        conclusive = sum(reported.values()) * 2 > sum(weights.values())
+        seen = {p: n for p, n in seen_by_reducers(reports, reported).items() if p not in rnd.lost}
         for pid in rnd.group:
             peer = self.t.members.get(pid)
             if peer is None or pid in rnd.auxiliary:  # (it sends no part)
                 continue
             if pid not in seen:
-                if pid in rnd.optional or pid in rnd.outcomes:  # (a silent voter is struck below)
+                if conclusive and (pid in rnd.optional or pid in rnd.outcomes):  # (a silent voter: below)
                     self.t.members.strike(peer, "the reducers did not get its part")
             elif seen[pid] > 0 and peer.strikes == 0:
                 # Proven once its step agrees too: sending parts is not taking part. (An
