@@ -220,17 +220,17 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
         wait_until(lambda: "as alice" in running.dashboard.project.text(), 30)
     bb = running.backbone
     bob_token = bb.call(register(bb.url, "bobby"))
-    carol_token = bb.call(register(bb.url, "carol"))
-    bob = carol = None
+    dave_token = bb.call(register(bb.url, "dave"))
+    bob = dave = None
     try:
         bob = bb.call(_start_bob(bb.url, bob_token))
-        carol = bb.call(_start_auxiliary(bb.url, carol_token))
-        # Both earn credit in the steps they take together; carol, an auxiliary peer,
-        # for the bytes she aggregates for them.
+        dave = bb.call(_start_auxiliary(bb.url, dave_token))
+        # Both earn credit in the steps they take together; dave, an auxiliary peer, for
+        # the bytes he aggregates for them.
         wait_until(lambda: _credited(bb) >= {"alice", "bobby"} and _aggregated(bb) > 0, 60,
-                   lambda: f"credit for alice and bobby, bytes for carol; credited {_credited(bb)}")
+                   lambda: f"credit for alice and bobby, bytes for dave; credited {_credited(bb)}")
     finally:
-        bb.call(stop_all(*(p for p in (bob, carol) if p is not None)))
+        bb.call(stop_all(*(p for p in (bob, dave) if p is not None)))
     board = running.page("leaderboard")
     board.refresh_button.click()
     wait_until(lambda: {e.username for e in board.entries} >= {"alice", "bobby"}, 30)
@@ -251,11 +251,11 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
     wait_until(lambda: board.offset == 1 and board.entries and board.entries[0].username != first,
                30, "the second page")
     assert board.previous.isEnabled()
-    # Ranked by bytes aggregated: carol alone, with what she aggregated in its column.
+    # Ranked by bytes aggregated: dave alone, with what he aggregated in its column.
     board.page_size = 25
     board.ranking.setCurrentIndex(board.ranking.findData(Ranking.AGGREGATED))
-    wait_until(lambda: [e.username for e in board.entries] == ["carol"], 30,
-               lambda: f"carol ranked by bytes; shown {[e.username for e in board.entries]}")
+    wait_until(lambda: [e.username for e in board.entries] == ["dave"], 30,
+               lambda: f"dave ranked by bytes; shown {[e.username for e in board.entries]}")
     assert board.table.item(0, COLUMNS.index("Aggregated")).text().endswith("B")
     assert board.table.item(0, COLUMNS.index("Share")).text() == "100.0 %"
     assert "aggregated by auxiliary peers" in board.subtitle.text()
@@ -270,7 +270,7 @@ async def _start_bob(url: str, token: str):
 async def _start_auxiliary(url: str, token: str):
     from tests.collab.test_auxiliary import start_auxiliary
 
-    return start_auxiliary(url, "tiny-lm", "carol", user_token=token)
+    return start_auxiliary(url, "tiny-lm", "dave", user_token=token)
 
 
 def _aggregated(bb: ThreadedBackbone) -> int:
