@@ -288,10 +288,10 @@ class Peer:
         return initial_model(self.task, self.client.join_reply.project.seed)
 
     def _all_links_relayed(self) -> bool:
-        """Client mode, detected: every link we know the path of leaves through our own TURN
-        relay (a link relayed because the other side is behind one does not count: CI saw a
-        peer on a slow direct link take itself for a client when its first link was to a
-        relay-only peer)."""
+        """Client mode, detected: every link that tells leaves through our own TURN relay while
+        the other side is reachable without one (a link relayed because the other side is
+        behind one does not count: a shaped-links run saw a peer on a slow direct link take
+        itself for a client when its first link was to a relay-only peer)."""
         known = [relayed for relayed in self.mesh.relayed_here().values() if relayed is not None]
         return bool(known) and all(known)
 

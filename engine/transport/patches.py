@@ -163,11 +163,14 @@ def _nominated_pair(pc: RTCPeerConnection):
 
 
 def relayed_here(pc: RTCPeerConnection) -> bool | None:
-    """Whether the link leaves this side through its own TURN relay (None before ICE
-    completes). A link relayed only because the other side is behind one says nothing of
-    whether others can reach us."""
+    """Whether the link needs this side's own TURN relay: it leaves through it while the
+    other side is reachable without one. None when unknown: before ICE completes, or when
+    both ends are relayed -- ICE may nominate our relay against a relay-only peer even when
+    our direct candidates would do (seen in CI), so that says nothing of us either."""
     pair = _nominated_pair(pc)
-    return None if pair is None else pair.local_candidate.type == "relay"
+    if pair is None or pair.remote_candidate.type == "relay":
+        return None
+    return pair.local_candidate.type == "relay"
 
 
 def nominated_path(pc: RTCPeerConnection) -> LinkPath | None:
