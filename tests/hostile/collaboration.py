@@ -178,21 +178,18 @@ class Collaboration:
 
     def credited(self, peer_ids: list[str]) -> int:
         """Samples the ledger credits to these peers."""
-        if not peer_ids:
-            return 0
-        with self.db() as db:
-            marks = ",".join("?" * len(peer_ids))
-            query = f"SELECT COALESCE(SUM(samples), 0) FROM contributions WHERE peer_id IN ({marks})"
-            row = db.execute(query, peer_ids).fetchone()
-        return int(row[0])
+        return self._ledger_sum("samples", peer_ids)
 
     def aggregated(self, peer_ids: list[str]) -> int:
         """Bytes aggregated the ledger credits to these peers (as auxiliary peers)."""
+        return self._ledger_sum("aggregated_bytes", peer_ids)
+
+    def _ledger_sum(self, column: str, peer_ids: list[str]) -> int:
         if not peer_ids:
             return 0
         with self.db() as db:
             marks = ",".join("?" * len(peer_ids))
-            query = f"SELECT COALESCE(SUM(aggregated_bytes), 0) FROM contributions WHERE peer_id IN ({marks})"
+            query = f"SELECT COALESCE(SUM({column}), 0) FROM contributions WHERE peer_id IN ({marks})"
             row = db.execute(query, peer_ids).fetchone()
         return int(row[0])
 
