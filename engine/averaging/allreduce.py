@@ -323,30 +323,14 @@ class _Round:
     async def run_auxiliary(self) -> ReducedParts:
         """Reduce our parts (the backbone never hands an auxiliary member a lost one's)."""
         await self.connect()
-        reducing = [asyncio.ensure_future(self.reduce(j)) for j in range(self.plan.parts)
-                    if self.ours(j) and self.size(j)]
-        try:
-            await asyncio.gather(*reducing)
-        except BaseException:
-            for task in reducing:
-                task.cancel()
-                task.add_done_callback(_quiet)
-            raise
+        await _all_or_none([self.reduce(j) for j in range(self.plan.parts) if self.ours(j) and self.size(j)])
         await self._results_sent()
         return ReducedParts(self.mine, _seen_in_all(self.mine), self._commitment(), self.reduced,
                             self.bytes_in)
 
     async def run(self) -> Averaged:
         await self.connect()
-        exchanges = [asyncio.ensure_future(self.exchange(j))
-                     for j in range(self.plan.parts) if self.size(j)]
-        try:
-            results = list(await asyncio.gather(*exchanges))
-        except BaseException:
-            for task in exchanges:
-                task.cancel()
-                task.add_done_callback(_quiet)
-            raise
+        results = await _all_or_none([self.exchange(j) for j in range(self.plan.parts) if self.size(j)])
         await self._results_sent()
         return self.outcome(results)
 
@@ -626,6 +610,18 @@ def _as_floats(frame: Frame, expected: int, peer: str, what: str) -> torch.Tenso
     if len(frame.payload) != expected * 4:
         raise Misbehaved(peer, f"{what} from {peer}: {len(frame.payload)} bytes, expected {expected * 4}")
     return torch.frombuffer(frame.payload, dtype=torch.float32)
+
+
+async def _all_or_none(coros: list) -> list:
+    """Their results, in order; if one fails, the rest are cancelled and its error raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+            task.add_done_callback(_quiet)
+        raise
 
 
 def _quiet(future: asyncio.Future) -> None:
