@@ -16,6 +16,25 @@ from tests.conftest import until
 pytestmark = pytest.mark.slow
 
 
+def kill_as_a_round_begins(backbone, victim, when) -> tuple[list[RoundStart], list]:
+    """SIGKILL ``victim`` as the backbone sends the first RoundStart that ``when`` picks;
+    returns that start (once sent) and the steps and credits the backbone records."""
+    killed: list[RoundStart] = []
+    recorded: list = []
+    carry_out = backbone.execute
+
+    def execute(project_id, outs):
+        carry_out(project_id, outs)
+        recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
+        starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
+        if not killed and starts and when(starts[0]):
+            victim.kill()
+            killed.append(starts[0])
+
+    backbone.execute = execute
+    return killed, recorded
+
+
 async def test_killing_a_peer_between_rounds_lets_the_others_go_on(tmp_path):
     project = tiny_project(target_batch_size=96, round_timeout=10)
     async with running_backbone(tmp_path, project) as backbone:
@@ -56,22 +75,14 @@ async def test_a_reducer_killed_mid_round_is_replaced_and_that_round_completes(t
         tracker = backbone.trackers[project.id]
         peers = [await spawn_peer(backbone.url, project.id, f"p{i}", tmp_path) for i in range(4)]
         victim, survivors = peers[0], peers[1:]
-        killed: list[RoundStart] = []
-        recorded: list = []
-        carry_out = backbone.execute
 
-        def execute(project_id, outs):
-            carry_out(project_id, outs)
-            recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
-            starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
+        def reduces(start: RoundStart) -> bool:
             victim_id = next((p for p, s in tracker.peers.items() if s.name == victim.name), None)
-            if not killed and starts and all(p.epoch >= 2 for p in peers) and victim_id in starts[0].group:
-                start = starts[0]
-                if len(start.group) == 4 and start.shares[start.group.index(victim_id)] > 0:
-                    victim.kill()  # its RoundStart is on its way: it dies holding a part to reduce
-                    killed.append(start)
+            return (all(p.epoch >= 2 for p in peers) and victim_id in start.group and len(start.group) == 4
+                    and start.shares[start.group.index(victim_id)] > 0)
 
-        backbone.execute = execute
+        # Its RoundStart is on its way: it dies holding a part to reduce.
+        killed, recorded = kill_as_a_round_begins(backbone, victim, reduces)
         try:
             await until(lambda: killed, 120, "a round with four peers in which the victim reduces")
             start = killed[0]
@@ -104,19 +115,8 @@ async def test_an_auxiliary_peer_killed_as_its_round_begins_is_replaced_and_the_
         tracker = backbone.trackers[project.id]
         trainers = [await spawn_peer(backbone.url, project.id, f"t{i}", tmp_path) for i in range(2)]
         helper = await spawn_peer(backbone.url, project.id, "helper", tmp_path, "--aux")
-        killed: list[RoundStart] = []
-        recorded: list = []
-        carry_out = backbone.execute
-
-        def execute(project_id, outs):
-            carry_out(project_id, outs)
-            recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
-            starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
-            if not killed and starts and len(helper.epochs) >= 2 and starts[0].auxiliary:
-                helper.kill()
-                killed.append(starts[0])
-
-        backbone.execute = execute
+        killed, recorded = kill_as_a_round_begins(
+            backbone, helper, lambda start: len(helper.epochs) >= 2 and bool(start.auxiliary))
         try:
             await until(lambda: killed, 120, "two rounds the auxiliary peer reduced in, then a third")
             start = killed[0]
