@@ -139,7 +139,7 @@ async def member(stranger: Stranger, samples: int = 10**6) -> None:
     """Keep ``stranger`` a live member in the backbone's eyes: ready at the settled epoch
     (the hash is broadcast with every step), reporting many samples -- without ever
     computing anything. (It never asks for the state: that would be the state-request
-    attack, which holds rounds back a tenth of the time at most, and has its own test.)"""
+    attack, which holds rounds back a twentieth of the time at most, and has its own test.)"""
     stranger.follow = True
     await asyncio.wait_for(stranger.knows_state.wait(), 60)
     while not stranger.closed.is_set():

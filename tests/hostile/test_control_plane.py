@@ -67,7 +67,7 @@ async def test_a_forged_round_outcome_writes_neither_state_nor_ledger(collab, re
 async def test_asking_for_the_state_without_end_stalls_nobody(collab, report_figure):
     """Before: a SyncRequest repeated without end held the collaboration at 0 epochs for 40 s.
     Now a flood gets its sender thrown out, and identities that ask politely and never
-    download hold rounds back a tenth of the time at most -- measured over windows long
+    download hold rounds back a twentieth of the time at most -- measured over windows long
     enough to hold several such waits."""
     async with Adversary(collab.url, collab.project.id) as flooders, \
             Adversary(collab.url, collab.project.id) as askers:
