@@ -53,10 +53,10 @@ def check_webrtc() -> str:
 
 async def _webrtc_round_trip() -> str:
     from engine.aio import spawn
+    from engine.transport.backends import native_problem, restrict_host_addresses
     from engine.transport.ice import ice_configuration
     from engine.transport.mailbox import Mailbox
     from engine.transport.mesh import PeerMesh
-    from engine.transport.patches import restrict_host_addresses
     from engine.wire.control import SignalData
     from engine.wire.frames import Part
     from engine.wire.framing import Frame
@@ -88,7 +88,12 @@ async def _webrtc_round_trip() -> str:
         if bytes(echoed.payload) != payload:
             raise RuntimeError("the echoed bytes differ")
         media = "PyAV present" if media_codecs_loaded() else "data channels only, no PyAV"
-        return f"loopback data channel round trip of 300 kB in {time.monotonic() - began:.2f} s ({media})"
+        stack = link.transport.value
+        problem = native_problem()
+        if problem:
+            stack += f"; fast data channels unavailable: {problem}"
+        return (f"loopback data channel round trip of 300 kB in {time.monotonic() - began:.2f} s "
+                f"on {stack} ({media})")
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
 

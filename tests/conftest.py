@@ -42,7 +42,7 @@ def pytest_terminal_summary(terminalreporter, config):
 @pytest.fixture(autouse=True)
 def _loopback_only():
     """aioice never offers 127.0.0.1 by itself; tests keep every connection on loopback."""
-    from engine.transport.patches import restrict_host_addresses
+    from engine.transport.backends import restrict_host_addresses
 
     restrict_host_addresses(["127.0.0.1"])
     yield

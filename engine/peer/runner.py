@@ -36,11 +36,11 @@ from engine.training.device import Placement, choose_device
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.schedule import build_optimizer
 from engine.training.state import state_budget
+from engine.transport.backends import restrict_host_addresses
 from engine.transport.counters import LinkCounters
 from engine.transport.ice import ice_configuration, is_loopback_host
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
-from engine.transport.patches import restrict_host_addresses
 from engine.transport.shaping import RateLimiter
 from engine.wire.control import Availability, Status
 from engine.wire.types import IcePolicy

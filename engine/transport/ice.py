@@ -1,19 +1,24 @@
-"""ICE configuration: the servers a backbone hands out, as aiortc takes them."""
+"""ICE configuration: the servers a backbone hands out and the relay policy, for any stack."""
 
 from __future__ import annotations
 
 import ipaddress
-
-from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy
+from dataclasses import dataclass, field
 
 from engine.wire.control import IceServer
 
 
-def ice_configuration(servers: list[IceServer], relay_only: bool = False) -> RTCConfiguration:
-    """Build an RTCConfiguration from the backbone's list; never aiortc's public default."""
-    ice = [RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in servers]
-    policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
-    return RTCConfiguration(iceServers=ice, iceTransportPolicy=policy)
+@dataclass(frozen=True)
+class IceSettings:
+    """What every backend builds its own configuration from. ``servers`` is never None: a
+    stack's public default STUN server would contact strangers from a loopback test."""
+
+    servers: list[IceServer] = field(default_factory=list)
+    relay_only: bool = False
+
+
+def ice_configuration(servers: list[IceServer], relay_only: bool = False) -> IceSettings:
+    return IceSettings(list(servers), relay_only)
 
 
 def is_loopback_host(host: str) -> bool:

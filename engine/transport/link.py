@@ -1,4 +1,5 @@
-"""One WebRTC connection to one other peer: a reliable ordered data channel carrying frames."""
+"""One link to one other peer: frames over a connection's reliable ordered data channel,
+on whichever stack the pair negotiated (engine/transport/backends/)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,15 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiortc import RTCDataChannel, RTCPeerConnection
-
 from engine.aio import spawn
 from engine.ratelimit import Buckets, Rate
+from engine.transport.connection import Connection, ConnectionFailed
 from engine.transport.counters import LinkCounters
-from engine.transport.patches import nominated_path, relayed_here
 from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
 from engine.wire.frames import Goodbye, GoodbyeAck, Header, PathView, ReceiveLimit
 from engine.wire.framing import Frame, Incoming, Reassembler, encode
-from engine.wire.types import LinkPath
+from engine.wire.types import LinkPath, Transport
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ class LinkClosed(ConnectionError):
 
 
 class PeerLink:
-    """Sends frames with backpressure on ``bufferedAmount``; hands complete frames to ``on_frame``.
+    """Sends frames with backpressure on the channel's buffer; hands complete frames to ``on_frame``.
 
     A peer that breaks the framing rules loses the link: we log why, note it in
     ``broke_rules`` and close it, and everything waiting on that peer learns at once
@@ -54,8 +53,7 @@ class PeerLink:
     def __init__(
         self,
         peer_id: str,
-        pc: RTCPeerConnection,
-        channel: RTCDataChannel,
+        connection: Connection,
         on_frame: Callable[[str, Frame], None],
         on_closed: Callable[[PeerLink], None],
         on_incoming: Callable[[str, Incoming], None] | None = None,
@@ -63,8 +61,7 @@ class PeerLink:
         upload: RateLimiter | None = None,
     ) -> None:
         self.peer_id = peer_id
-        self.pc = pc
-        self.channel = channel
+        self.connection = connection
         self.counters = LinkCounters()
         self._on_frame = on_frame
         self._on_closed = on_closed
@@ -82,22 +79,25 @@ class PeerLink:
         self._drained = asyncio.Event()
         self._closed = asyncio.Event()
         self._acknowledged = asyncio.Event()
-        channel.bufferedAmountLowThreshold = LOW_WATER
-        channel.on("message", self._on_message)
-        channel.on("bufferedamountlow", self._drained.set)
-        channel.on("close", self._on_channel_close)
-        pc.on("connectionstatechange", self._on_state)
+        connection.set_low_water(LOW_WATER)
+        connection.on_message = self._on_message
+        connection.on_drained = self._drained.set
+        connection.on_closed = self._on_connection_closed
+
+    @property
+    def transport(self) -> Transport:
+        return self.connection.transport
 
     @property
     def is_open(self) -> bool:
-        return not self._closed.is_set() and self.channel.readyState == "open"
+        return not self._closed.is_set() and self.connection.is_open
 
     async def send(self, header: Header, payload: bytes | bytearray | memoryview = b"") -> None:
         if not self.is_open:
             raise LinkClosed(f"link to {self.peer_id} is closed", self.peer_id)
         msg_id = next(self._ids) & 0xFFFFFFFF
         for chunk in encode(msg_id, header, payload):
-            while self.channel.bufferedAmount > HIGH_WATER:
+            while self.connection.buffered_amount > HIGH_WATER:
                 self._drained.clear()
                 drained = asyncio.ensure_future(self._drained.wait())
                 closed = asyncio.ensure_future(self._closed.wait())
@@ -110,16 +110,19 @@ class PeerLink:
             await self.remote_limit.acquire(len(chunk))
             if not self.is_open:
                 raise LinkClosed(f"link to {self.peer_id} closed while sending", self.peer_id)
-            self.channel.send(chunk)
+            try:
+                self.connection.send(chunk)
+            except ConnectionFailed as exc:
+                raise LinkClosed(f"link to {self.peer_id}: {exc}", self.peer_id) from exc
             self.counters.bytes_sent += len(chunk)
         self.counters.messages_sent += 1
         self.last_active = time.monotonic()
 
-    def _on_message(self, data: bytes | str) -> None:
+    def _on_message(self, data: bytes) -> None:
         if self._closed.is_set() or self.broke_rules:
             return
         try:
-            frame, incoming = self._reassembler.feed(data)  # type: ignore[arg-type]
+            frame, incoming = self._reassembler.feed(data)
             if frame is not None and not self._frames.take(""):
                 raise ProtocolError(f"more than {FRAME_RATE.per_second:.0f} frames a second")
         except ProtocolError as exc:
@@ -166,13 +169,10 @@ class PeerLink:
                     PARTIAL_IDLE)
         spawn(self.close())
 
-    def _on_state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
-            log.info("link to %s %s", self.peer_id, self.pc.connectionState)
+    def _on_connection_closed(self) -> None:
+        if not self._closed.is_set():
+            log.info("link to %s closed or failed", self.peer_id)
             spawn(self.close())
-
-    def _on_channel_close(self) -> None:
-        spawn(self.close())
 
     async def _acknowledge(self) -> None:
         with contextlib.suppress(LinkClosed):
@@ -181,11 +181,13 @@ class PeerLink:
     @property
     def relayed_here(self) -> bool | None:
         """Whether this side reaches the other through its own TURN relay (None: not known yet)."""
-        return relayed_here(self.pc)
+        pair = self.connection.selected_pair()
+        return None if pair is None else pair.relayed_here
 
     def local_path(self) -> LinkPath | None:
-        """The nominated candidate pair as this side sees it (None before ICE completes)."""
-        return nominated_path(self.pc)
+        """The selected candidate pair as this side sees it (None before ICE completes)."""
+        pair = self.connection.selected_pair()
+        return None if pair is None else pair.path
 
     @property
     def path(self) -> LinkPath | None:
@@ -224,4 +226,4 @@ class PeerLink:
         if self._idle is not None:
             self._idle.cancel()
         self._on_closed(self)
-        await self.pc.close()
+        await self.connection.close()

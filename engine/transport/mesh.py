@@ -1,6 +1,8 @@
 """The links of one peer, set up on demand through the backbone's signaling relay.
 
 Either side may need a link first (a round, a state download), so either side may offer.
+Each offer and answer names the stack it was made with (engine/transport/backends/): a pair
+runs native when both ends have it.
 When two offers cross ("glare"), the offer of the peer with the smaller id wins and the
 other side answers it instead of waiting for its own.
 
@@ -23,18 +25,18 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
-
 from engine.backoff import Backoff
 from engine.ratelimit import Sweeps
-from engine.transport import patches
+from engine.transport import backends
+from engine.transport.connection import Connection
 from engine.transport.counters import LinkCounters
+from engine.transport.ice import IceSettings
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mailbox import Mailbox
 from engine.transport.shaping import RateLimiter
 from engine.wire.control import SignalData
 from engine.wire.framing import Frame, Incoming
-from engine.wire.types import LinkPath, SignalKind
+from engine.wire.types import LinkPath, SignalKind, Transport
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,8 @@ SendSignal = Callable[[str, SignalData], Awaitable[None]]
 @dataclass
 class _Offer:
     conn: str
-    pc: RTCPeerConnection
-    answer: asyncio.Future[str]
+    connection: Connection
+    answer: asyncio.Future[SignalData]
 
 
 class PeerMesh:
@@ -85,7 +87,7 @@ class PeerMesh:
         self,
         me: str,
         send_signal: SendSignal,
-        config: RTCConfiguration,
+        config: IceSettings,
         mailbox: Mailbox,
         on_frame: Callable[[str, Frame], None],
         on_incoming: Callable[[str, Incoming], None] | None = None,
@@ -112,10 +114,11 @@ class PeerMesh:
         self._redial = Pauses(REDIAL_FIRST, REDIAL_CAP)  # peers that could not be reached lately
         self._shunned = Pauses(SHUN_FIRST, SHUN_CAP)  # peers whose frames broke the rules
         self._closing = False
+        self._transports: dict[str, list[Transport]] = {}  # what each peer said it can run
         self.upload = upload or RateLimiter()
         self.download_cap: float | None = None
         mailbox.on_overflow = self._overflowed
-        patches.apply()
+        self.transports = backends.available()  # the stacks this peer offers, the preferred first
 
     async def link(self, peer_id: str, timeout: float | None = None) -> PeerLink:
         """The open link to ``peer_id``, connecting first if there is none."""
@@ -141,6 +144,10 @@ class PeerMesh:
     def paths(self) -> dict[str, LinkPath | None]:
         return {p: link.path for p, link in self._links.items() if link.is_open}
 
+    def link_transports(self) -> dict[str, Transport]:
+        """The stack each open link runs on, on this side."""
+        return {p: link.transport for p, link in self._links.items() if link.is_open}
+
     def relayed_here(self) -> dict[str, bool | None]:
         """Per open link, whether it leaves through this side's own TURN relay."""
         return {p: link.relayed_here for p, link in self._links.items() if link.is_open}
@@ -165,7 +172,7 @@ class PeerMesh:
         await asyncio.gather(*(link.ask_limit(share) for link in links))
 
     async def handle_signal(self, sender: str, signal: SignalData) -> None:
-        """Act on an offer or answer relayed by the backbone; signals aiortc cannot use are
+        """Act on an offer or answer relayed by the backbone; signals the stack cannot use are
         logged and dropped."""
         try:
             if signal.kind is SignalKind.OFFER:
@@ -173,8 +180,8 @@ class PeerMesh:
             else:
                 offer = self._offers.get(sender)
                 if offer is not None and offer.conn == signal.conn and not offer.answer.done():
-                    offer.answer.set_result(signal.sdp)
-        except Exception as exc:  # aiortc rejects a malformed SDP with assorted errors
+                    offer.answer.set_result(signal)
+        except Exception as exc:  # the stacks reject a malformed SDP with assorted errors
             log.warning("could not use signal from %s: %s", sender, exc)
 
     async def drop(self, peer_id: str) -> None:
@@ -187,7 +194,7 @@ class PeerMesh:
         for task in list(self._tasks):
             task.cancel()
         for offer in list(self._offers.values()):
-            await offer.pc.close()
+            await offer.connection.close()
         await asyncio.gather(*(link.close_gracefully() for link in list(self._links.values())))
 
     def _arrival(self, peer_id: str) -> asyncio.Future[PeerLink]:
@@ -205,14 +212,17 @@ class PeerMesh:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _new_connection(self, peer_id: str) -> tuple[RTCPeerConnection, RTCDataChannel, PeerLink]:
+    def _new_connection(self, peer_id: str, transport: Transport) -> tuple[Connection, PeerLink]:
         """A connection whose link listens from the start: the other side may send the
         moment its end of the channel opens, before ours reports open."""
-        pc = RTCPeerConnection(self.config)
-        channel = pc.createDataChannel("cotrain", ordered=True, negotiated=True, id=0)
-        link = PeerLink(peer_id, pc, channel, self._on_frame, self._link_closed, self._on_incoming,
+        connection = backends.connect(transport, self.config)
+        link = PeerLink(peer_id, connection, self._on_frame, self._link_closed, self._on_incoming,
                         self._max_payload, self.upload)
-        return pc, channel, link
+        return connection, link
+
+    def _signal(self, kind: SignalKind, conn: str, sdp: str, connection: Connection) -> SignalData:
+        return SignalData(kind=kind, conn=conn, sdp=sdp, transport=connection.transport,
+                          transports=self.transports)
 
     def redial_in(self, peer_id: str) -> float:
         """Seconds before a new offer to ``peer_id`` goes out (0 unless it failed lately)."""
@@ -223,25 +233,26 @@ class PeerMesh:
         return self._shunned.left(peer_id)
 
     async def _offer(self, peer_id: str) -> None:
-        pc, channel, link = self._new_connection(peer_id)
-        offer = _Offer(uuid.uuid4().hex, pc, asyncio.get_running_loop().create_future())
+        transport = backends.for_offer(self.transports, self._transports.get(peer_id))
+        connection, link = self._new_connection(peer_id, transport)
+        offer = _Offer(uuid.uuid4().hex, connection, asyncio.get_running_loop().create_future())
         self._offers[peer_id] = offer
         try:
             wait = self.redial_in(peer_id)
             if wait:
                 await asyncio.sleep(wait)  # a pause between attempts, not a synchronisation
-            await pc.setLocalDescription(await pc.createOffer())
-            await self._send_signal(
-                peer_id, SignalData(kind=SignalKind.OFFER, conn=offer.conn, sdp=pc.localDescription.sdp))
-            sdp = await asyncio.wait_for(offer.answer, self.connect_timeout)
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="answer"))
-            await self._until_open(pc, channel)
+            sdp = await asyncio.wait_for(connection.offer(), self.connect_timeout)
+            await self._send_signal(peer_id, self._signal(SignalKind.OFFER, offer.conn, sdp, connection))
+            answer = await asyncio.wait_for(offer.answer, self.connect_timeout)
+            self._transports[peer_id] = answer.transports
+            await connection.accept(answer.sdp)
+            await asyncio.wait_for(connection.opened(), self.connect_timeout)
             self._adopt(link)
         except asyncio.CancelledError:
-            await pc.close()
+            await connection.close()
             raise
         except Exception as exc:
-            await pc.close()
+            await connection.close()
             self._redial.extend(peer_id)
             log.info("connecting to %s failed: %s", peer_id, exc)
             arrival = self._arrivals.get(peer_id)
@@ -278,15 +289,15 @@ class PeerMesh:
         old = self._links.get(sender)
         if old is not None:
             await old.close()  # the other side thinks this link is dead: start over
-        pc, channel, link = self._new_connection(sender)
+        self._transports[sender] = signal.transports
+        transport = backends.for_answer(self.transports, signal.transport)
+        connection, link = self._new_connection(sender, transport)
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=signal.sdp, type="offer"))
-            await pc.setLocalDescription(await pc.createAnswer())
-            await self._send_signal(
-                sender, SignalData(kind=SignalKind.ANSWER, conn=signal.conn, sdp=pc.localDescription.sdp))
-            await self._until_open(pc, channel)
+            sdp = await asyncio.wait_for(connection.answer(signal.sdp), self.connect_timeout)
+            await self._send_signal(sender, self._signal(SignalKind.ANSWER, signal.conn, sdp, connection))
+            await asyncio.wait_for(connection.opened(), self.connect_timeout)
         except BaseException as exc:
-            await pc.close()
+            await connection.close()
             arrival = self._arrivals.get(sender)
             if arrival is not None and not arrival.done() and not isinstance(exc, asyncio.CancelledError):
                 arrival.set_exception(LinkClosed(f"could not connect to {sender}: {exc}", sender))
@@ -304,23 +315,6 @@ class PeerMesh:
             return False
         await min(idle, key=lambda link: link.last_active).close()
         return True
-
-    async def _until_open(self, pc: RTCPeerConnection, channel: RTCDataChannel) -> None:
-        if channel.readyState == "open":
-            return
-        opened = asyncio.get_running_loop().create_future()
-
-        def on_open() -> None:
-            if not opened.done():
-                opened.set_result(None)
-
-        def on_state() -> None:
-            if pc.connectionState in ("failed", "closed") and not opened.done():
-                opened.set_exception(LinkClosed(f"connection {pc.connectionState}"))
-
-        channel.on("open", on_open)
-        pc.on("connectionstatechange", on_state)
-        await asyncio.wait_for(opened, self.connect_timeout)
 
     def _adopt(self, link: PeerLink) -> None:
         if self._closing or link.broke_rules:

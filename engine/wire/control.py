@@ -30,6 +30,7 @@ from engine.wire.types import (
     SignalKind,
     StateSource,
     Text,
+    Transport,
     Url,
 )
 
@@ -158,6 +159,11 @@ class SignalData(Struct, kw_only=True):
     kind: SignalKind
     conn: Annotated[str, Meta(max_length=64)]
     sdp: Annotated[str, Meta(max_length=MAX_SDP)]
+    # The stack this side made ``sdp`` with, and every stack it has: the answerer takes the
+    # offer's when it has it, so a pair runs native only when both ends can.
+    transport: Transport = Transport.AIORTC
+    transports: Annotated[list[Transport], Meta(max_length=8)] = field(
+        default_factory=lambda: [Transport.AIORTC])
 
 
 class Signal(ControlMessage, tag="signal"):

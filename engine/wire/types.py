@@ -69,6 +69,13 @@ class PeerRole(StrEnum):
     AUXILIARY = "aux"  # no training: reduces parts only (a machine with bandwidth but no useful compute)
 
 
+class Transport(StrEnum):
+    """A WebRTC stack a link may run on (engine/transport/backends/)."""
+
+    NATIVE = "native"  # libwebrtc, through wrtc
+    AIORTC = "aiortc"  # pure Python: everywhere, and slower
+
+
 class SignalKind(StrEnum):
     OFFER = "offer"
     ANSWER = "answer"

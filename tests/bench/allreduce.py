@@ -1,25 +1,32 @@
-"""Averaging a 25M-element fp32 gradient on loopback, each peer its own process:
-Cotrain's butterfly all-reduce over WebRTC, next to raw aiortc data-channel throughput
-and torch.distributed's gloo all_reduce of the same tensor. Prints seconds and ratios.
+"""Averaging a 25M-element fp32 gradient (100 MB) on loopback, each peer its own process:
+Cotrain's butterfly all-reduce on each WebRTC stack, torch.distributed's gloo all_reduce
+(the physical floor) and, given its interpreter, hivemind 1.1.12's all-reduce -- in one run.
 
-    python -m tests.bench.allreduce [--quick]
+    python -m tests.bench.allreduce --peers 2 [--json] [--numel N] [--rounds R]
+        [--hivemind ~/hivemind-venv/bin/python]
+
+Prints, per system, the median, least and most seconds per round and the CPU seconds one
+round costs all peers together (native threads and helper processes included); with
+--json, one JSON line per system. hivemind pins old protobuf and pydantic, so it runs from
+its own venv (tests/bench/hivemind_allreduce.py says how to make one).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import socket
 import statistics
-import sys
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from engine.wire.framing import MAX_CHUNK
-
 NUMEL = 25_000_000
+HIVEMIND_SCRIPT = Path(__file__).with_name("hivemind_allreduce.py")
 
 
 def _free_port() -> int:
@@ -30,28 +37,29 @@ def _free_port() -> int:
 
 # --- Cotrain peers ------------------------------------------------------------------------
 
-def _cotrain_peer(url: str, project: str, conn, numel: int, rounds: int, raw_bytes: int) -> None:
+def _cotrain_peer(url: str, project: str, conn, numel: int, transport: str) -> None:
     import logging
 
+    os.environ["COTRAIN_TRANSPORT"] = transport
     from engine import aio
 
     # Warnings say why a round failed; COTRAIN_BENCH_LOG=INFO (or DEBUG) says more.
     logging.basicConfig(level=os.environ.get("COTRAIN_BENCH_LOG", "WARNING"),
                         format="%(asctime)s %(process)d %(name)s: %(message)s")
 
-    aio.run(_cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes))
+    aio.run(_cotrain_peer_main(url, project, conn, numel))
 
 
-async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> None:
+async def _cotrain_peer_main(url, project, conn, numel) -> None:
     import torch
 
     from engine.aio import spawn
     from engine.averaging.allreduce import RoundPlan, butterfly_allreduce
     from engine.peer.client import ControlClient
+    from engine.transport.backends import restrict_host_addresses
     from engine.transport.ice import ice_configuration
     from engine.transport.mailbox import Mailbox
     from engine.transport.mesh import PeerMesh
-    from engine.transport.patches import restrict_host_addresses
     from engine.wire.control import Signal
     from tests.transport.mesh_pair import router
 
@@ -80,75 +88,22 @@ async def _cotrain_peer_main(url, project, conn, numel, rounds, raw_bytes) -> No
         command = await recv()
         if command == "stop":
             break
-        if command == "round":
-            plan = RoundPlan(await recv(), 0, group, [1.0] * len(group), me)
-            await butterfly_allreduce(plan, vector, 1, 0.0, mesh, timeout=900)
-            conn.send("done")
-        elif command in ("raw-send", "framed-send", "raw-recv", "framed-recv"):
-            other = next(p for p in group if p != me)
-            await _one_way(command, mesh, other, mailbox, raw_bytes, conn)
+        plan = RoundPlan(command, 0, group, [1.0] * len(group), me)
+        cpu = time.process_time()
+        await butterfly_allreduce(plan, vector, 1, 0.0, mesh, timeout=900)
+        conn.send(time.process_time() - cpu)
     dispatcher.cancel()
     await mesh.close()
     await client.close()
 
 
-async def _one_way(command, mesh, other, mailbox, total, conn) -> None:
-    from engine.averaging.allreduce import round_key
-    from engine.wire.frames import Part
-
-    link = await mesh.link(other)
-    if command.startswith("raw"):
-        channel = link.pc.createDataChannel("raw", negotiated=True, id=1)
-    if command == "raw-recv":
-        done = asyncio.get_running_loop().create_future()
-        got = 0
-
-        def on_message(data):
-            nonlocal got
-            got += len(data)
-            if got >= total and not done.done():
-                done.set_result(None)
-
-        channel.on("message", on_message)
-        conn.send("listening")
-        await done
-        conn.send("done")
-    elif command == "raw-send":
-        await _until_open(channel)
-        chunk = os.urandom(MAX_CHUNK)
-        drained = asyncio.Event()
-        channel.bufferedAmountLowThreshold = 1 << 20
-        channel.on("bufferedamountlow", drained.set)
-        sent = 0
-        while sent < total:
-            while channel.bufferedAmount > 4 << 20:
-                drained.clear()
-                await drained.wait()
-            channel.send(chunk)
-            sent += len(chunk)
-        conn.send("sent")
-    elif command == "framed-recv":
-        conn.send("listening")
-        await mailbox.get(round_key("part", 0, 0, other), timeout=900)
-        conn.send("done")
-    else:
-        await link.send(Part(round_id=0, epoch=0, index=0, samples=1, loss_sum=0.0), bytes(total))
-        conn.send("sent")
-
-
-async def _until_open(channel) -> None:
-    if channel.readyState == "open":
-        return
-    opened = asyncio.Event()
-    channel.on("open", opened.set)
-    await opened.wait()
-
-
-def _bench_cotrain(peers: int, rounds: int, numel: int, raw: bool) -> dict:
+def _bench_cotrain(peers: int, rounds: int, numel: int, transport: str) -> tuple[list[float], list[float]]:
+    """Seconds per round and CPU seconds per round (all peers), after a warm-up round."""
     from engine.backbone.server import Backbone, BackboneConfig
     from engine.project import ProjectSpec
 
-    result: dict = {}
+    times: list[float] = []
+    cpus: list[float] = []
 
     async def run():
         spec = ProjectSpec(id="bench", title="bench", task="demo-lm")
@@ -159,7 +114,7 @@ def _bench_cotrain(peers: int, rounds: int, numel: int, raw: bool) -> dict:
             pipes, procs = [], []
             for _ in range(peers):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_cotrain_peer, args=(url, "bench", child, numel, rounds, numel * 4))
+                proc = ctx.Process(target=_cotrain_peer, args=(url, "bench", child, numel, transport))
                 proc.start()
                 pipes.append(parent)
                 procs.append(proc)
@@ -174,26 +129,13 @@ def _bench_cotrain(peers: int, rounds: int, numel: int, raw: bool) -> dict:
             group = sorted(ids)
             for p in pipes:
                 p.send(group)
-            times = []
-            for r in range(rounds):
+            for r in range(rounds + 1):
                 began = time.perf_counter()
                 for p in pipes:
-                    p.send("round")
                     p.send(1000 + r)
-                for p in pipes:
-                    assert await recv(p) == "done"
+                cpu = sum([await recv(p) for p in pipes])
                 times.append(time.perf_counter() - began)
-            result["round_seconds"] = times
-            if raw:
-                for kind in ("raw", "framed"):
-                    receiver, sender = pipes[0], pipes[1]
-                    receiver.send(f"{kind}-recv")
-                    assert await recv(receiver) == "listening"
-                    began = time.perf_counter()
-                    sender.send(f"{kind}-send")
-                    assert await recv(receiver) == "done"
-                    result[f"{kind}_seconds"] = time.perf_counter() - began
-                    assert await recv(sender) == "sent"
+                cpus.append(cpu)
             for p in pipes:
                 p.send("stop")
             for proc in procs:
@@ -201,7 +143,7 @@ def _bench_cotrain(peers: int, rounds: int, numel: int, raw: bool) -> dict:
             await backbone.stop()
 
     asyncio.run(run())
-    return result
+    return times[1:], cpus[1:]
 
 
 # --- gloo ---------------------------------------------------------------------------------
@@ -214,18 +156,18 @@ def _gloo_rank(rank: int, world: int, port: int, numel: int, rounds: int, queue)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     tensor = torch.randn(numel)
     dist.barrier()
-    times = []
+    times, cpus = [], []
     for _ in range(rounds):
         dist.barrier()
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         dist.all_reduce(tensor)
         times.append(time.perf_counter() - began)
-    if rank == 0:
-        queue.put(times)
+        cpus.append(time.process_time() - cpu)
+    queue.put((rank, times, cpus))
     dist.destroy_process_group()
 
 
-def _bench_gloo(world: int, rounds: int, numel: int) -> list[float]:
+def _bench_gloo(world: int, rounds: int, numel: int) -> tuple[list[float], list[float]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
@@ -233,35 +175,70 @@ def _bench_gloo(world: int, rounds: int, numel: int) -> list[float]:
              for r in range(world)]
     for p in procs:
         p.start()
-    times = queue.get(timeout=600)
+    ranks = [queue.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(60)
-    return times
+    times = [max(r[1][i] for r in ranks) for i in range(rounds)]
+    cpus = [sum(r[2][i] for r in ranks) for i in range(rounds)]
+    return times[1:], cpus[1:]
 
 
-def main(quick: bool = False) -> None:
-    numel = NUMEL // 10 if quick else NUMEL
-    rounds = 2 if quick else 3
-    mb = numel * 4 / 1e6
-    print(f"\n== Averaging {numel / 1e6:.1f}M fp32 ({mb:.0f} MB), loopback, one process per peer, "
-          f"{os.cpu_count()} cores", flush=True)
+def _row(system: str, peers: int, numel: int, times: list[float], cpus: list[float]) -> dict:
+    return {"system": system, "peers": peers, "numel": numel, "median_s": statistics.median(times),
+            "min_s": min(times), "max_s": max(times), "cpu_s": statistics.median(cpus)}
+
+
+def _bench_hivemind(python: str, peers: int, numel: int, rounds: int) -> dict:
+    out = subprocess.run([python, str(HIVEMIND_SCRIPT), "--peers", str(peers), "--numel", str(numel),
+                          "--rounds", str(rounds)], capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=2)
+    parser.add_argument("--numel", type=int, default=NUMEL)
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds, after one warm-up")
+    parser.add_argument("--json", action="store_true", help="one JSON line per system")
+    parser.add_argument("--systems", default="native,aiortc,gloo",
+                        help="comma-separated, from native, aiortc, gloo (default: all three)")
+    parser.add_argument("--hivemind", metavar="PYTHON",
+                        help="hivemind 1.1.12's interpreter: adds it to the run")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the tensor, two rounds")
+    args = parser.parse_args()
+    if args.quick:
+        args.numel, args.rounds = args.numel // 10, 2
     rows = []
-    extra = {}
-    for peers in (2, 4):
-        ours = _bench_cotrain(peers, rounds, numel, raw=peers == 2)
-        gloo = _bench_gloo(peers, rounds + 1, numel)[1:]
-        extra.update({k: v for k, v in ours.items() if k != "round_seconds"})
-        rows.append((peers, statistics.median(ours["round_seconds"]), statistics.median(gloo)))
-    print(f"{'peers':>5} {'cotrain s':>10} {'gloo s':>8} {'cotrain/gloo':>13} {'MB/s per peer':>14}")
-    for peers, ours, gloo in rows:
-        moved = 2 * mb * (peers - 1) / peers  # sent and received by each peer
-        print(f"{peers:>5} {ours:>10.2f} {gloo:>8.3f} {ours / gloo:>13.1f} {moved / ours:>14.1f}")
-    raw, framed = extra["raw_seconds"], extra["framed_seconds"]
-    print(f"one-way, 2 processes, {mb:.0f} MB: raw aiortc data channel {mb / raw:.1f} MB/s, "
-          f"Cotrain framed link {mb / framed:.1f} MB/s (framing costs {framed / raw:.2f}x)")
-    print(f"butterfly with 2 peers vs one raw one-way transfer of the same tensor: "
-          f"{rows[0][1] / raw:.2f}x", flush=True)
+    for system in args.systems.split(","):
+        if system == "gloo":
+            times, cpus = _bench_gloo(args.peers, args.rounds + 1, args.numel)
+            rows.append(_row("gloo", args.peers, args.numel, times, cpus))
+        else:
+            times, cpus = _bench_cotrain(args.peers, args.rounds, args.numel, system)
+            rows.append(_row(f"cotrain-{system}", args.peers, args.numel, times, cpus))
+        if args.json:
+            print(json.dumps(rows[-1]), flush=True)
+    if args.hivemind:
+        rows.append(_bench_hivemind(args.hivemind, args.peers, args.numel, args.rounds))
+        if args.json:
+            print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        return
+    mb = args.numel * 4 / 1e6
+    print(f"\n== Averaging {args.numel / 1e6:.1f}M fp32 ({mb:.0f} MB), {args.peers} peers, loopback, "
+          f"one process per peer, {os.cpu_count()} cores, {args.rounds} rounds after a warm-up")
+    print(f"{'system':>16} {'median s':>9} {'min s':>7} {'max s':>7} {'CPU s':>7}")
+    for row in rows:
+        print(f"{row['system']:>16} {row['median_s']:>9.2f} {row['min_s']:>7.2f} {row['max_s']:>7.2f} "
+              f"{row['cpu_s']:>7.2f}")
+    by = {row["system"]: row for row in rows}
+    for base in ("gloo", "hivemind-1.1.12", "cotrain-aiortc"):
+        for system in ("cotrain-native", "cotrain-aiortc"):
+            if base in by and system in by and system != base:
+                print(f"{system} / {base}: {by[system]['median_s'] / by[base]['median_s']:.2f}x time, "
+                      f"{by[system]['cpu_s'] / by[base]['cpu_s']:.2f}x CPU")
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    main()

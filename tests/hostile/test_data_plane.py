@@ -133,7 +133,7 @@ async def breach_one(mesh: PeerMesh, victim: str, chunks: list[bytes]) -> str:
     for chunk in chunks:
         if not link.is_open:
             break
-        link.channel.send(chunk)
+        link.connection.send(chunk)
     try:
         await until(lambda: not link.is_open, 10)
     except AssertionError:

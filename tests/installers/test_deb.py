@@ -126,6 +126,8 @@ def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninsta
         report_figure(f"cold start of the installed `cotrain --self-test`: {cold:.1f} s (target 5; "
                       f"load average {load:.1f} on {os.cpu_count()} cores before it)")
         assert check.returncode == 0, check.stdout + check.stderr[-3000:]
+        # The package carries the native data plane, and a native pair connects.
+        assert re.search(r"round trip of 300 kB in [\d.]+ s on native \(", check.stdout), check.stdout
         lines = [line for line in check.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
         expected = len(selftest.CHECKS) + len(app_selftest.CHECKS)  # the engine's and the app's
         assert len(lines) == expected and all(line.startswith("ok") for line in lines), check.stdout

@@ -1,4 +1,4 @@
-"""The butterfly all-reduce over real aiortc links on loopback."""
+"""The butterfly all-reduce over real WebRTC links on loopback."""
 
 import asyncio
 
@@ -8,15 +8,20 @@ import torch
 from engine.averaging.allreduce import AveragingError, RoundPlan, butterfly_allreduce
 from engine.averaging.compression import error_bound
 from engine.project import AggregationSpec
+from engine.transport import backends
 from engine.wire.frames import Part
+from engine.wire.types import Transport
 from tests.conftest import until
 from tests.transport.mesh_pair import make_meshes
 
 
 async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, compression="none", moved=None,
-                   pieces=1):
-    """``moved``, if given, gets the bytes each peer sent."""
+                   pieces=1, stacks=None, links=None):
+    """``moved``, if given, gets the bytes each peer sent; ``stacks``, the stacks each peer has;
+    ``links``, the stack each peer's links ran on at its end."""
     meshes = make_meshes(names)
+    for name, mine in (stacks or {}).items():
+        meshes[name].transports = mine
     try:
         results = await asyncio.gather(*(
             butterfly_allreduce(RoundPlan(round_id, 4, names, shares, me, compression=compression,
@@ -26,6 +31,8 @@ async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, co
         ))
         if moved is not None:
             moved.extend(meshes[me].totals().bytes_sent for me in names)
+        if links is not None:
+            links.update({me: meshes[me].link_transports() for me in names})
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
     return results
@@ -44,6 +51,23 @@ async def test_every_peer_gets_the_same_bits_of_the_sample_weighted_mean(shares,
         assert r.samples == 16 and r.loss == pytest.approx(2.0)
         # c brought no samples, yet every reducer says it got its part: it took part.
         assert r.received == {"a": 5, "b": 11, "c": 0}
+    torch.testing.assert_close(results[0].vector, expected, rtol=1e-6, atol=1e-7)
+
+
+async def test_peers_on_different_stacks_apply_the_same_bits():
+    """A peer without the native stack averages with two that have it: its links run on
+    aiortc at its end, theirs native between them, and every peer applies the same bits."""
+    if backends.native_problem():
+        pytest.skip(f"native stack unavailable here: {backends.native_problem()}")
+    names = ["a", "b", "c"]
+    vectors = [torch.randn(300_007) for _ in names]
+    links: dict = {}
+    results = await _average(names, vectors, [3, 4, 5], [1.0, 1.0, 1.0],
+                             stacks={"c": [Transport.AIORTC]}, pieces=4, links=links)
+    assert links["a"]["b"] is links["b"]["a"] is Transport.NATIVE
+    assert links["c"] == {"a": Transport.AIORTC, "b": Transport.AIORTC}
+    assert all(torch.equal(r.vector, results[0].vector) for r in results)
+    expected = (vectors[0] * 3 + vectors[1] * 4 + vectors[2] * 5) / 12
     torch.testing.assert_close(results[0].vector, expected, rtol=1e-6, atol=1e-7)
 
 

@@ -1,4 +1,5 @@
-"""Real aiortc connections on loopback: framing over data channels, backpressure, counters."""
+"""Real WebRTC connections on loopback, on each stack: framing over data channels, backpressure,
+counters."""
 
 import asyncio
 import contextlib
@@ -12,19 +13,20 @@ import aioice.stun
 import pytest
 
 from engine.averaging.allreduce import round_key
+from engine.transport.backends.aiortc_patches import UDP_RECEIVE_BUFFER
 from engine.transport.link import HIGH_WATER, LinkClosed
 from engine.transport.mesh import REDIAL_FIRST, SHUN_FIRST
-from engine.transport.patches import UDP_RECEIVE_BUFFER
 from engine.wire.framing import MAX_CHUNK
 from engine.wire.types import SignalKind
 from tests.conftest import until
 from tests.transport.mesh_pair import blob, make_meshes
 
 
-async def test_a_large_message_arrives_whole_and_is_counted():
+async def test_a_large_message_arrives_whole_and_is_counted(stack):
     meshes = make_meshes(["a", "b"])
     try:
         link = await meshes["a"].link("b")
+        assert link.transport is stack
         payload = os.urandom(5 * 1024 * 1024 + 123)
         await link.send(blob(1), payload)
         frame = await meshes["b"].mailbox.get(round_key("part", 1, 0, "a"), timeout=30)
@@ -32,17 +34,18 @@ async def test_a_large_message_arrives_whole_and_is_counted():
         sent, received = meshes["a"].totals(), meshes["b"].totals()
         assert sent.bytes_sent >= len(payload) and received.bytes_received == sent.bytes_sent
         assert sent.messages_sent == received.messages_received >= 1
+        assert meshes["b"].link_transports() == {"a": stack}
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
 
 
-async def test_link_sockets_have_room_for_a_whole_sctp_window():
+async def test_link_sockets_have_room_for_a_whole_sctp_window(aiortc_only):
     # A burst that overflows the kernel's UDP buffer loses packets, and each lost tail
     # packet stalls the channel for SCTP's 1 s retransmission timeout.
     meshes = make_meshes(["a", "b"])
     try:
         link = await meshes["a"].link("b")
-        connection = link.pc.sctp.transport.transport._connection  # aioice, under aiortc
+        connection = link.connection.pc.sctp.transport.transport._connection  # aioice, under aiortc
         sizes = [p.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                  for p in connection._protocols]
         allowed = int(Path("/proc/sys/net/core/rmem_max").read_text())
@@ -51,7 +54,7 @@ async def test_link_sockets_have_room_for_a_whole_sctp_window():
         await asyncio.gather(*(m.close() for m in meshes.values()))
 
 
-async def test_sending_respects_the_buffer_high_water_mark():
+async def test_sending_respects_the_buffer_high_water_mark(stack):
     meshes = make_meshes(["a", "b"])
     try:
         link = await meshes["a"].link("b")
@@ -60,7 +63,7 @@ async def test_sending_respects_the_buffer_high_water_mark():
         async def watch():
             nonlocal peak
             while True:
-                peak = max(peak, link.channel.bufferedAmount)
+                peak = max(peak, link.connection.buffered_amount)
                 await asyncio.sleep(0)
 
         watcher = asyncio.ensure_future(watch())
@@ -72,7 +75,7 @@ async def test_sending_respects_the_buffer_high_water_mark():
         await asyncio.gather(*(m.close() for m in meshes.values()))
 
 
-async def test_simultaneous_connects_settle_on_one_working_link():
+async def test_simultaneous_connects_settle_on_one_working_link(stack):
     meshes = make_meshes(["a", "b"])
     try:
         ab, ba = await asyncio.gather(meshes["a"].link("b"), meshes["b"].link("a"))
@@ -86,12 +89,12 @@ async def test_simultaneous_connects_settle_on_one_working_link():
         await asyncio.gather(*(m.close() for m in meshes.values()))
 
 
-async def test_a_peer_breaking_the_framing_loses_its_link_and_waiters_learn_at_once():
+async def test_a_peer_breaking_the_framing_loses_its_link_and_waiters_learn_at_once(stack):
     meshes = make_meshes(["a", "b"])
     try:
         link = await meshes["a"].link("b")
         waiter = asyncio.ensure_future(meshes["b"].mailbox.get(round_key("part", 9, 0, "a"), timeout=60))
-        link.channel.send(b"this is not a Cotrain frame")
+        link.connection.send(b"this is not a Cotrain frame")
         with pytest.raises(LinkClosed):
             await asyncio.wait_for(waiter, 10)
         assert "a" not in meshes["b"].connected()
@@ -99,7 +102,7 @@ async def test_a_peer_breaking_the_framing_loses_its_link_and_waiters_learn_at_o
         await asyncio.gather(*(m.close() for m in meshes.values()))
 
 
-async def test_data_sent_just_before_a_graceful_close_is_delivered():
+async def test_data_sent_just_before_a_graceful_close_is_delivered(stack):
     meshes = make_meshes(["a", "b"])
     try:
         link = await meshes["a"].link("b")
@@ -112,7 +115,7 @@ async def test_data_sent_just_before_a_graceful_close_is_delivered():
         await meshes["b"].close()
 
 
-async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time():
+async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time(stack):
     meshes = make_meshes(["a"], connect_timeout=1.0)
     began = asyncio.get_running_loop().time()
     with pytest.raises(LinkClosed):
@@ -121,7 +124,7 @@ async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time():
     await meshes["a"].close()
 
 
-async def test_a_peer_that_cannot_be_reached_is_dialled_ever_less_often_until_it_answers():
+async def test_a_peer_that_cannot_be_reached_is_dialled_ever_less_often_until_it_answers(stack):
     """Every round and download asks for links; a peer that never answers is offered to after
     growing pauses, not in a tight loop, and at once again once a link to it opened."""
     signals: list = []
@@ -147,7 +150,7 @@ async def test_a_peer_that_cannot_be_reached_is_dialled_ever_less_often_until_it
             await mesh.close()
 
 
-async def test_a_peer_whose_frames_break_the_rules_is_cut_off_for_a_while():
+async def test_a_peer_whose_frames_break_the_rules_is_cut_off_for_a_while(stack):
     """A garbage chunk costs its sender the link, and its new offers go unanswered, so it
     cannot make us pay one handshake after another; the peer that did nothing wrong keeps
     its link."""
@@ -156,7 +159,7 @@ async def test_a_peer_whose_frames_break_the_rules_is_cut_off_for_a_while():
     try:
         to_a = await meshes["b"].link("a")
         await meshes["c"].link("a")
-        to_a.channel.send(b"XX" + os.urandom(64))  # not a frame: no magic, no header
+        to_a.connection.send(b"XX" + os.urandom(64))  # not a frame: no magic, no header
         await until(lambda: not to_a.is_open, 10)
         assert meshes["a"].shunned_for("b") > SHUN_FIRST / 2 * 0.9
         with pytest.raises(LinkClosed, match="broke the rules"):
@@ -171,7 +174,7 @@ async def test_a_peer_whose_frames_break_the_rules_is_cut_off_for_a_while():
             await mesh.close()
 
 
-async def test_a_peer_that_sends_frames_nobody_waits_for_loses_its_link():
+async def test_a_peer_that_sends_frames_nobody_waits_for_loses_its_link(stack):
     """Frames for rounds that will never be fill the sender's own mailbox quota; past it the
     sender is cut off, and the frames of the peer that did nothing wrong still arrive."""
     meshes = make_meshes(["a", "b", "c"])
@@ -190,7 +193,7 @@ async def test_a_peer_that_sends_frames_nobody_waits_for_loses_its_link():
             await mesh.close()
 
 
-async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypatch):
+async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypatch, aiortc_only):
     """A peer too busy to answer ICE consent checks within aioice's 0.5 s (averaging at full
     load) keeps its links: late answers renew consent. Checks come every 0.3 s here, each
     answered 0.8 s late; six failures in a row used to drop the link within seconds."""

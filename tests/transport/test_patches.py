@@ -5,7 +5,7 @@ import aioice.ice
 import aioice.turn
 import pytest
 
-from engine.transport import patches
+from engine.transport.backends import aiortc_patches as patches
 
 
 def test_the_installed_aioice_and_aiortc_have_everything_the_patches_touch():

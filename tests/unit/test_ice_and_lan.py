@@ -35,7 +35,7 @@ def test_a_backbone_without_ice_servers_hands_out_an_empty_list_not_aiortcs_defa
     servers = ice_servers_for(IceConfig(), "peer-1")
     assert servers == []
     config = ice_configuration(servers)
-    assert config.iceServers == [] and config.iceServers is not None
+    assert config.servers == [] and config.servers is not None
 
 
 @pytest.mark.parametrize("config, message", [

@@ -1,4 +1,5 @@
-"""Every change Cotrain makes to aioice, and every private part of aioice and aiortc it reads.
+"""Every change Cotrain makes to aioice, and every private part of aioice and aiortc it reads
+(the aiortc backend's; the native stack needs none of them).
 
 Neither library has an API for these (why each exists is in its docstring), so each one
 depends on their internals. ``apply()`` first checks that everything it patches or reads is
@@ -26,7 +27,7 @@ import aioice.stun
 import aioice.turn
 from aiortc import RTCIceGatherer, RTCIceTransport, RTCPeerConnection
 
-from engine.wire.types import LinkPath
+from engine.transport.connection import SelectedPair
 
 log = logging.getLogger(__name__)
 
@@ -152,33 +153,14 @@ def _allowed_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     ]
 
 
-def _nominated_pair(pc: RTCPeerConnection):
-    """The nominated candidate pair (None before ICE completes): it sits on aioice's
-    connection, inside aiortc's SCTP -> DTLS -> ICE transport chain."""
+def nominated_pair(pc: RTCPeerConnection) -> SelectedPair | None:
+    """The nominated candidate pair's types (None before ICE completes): the pair sits on
+    aioice's connection, inside aiortc's SCTP -> DTLS -> ICE transport chain."""
     try:
         connection = pc.sctp.transport.transport._connection  # type: ignore[union-attr]
-        return connection._nominated.get(1)
+        pair = connection._nominated.get(1)
     except AttributeError:
         return None
-
-
-def relayed_here(pc: RTCPeerConnection) -> bool | None:
-    """Whether the link needs this side's own TURN relay: it leaves through it while the
-    other side is reachable without one. None when unknown: before ICE completes, or when
-    both ends are relayed -- ICE may nominate our relay against a relay-only peer even when
-    our direct candidates would do (seen in CI), so that says nothing of us either."""
-    pair = _nominated_pair(pc)
-    if pair is None or pair.remote_candidate.type == "relay":
-        return None
-    return pair.local_candidate.type == "relay"
-
-
-def nominated_path(pc: RTCPeerConnection) -> LinkPath | None:
-    """The nominated candidate pair's kind as this side sees it (None before ICE completes)."""
-    pair = _nominated_pair(pc)
     if pair is None:
         return None
-    kinds = {pair.local_candidate.type, pair.remote_candidate.type}
-    if "relay" in kinds:
-        return LinkPath.RELAY
-    return LinkPath.SRFLX if kinds & {"srflx", "prflx"} else LinkPath.HOST
+    return SelectedPair(pair.local_candidate.type, pair.remote_candidate.type)

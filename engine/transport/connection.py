@@ -1,0 +1,98 @@
+"""What a link needs of a WebRTC stack: one connection to one peer carrying one reliable,
+ordered data channel. Each stack (engine/transport/backends/) implements this and keeps
+its own quirks to itself; the link, the mesh, averaging and state sync see only this."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from engine.wire.types import LinkPath, Transport
+
+Bytes = bytes | bytearray | memoryview
+
+
+class ConnectionFailed(ConnectionError):
+    """The connection failed or closed before its channel opened."""
+
+
+@dataclass(frozen=True)
+class SelectedPair:
+    """The candidate types of the pair ICE selected: host, srflx, prflx or relay."""
+
+    local: str
+    remote: str
+
+    @property
+    def path(self) -> LinkPath:
+        kinds = {self.local, self.remote}
+        if "relay" in kinds:
+            return LinkPath.RELAY
+        return LinkPath.SRFLX if kinds & {"srflx", "prflx"} else LinkPath.HOST
+
+    @property
+    def relayed_here(self) -> bool | None:
+        """Whether the link needs this side's own TURN relay: it leaves through it while the
+        other side is reachable without one. None when both ends are relayed -- ICE may pick
+        our relay against a relay-only peer even when our direct candidates would do (seen in
+        CI), so that says nothing of us."""
+        if self.remote == "relay":
+            return None
+        return self.local == "relay"
+
+
+def _ignore(*_: object) -> None:
+    """No listener yet."""
+
+
+class Connection(ABC):
+    """A peer connection with its data channel, listening from creation: the other side may
+    send the moment its end opens. Set the ``on_*`` callbacks before offering or answering."""
+
+    transport: ClassVar[Transport]
+
+    def __init__(self) -> None:
+        self.on_message: Callable[[bytes], None] = _ignore
+        self.on_drained: Callable[[], None] = _ignore  # buffered_amount fell to low_water
+        self.on_closed: Callable[[], None] = _ignore  # the channel or the connection is gone
+
+    @abstractmethod
+    async def offer(self) -> str:
+        """Our offer's SDP, with every candidate gathered (signaling does not trickle)."""
+
+    @abstractmethod
+    async def answer(self, offer: str) -> str:
+        """Take the other side's offer; our answer's SDP."""
+
+    @abstractmethod
+    async def accept(self, answer: str) -> None:
+        """Take the other side's answer to our offer."""
+
+    @abstractmethod
+    async def opened(self) -> None:
+        """Return once the channel is open; raise ConnectionFailed if the connection fails first."""
+
+    @property
+    @abstractmethod
+    def is_open(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def buffered_amount(self) -> int:
+        """Bytes handed to ``send`` and not yet on the wire."""
+
+    @abstractmethod
+    def set_low_water(self, size: int) -> None: ...
+
+    @abstractmethod
+    def send(self, message: Bytes) -> None:
+        """Queue one message (at most MAX_CHUNK bytes); never drops it while the channel is open."""
+
+    @abstractmethod
+    def selected_pair(self) -> SelectedPair | None:
+        """How ICE connected us (None before it has)."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
