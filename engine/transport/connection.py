@@ -34,13 +34,18 @@ class SelectedPair:
 
     @property
     def relayed_here(self) -> bool | None:
-        """Whether the link needs this side's own TURN relay: it leaves through it while the
-        other side is reachable without one. None when both ends are relayed -- ICE may pick
-        our relay against a relay-only peer even when our direct candidates would do (seen in
-        CI), so that says nothing of us."""
-        if self.remote == "relay":
-            return None
-        return self.local == "relay"
+        """Whether the link needs this side's own TURN relay: True when it leaves through it
+        although the other side answers at its own host address, False when it needs no
+        relay or the other side's relay reaches us at ours. None when that is not known: when
+        a relay is needed between two NATs, which end's relay ICE picks is the stack's choice
+        (aiortc tends to take the symmetric NAT's, libwebrtc the cone's: seen in the NAT
+        tests), and when both ends are relayed, ICE may pick our relay against a relay-only
+        peer even when our direct candidates would do (seen in CI)."""
+        if "relay" not in (self.local, self.remote):
+            return False
+        if self.local == "relay":
+            return True if self.remote == "host" else None
+        return False if self.local == "host" else None
 
 
 def _ignore(*_: object) -> None:
