@@ -5,6 +5,7 @@ the same collaboration just before and just after it."""
 import asyncio
 import contextlib
 import itertools
+import re
 
 import pytest
 
@@ -103,8 +104,12 @@ async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(colla
                         cut.setdefault(victim, []).append(clock())
                     continue
 
+        flooder: list[str] = []
+
         async def floods() -> None:
-            mesh = adversary.mesh(await adversary.join("flooder"))
+            stranger = await adversary.join("flooder")
+            flooder.append(stranger.peer_id)
+            mesh = adversary.mesh(stranger)
             await asyncio.gather(*(flood(mesh, victim) for victim in victims))
 
         async def attack() -> None:
@@ -118,11 +123,18 @@ async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(colla
         assert set(outcomes) == set(breaches)
         for name, seen in outcomes.items():
             assert seen == ["dropped, then refused"] * len(victims), (name, seen)
-        # Cut off after its quota, and not let back in for the first shunning's whole length
-        # (a slow machine's window may outlast it: then one more link, cut again).
-        assert set(connected) == set(victims) and all(cut.get(v) for v in victims)
+        # Every victim cut the flood off past its quota, in its own words (the flooder may
+        # learn it late: a libwebrtc victim's native threads keep taking the flood in while
+        # its event loop works through what came before) ...
+        assert set(connected) == set(victims)
+        cutting = re.compile(rf"dropping link to {flooder[0]}: (more than \d+ frames a second|more frames "
+                             r"than anyone waits for)")
+        assert all(cutting.search(p.tail(10**6)) for p in collab.peers), [p.tail() for p in collab.peers]
+        # ... and did not let it back in for the first shunning's whole length (a slow
+        # machine's window may outlast it: then one more link, cut again).
         for victim, opened in connected.items():
-            gaps = [again - before for before, again in zip(cut[victim], opened[1:], strict=False)]
+            gaps = [again - before for before, again in zip(cut.get(victim, []), opened[1:], strict=False)]
+            assert len(opened) <= len(cut.get(victim, [])) + 1, (victim, opened, cut.get(victim))
             assert all(gap >= SHUN_FIRST - 2 for gap in gaps), (victim, opened, cut[victim])
 
 

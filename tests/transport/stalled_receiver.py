@@ -58,4 +58,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    from engine.aio import run
+
+    run(main())  # uvloop, as a peer runs
