@@ -216,9 +216,19 @@ class PeerMesh:
         """A connection whose link listens from the start: the other side may send the
         moment its end of the channel opens, before ours reports open."""
         connection = backends.connect(transport, self.config)
+        if connection.transport is not transport:  # the native stack failed to start: say so from now on
+            self.transports = [t for t in self.transports if t is not transport] or [connection.transport]
         link = PeerLink(peer_id, connection, self._on_frame, self._link_closed, self._on_incoming,
                         self._max_payload, self.upload)
         return connection, link
+
+    def _heard(self, peer_id: str, transports: list[Transport]) -> None:
+        """Remember which stacks ``peer_id`` has, for our next offer to it (bounded: a stream
+        of new identities must not grow it without end)."""
+        self._transports.pop(peer_id, None)
+        self._transports[peer_id] = transports
+        if len(self._transports) > 4 * self.max_connections:
+            del self._transports[next(iter(self._transports))]
 
     def _signal(self, kind: SignalKind, conn: str, sdp: str, connection: Connection) -> SignalData:
         return SignalData(kind=kind, conn=conn, sdp=sdp, transport=connection.transport,
@@ -244,7 +254,7 @@ class PeerMesh:
             sdp = await asyncio.wait_for(connection.offer(), self.connect_timeout)
             await self._send_signal(peer_id, self._signal(SignalKind.OFFER, offer.conn, sdp, connection))
             answer = await asyncio.wait_for(offer.answer, self.connect_timeout)
-            self._transports[peer_id] = answer.transports
+            self._heard(peer_id, answer.transports)
             await connection.accept(answer.sdp)
             await asyncio.wait_for(connection.opened(), self.connect_timeout)
             self._adopt(link)
@@ -289,7 +299,7 @@ class PeerMesh:
         old = self._links.get(sender)
         if old is not None:
             await old.close()  # the other side thinks this link is dead: start over
-        self._transports[sender] = signal.transports
+        self._heard(sender, signal.transports)
         transport = backends.for_answer(self.transports, signal.transport)
         connection, link = self._new_connection(sender, transport)
         try:

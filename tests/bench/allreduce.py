@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.backbone.tracker.scheduling import PIECES, PIPELINE_FROM
+
 NUMEL = 25_000_000
 HIVEMIND_SCRIPT = Path(__file__).with_name("hivemind_allreduce.py")
 
@@ -37,7 +39,7 @@ def _free_port() -> int:
 
 # --- Cotrain peers ------------------------------------------------------------------------
 
-def _cotrain_peer(url: str, project: str, conn, numel: int, transport: str) -> None:
+def _cotrain_peer(url: str, project: str, conn, numel: int, transport: str, pieces: int) -> None:
     import logging
 
     os.environ["COTRAIN_TRANSPORT"] = transport
@@ -47,10 +49,10 @@ def _cotrain_peer(url: str, project: str, conn, numel: int, transport: str) -> N
     logging.basicConfig(level=os.environ.get("COTRAIN_BENCH_LOG", "WARNING"),
                         format="%(asctime)s %(process)d %(name)s: %(message)s")
 
-    aio.run(_cotrain_peer_main(url, project, conn, numel))
+    aio.run(_cotrain_peer_main(url, project, conn, numel, pieces))
 
 
-async def _cotrain_peer_main(url, project, conn, numel) -> None:
+async def _cotrain_peer_main(url, project, conn, numel, pieces) -> None:
     import torch
 
     from engine.aio import spawn
@@ -88,7 +90,7 @@ async def _cotrain_peer_main(url, project, conn, numel) -> None:
         command = await recv()
         if command == "stop":
             break
-        plan = RoundPlan(command, 0, group, [1.0] * len(group), me)
+        plan = RoundPlan(command, 0, group, [1.0] * len(group), me, pieces=pieces)
         cpu = time.process_time()
         await butterfly_allreduce(plan, vector, 1, 0.0, mesh, timeout=900)
         conn.send(time.process_time() - cpu)
@@ -97,7 +99,8 @@ async def _cotrain_peer_main(url, project, conn, numel) -> None:
     await client.close()
 
 
-def _bench_cotrain(peers: int, rounds: int, numel: int, transport: str) -> tuple[list[float], list[float]]:
+def _bench_cotrain(peers: int, rounds: int, numel: int, transport: str,
+                   pieces: int) -> tuple[list[float], list[float]]:
     """Seconds per round and CPU seconds per round (all peers), after a warm-up round."""
     from engine.backbone.server import Backbone, BackboneConfig
     from engine.project import ProjectSpec
@@ -114,7 +117,7 @@ def _bench_cotrain(peers: int, rounds: int, numel: int, transport: str) -> tuple
             pipes, procs = [], []
             for _ in range(peers):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_cotrain_peer, args=(url, "bench", child, numel, transport))
+                proc = ctx.Process(target=_cotrain_peer, args=(url, "bench", child, numel, transport, pieces))
                 proc.start()
                 pipes.append(parent)
                 procs.append(proc)
@@ -205,6 +208,9 @@ def main() -> None:
                         help="comma-separated, from native, aiortc, gloo (default: all three)")
     parser.add_argument("--hivemind", metavar="PYTHON",
                         help="hivemind 1.1.12's interpreter: adds it to the run")
+    parser.add_argument("--pieces", type=int, default=PIECES,
+                        help=f"parts per share, pipelined (default {PIECES}: what the backbone asks of a "
+                             f"round it expects to take {PIPELINE_FROM:.0f} s or more)")
     parser.add_argument("--quick", action="store_true", help="a tenth of the tensor, two rounds")
     args = parser.parse_args()
     if args.quick:
@@ -215,7 +221,7 @@ def main() -> None:
             times, cpus = _bench_gloo(args.peers, args.rounds + 1, args.numel)
             rows.append(_row("gloo", args.peers, args.numel, times, cpus))
         else:
-            times, cpus = _bench_cotrain(args.peers, args.rounds, args.numel, system)
+            times, cpus = _bench_cotrain(args.peers, args.rounds, args.numel, system, args.pieces)
             rows.append(_row(f"cotrain-{system}", args.peers, args.numel, times, cpus))
         if args.json:
             print(json.dumps(rows[-1]), flush=True)

@@ -37,7 +37,7 @@ def backbone_venv(tmp_path_factory) -> Path:
 
 def test_the_backbone_extra_leaves_out_torch_qt_and_webrtc(backbone_venv):
     python = str(backbone_venv / "bin" / "python")
-    for heavy in ("torch", "PySide6", "aiortc"):
+    for heavy in ("torch", "PySide6", "aiortc", "webrtc"):
         done = subprocess.run([python, "-c", f"import {heavy}"], capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and "No module named" in done.stderr, (heavy, done.stderr[-500:])
     # What it does need: the round scheduler's LP solver.

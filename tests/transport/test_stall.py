@@ -23,7 +23,8 @@ from tests.transport.mesh_pair import blob, router
 FRAMES, FRAME = 12, 4 * 1024 * 1024  # the mailbox keeps at most 16 frames nobody waits for yet
 
 
-async def test_a_receiver_stalled_for_two_seconds_loses_nothing_and_the_sender_stays_bounded(stack, report_figure):
+async def test_a_receiver_stalled_for_two_seconds_loses_nothing_and_the_sender_stays_bounded(
+        stack, report_figure):
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.transport.stalled_receiver", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, env={**os.environ})
