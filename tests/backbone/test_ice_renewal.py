@@ -14,7 +14,7 @@ TTL = 600
 
 def turn_expiry(peer) -> int | None:
     """When the TURN credential the peer would use for its next link expires."""
-    for server in peer.peer.mesh.config.iceServers:
+    for server in peer.peer.mesh.config.servers:
         if server.username:
             return int(server.username.split(":", 1)[0])
     return None
@@ -33,6 +33,6 @@ async def test_a_long_running_peer_gets_fresh_turn_credentials_before_they_expir
             backbone.renew_ice_credentials(time.time() + TTL / 2 + 1)  # half its life later
             await until(lambda: turn_expiry(peer) != first, 10, "fresh credentials to arrive")
             assert turn_expiry(peer) >= first + TTL / 2
-            assert all(server.credential for server in peer.peer.mesh.config.iceServers)
+            assert all(server.credential for server in peer.peer.mesh.config.servers)
         finally:
             await stop_all(peer)

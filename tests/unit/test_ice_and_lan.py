@@ -8,6 +8,8 @@ import pytest
 
 from engine.backbone.ice import IceConfig, ice_servers_for, turn_credentials
 from engine.lan.records import decode_properties, encode_properties
+from engine.transport.backends import native_problem
+from engine.transport.backends.aiortc_backend import configuration as aiortc_configuration
 from engine.transport.ice import ice_configuration
 from engine.wire.control import IceServer
 
@@ -36,6 +38,11 @@ def test_a_backbone_without_ice_servers_hands_out_an_empty_list_not_aiortcs_defa
     assert servers == []
     config = ice_configuration(servers)
     assert config.servers == [] and config.servers is not None
+    assert aiortc_configuration(config).iceServers == []  # aiortc's own default is None
+    if native_problem() is None:
+        from engine.transport.backends.native_backend import configuration as native_configuration
+
+        assert native_configuration(config).ice_servers == []
 
 
 @pytest.mark.parametrize("config, message", [
