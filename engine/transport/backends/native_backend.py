@@ -89,6 +89,9 @@ class NativeConnection(Connection):
         self.channel.on("message", self._message)
         self.channel.on("bufferedamountlow", lambda _event: self.on_drained())
         self.channel.on("close", lambda _event: self.on_closed())
+        # The other side closed its end: with our own sends still queued, libwebrtc would
+        # report "close" only once they drain, and they never will (seen in the hostile tests).
+        self.channel.on("closing", lambda _event: self.on_closed())
         self.channel.on("open", lambda _event: self._state.set())
         self.pc.on("connectionstatechange", self._state_changed)
         self.pc.on("icegatheringstatechange", self._gathering_changed)
@@ -164,6 +167,11 @@ class NativeConnection(Connection):
         return SelectedPair(_type(pair.local), _type(pair.remote))
 
     async def close(self) -> None:
+        # Reset our end of the channel first: the other side hears of that at once, even
+        # with its own sends queued, where closing the connection alone can leave it
+        # waiting on an association that no longer answers.
+        if self.is_open:
+            self.channel.close()
         self.pc.close()
 
 
