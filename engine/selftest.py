@@ -60,6 +60,7 @@ async def _webrtc_round_trip() -> str:
     from engine.wire.control import SignalData
     from engine.wire.frames import Part
     from engine.wire.framing import Frame
+    from engine.wire.types import Transport
 
     restrict_host_addresses(["127.0.0.1"])
     meshes: dict[str, PeerMesh] = {}
@@ -76,6 +77,8 @@ async def _webrtc_round_trip() -> str:
     for name, box in boxes.items():
         meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), box, deliver(box),
                                 connect_timeout=15)
+        if native_problem() is None:  # prove the native stack works, whatever links default to
+            meshes[name].transports = [Transport.NATIVE]
     try:
         began = time.monotonic()
         link = await meshes["a"].link("b")

@@ -35,24 +35,22 @@ class SelectedPair:
     @property
     def relayed_here(self) -> bool | None:
         """Whether the link needs this side's own TURN relay: True when it leaves through it
-        although the other side answers at its own host address, False when it needs no
-        relay or the other side's relay reaches us at ours. None when that is not known: when
-        a relay is needed between two NATs, which end's relay ICE picks is the stack's choice
-        (aiortc tends to take the symmetric NAT's, libwebrtc the cone's: seen in the NAT
-        tests), and when both ends are relayed, ICE may pick our relay against a relay-only
-        peer even when our direct candidates would do (seen in CI)."""
+        although the other side answers at its own host address, False when no relay is
+        involved. None otherwise: when a relay is needed between two NATs, which end's relay
+        ICE picks is the stack's choice (aiortc tends to take the symmetric NAT's, libwebrtc
+        the cone's: seen in the NAT tests), a side whose pair starts at its host candidate
+        may still sit behind a NAT, and when both ends are relayed, ICE may pick our relay
+        against a relay-only peer even when our direct candidates would do (seen in CI)."""
         if "relay" not in (self.local, self.remote):
             return False
-        if self.local == "relay":
-            return True if self.remote == "host" else None
-        return False if self.local == "host" else None
+        return True if self.local == "relay" and self.remote == "host" else None
 
 
 def _ignore(*_: object) -> None:
     """No listener yet."""
 
 
-class Connection(ABC):
+class StackConnection(ABC):
     """A peer connection with its data channel, listening from creation: the other side may
     send the moment its end opens. Set the ``on_*`` callbacks before offering or answering."""
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from engine.aio import spawn
 from engine.ratelimit import Buckets, Rate
-from engine.transport.connection import Connection, ConnectionFailed
+from engine.transport.connection import ConnectionFailed, StackConnection
 from engine.transport.counters import LinkCounters
 from engine.transport.shaping import RateLimiter
 from engine.wire import ProtocolError
@@ -53,7 +53,7 @@ class PeerLink:
     def __init__(
         self,
         peer_id: str,
-        connection: Connection,
+        connection: StackConnection,
         on_frame: Callable[[str, Frame], None],
         on_closed: Callable[[PeerLink], None],
         on_incoming: Callable[[str, Incoming], None] | None = None,

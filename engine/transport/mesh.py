@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from engine.backoff import Backoff
 from engine.ratelimit import Sweeps
 from engine.transport import backends
-from engine.transport.connection import Connection
+from engine.transport.connection import StackConnection
 from engine.transport.counters import LinkCounters
 from engine.transport.ice import IceSettings
 from engine.transport.link import LinkClosed, PeerLink
@@ -78,7 +78,7 @@ SendSignal = Callable[[str, SignalData], Awaitable[None]]
 @dataclass
 class _Offer:
     conn: str
-    connection: Connection
+    connection: StackConnection
     answer: asyncio.Future[SignalData]
 
 
@@ -212,7 +212,7 @@ class PeerMesh:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _new_connection(self, peer_id: str, transport: Transport) -> tuple[Connection, PeerLink]:
+    def _new_connection(self, peer_id: str, transport: Transport) -> tuple[StackConnection, PeerLink]:
         """A connection whose link listens from the start: the other side may send the
         moment its end of the channel opens, before ours reports open."""
         connection = backends.connect(transport, self.config)
@@ -230,7 +230,7 @@ class PeerMesh:
         if len(self._transports) > 4 * self.max_connections:
             del self._transports[next(iter(self._transports))]
 
-    def _signal(self, kind: SignalKind, conn: str, sdp: str, connection: Connection) -> SignalData:
+    def _signal(self, kind: SignalKind, conn: str, sdp: str, connection: StackConnection) -> SignalData:
         return SignalData(kind=kind, conn=conn, sdp=sdp, transport=connection.transport,
                           transports=self.transports)
 

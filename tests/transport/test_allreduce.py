@@ -54,11 +54,12 @@ async def test_every_peer_gets_the_same_bits_of_the_sample_weighted_mean(shares,
     torch.testing.assert_close(results[0].vector, expected, rtol=1e-6, atol=1e-7)
 
 
-async def test_peers_on_different_stacks_apply_the_same_bits():
+async def test_peers_on_different_stacks_apply_the_same_bits(monkeypatch):
     """A peer without the native stack averages with two that have it: its links run on
     aiortc at its end, theirs native between them, and every peer applies the same bits."""
     if backends.native_problem():
         pytest.skip(f"native stack unavailable here: {backends.native_problem()}")
+    monkeypatch.setenv(backends.ENV, backends.AUTO)
     names = ["a", "b", "c"]
     vectors = [torch.randn(300_007) for _ in names]
     links: dict = {}

@@ -12,9 +12,12 @@ from engine.wire.types import Transport
 from tests.transport.mesh_pair import blob, make_meshes
 
 
-def needs_native():
+@pytest.fixture
+def auto(monkeypatch):
+    """Native where both ends have it: what COTRAIN_TRANSPORT=auto turns on."""
     if backends.native_problem():
         pytest.skip(f"native stack unavailable here: {backends.native_problem()}")
+    monkeypatch.setenv(backends.ENV, backends.AUTO)
 
 
 async def _exchange(meshes, sender, receiver, round_id):
@@ -25,8 +28,7 @@ async def _exchange(meshes, sender, receiver, round_id):
     return link
 
 
-async def test_a_peer_without_the_native_stack_gets_a_mixed_pair_then_aiortc_at_both_ends():
-    needs_native()
+async def test_a_peer_without_the_native_stack_gets_a_mixed_pair_then_aiortc_at_both_ends(auto):
     meshes = make_meshes(["a", "b"])
     meshes["b"].transports = [Transport.AIORTC]
     try:
@@ -42,8 +44,7 @@ async def test_a_peer_without_the_native_stack_gets_a_mixed_pair_then_aiortc_at_
             await mesh.close()
 
 
-async def test_two_peers_with_the_native_stack_use_it_whoever_offers():
-    needs_native()
+async def test_two_peers_with_the_native_stack_use_it_whoever_offers(auto):
     meshes = make_meshes(["a", "b"])
     try:
         link = await _exchange(meshes, "b", "a", 1)
@@ -62,7 +63,8 @@ def native_broken(monkeypatch):
     monkeypatch.setattr(backends, "_probed", False)
     monkeypatch.setattr(backends, "_native", None)
     monkeypatch.setattr(backends, "_native_problem", None)
-    monkeypatch.delenv(backends.ENV, raising=False)
+    monkeypatch.setattr(backends, "_reported", False)
+    monkeypatch.setenv(backends.ENV, backends.AUTO)
 
 
 async def test_a_failed_native_import_falls_back_to_aiortc_with_one_clear_message(native_broken, caplog):
@@ -85,5 +87,5 @@ def test_forcing_a_native_stack_that_cannot_run_says_why(native_broken, monkeypa
     with pytest.raises(backends.TransportUnavailable, match="import of webrtc"):
         backends.available()
     monkeypatch.setenv(backends.ENV, "quic")
-    with pytest.raises(backends.TransportUnavailable, match="expected one of native, aiortc"):
+    with pytest.raises(backends.TransportUnavailable, match="expected one of auto, native, aiortc"):
         backends.available()

@@ -11,7 +11,7 @@ from engine.wire.types import LinkPath
     ("srflx", "host", LinkPath.SRFLX, False),
     ("host", "prflx", LinkPath.SRFLX, False),
     ("relay", "host", LinkPath.RELAY, True),  # the other side answers directly: we needed our relay
-    ("host", "relay", LinkPath.RELAY, False),  # their relay reaches us at our own address
+    ("host", "relay", LinkPath.RELAY, None),  # our host candidate may sit behind a NAT
     ("relay", "srflx", LinkPath.RELAY, None),  # between two NATs: either end's relay would do
     ("prflx", "relay", LinkPath.RELAY, None),
     ("relay", "relay", LinkPath.RELAY, None),

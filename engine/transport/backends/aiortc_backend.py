@@ -13,7 +13,7 @@ from aiortc import (
 )
 
 from engine.transport.backends import aiortc_patches
-from engine.transport.connection import Bytes, Connection, ConnectionFailed, SelectedPair
+from engine.transport.connection import Bytes, ConnectionFailed, SelectedPair, StackConnection
 from engine.transport.ice import IceSettings
 from engine.wire.types import Transport
 
@@ -25,7 +25,7 @@ def configuration(ice: IceSettings) -> RTCConfiguration:
     return RTCConfiguration(iceServers=servers, iceTransportPolicy=policy)
 
 
-class AiortcConnection(Connection):
+class AiortcConnection(StackConnection):
     transport = Transport.AIORTC
 
     def __init__(self, ice: IceSettings) -> None:

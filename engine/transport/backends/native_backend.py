@@ -16,7 +16,7 @@ import logging
 
 import webrtc
 
-from engine.transport.connection import Bytes, Connection, ConnectionFailed, SelectedPair
+from engine.transport.connection import Bytes, ConnectionFailed, SelectedPair, StackConnection
 from engine.transport.ice import IceSettings
 from engine.wire.types import Transport
 
@@ -76,7 +76,7 @@ def configuration(ice: IceSettings) -> webrtc.RTCConfiguration:
     return webrtc.RTCConfiguration(ice_servers=servers, ice_transport_policy=policy)
 
 
-class NativeConnection(Connection):
+class NativeConnection(StackConnection):
     transport = Transport.NATIVE
 
     def __init__(self, ice: IceSettings) -> None:
