@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.peer.events import EpochCompleted, RoundFailed, SyncProgress
+from engine.peer.events import EpochCompleted, RoundFailed, Synced, SyncProgress
 from tests.collab.harness import MEDIUM, running_backbone, start_peer, stop_all, tiny_project
 from tests.conftest import until
 
@@ -72,7 +72,9 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
             await first[0].reached(3, timeout=60)
             late = start_peer(backbone.url, project.id, "late")
             await until(lambda: late.synced() or late.task.done(), 60, "the late peer to sync")
-            await late.reached(late.synced()[0].epoch + 3, timeout=60)
+            # On a loaded machine the others may settle a step while its download is under
+            # way: it then fetches that one too. Either way it takes three steps with them.
+            await until(lambda: len(late.history) >= 3 or late.task.done(), 60, "three steps of the late peer")
             for p in first:  # they finish that same step a moment later
                 await p.reached(late.history[-1].step.epoch, timeout=30)
         finally:
@@ -84,8 +86,10 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
     progress = [e for e in late.events[:first_sync] if isinstance(e, SyncProgress) and e.total]
     assert progress[-1].received == progress[-1].total > 0
     assert [e.received for e in progress] == sorted(e.received for e in progress)
-    assert len(completed) >= 3 and completed[0].step.epoch == synced.epoch + 1, (
-        synced.epoch, [r.step.epoch for r in completed], late.synced())
+    # Its first step is the one right after the state it last downloaded: no step skipped.
+    before_first = [e for e in late.events[:late.events.index(completed[0])] if isinstance(e, Synced)]
+    assert len(completed) >= 3 and completed[0].step.epoch == before_first[-1].epoch + 1, (
+        [(s.epoch, s.source) for s in late.synced()], [r.step.epoch for r in completed])
     # The same parameters as each of the others after every step it took with them.
     theirs = [{r.step.epoch: r.step.state_sha256 for r in p.history} for p in first]
     for r in completed:
