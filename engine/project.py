@@ -20,6 +20,9 @@ ScheduleType = Literal["constant", "linear", "cosine"]
 AggregationMethod = Literal["mean", "centered_clip"]
 # How parts and results travel (engine/averaging/compression.py).
 CompressionMethod = Literal["none", "fp16", "uint8"]
+# sync: one averaged gradient per global batch (DeDLOC). local: local updates with DiLoCo
+# outer steps, for links too slow to move a gradient per batch.
+ProjectMode = Literal["sync", "local"]
 Fraction = Annotated[float, Meta(ge=0, lt=1)]
 # A task's parameters are flat: names to numbers, flags or short strings.
 TaskParams = Annotated[dict[Name, int | float | bool | Name | None], Meta(max_length=64)]
@@ -64,13 +67,30 @@ class AggregationSpec(Struct, kw_only=True):
     verify_probability: Annotated[float, Meta(ge=0, le=1)] = 0.0
 
 
+class LocalSpec(Struct, kw_only=True):
+    """The ``local`` mode (DiLoCo, Douillard et al. 2023): each peer steps its own copy with
+    the project's optimizer (the inner one) every ``inner_batch_size`` samples; once the
+    collaboration's samples since the last outer step reach ``target_batch_size``, the
+    members average their pseudo-gradients (global minus local parameters, weighted by
+    samples) and all take the same outer step: SGD with (Nesterov) momentum."""
+
+    inner_batch_size: Annotated[int, Meta(ge=1, le=10**6)] = 32  # samples per inner step, per peer
+    outer_lr: Annotated[float, Meta(gt=0, le=10)] = 0.7
+    outer_momentum: Fraction = 0.9
+    nesterov: bool = True
+
+
 class ProjectSpec(Struct, kw_only=True):
     id: ProjectId
     title: Annotated[str, Meta(min_length=1, max_length=200)]
     task: Name
     description: Text = ""
     task_params: TaskParams = field(default_factory=dict)
+    # The collaboration's samples per step: per averaged gradient in ``sync`` mode, per
+    # outer step in ``local`` mode.
     target_batch_size: Annotated[int, Meta(ge=1, le=10**9)] = 128
+    mode: ProjectMode = "sync"
+    local: LocalSpec = field(default_factory=LocalSpec)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     compression: CompressionMethod = "none"
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)

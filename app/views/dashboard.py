@@ -62,7 +62,10 @@ class DashboardPage(QWidget):
 
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
+        self.progress_title = QLabel("<b>Progress toward the next step</b>")
         self.progress_text = QLabel("Waiting for the collaboration's progress…")
+        self.mode = QLabel("")
+        self.mode.setWordWrap(True)
 
         self.tiles = {
             "speed": Tile("samples per second (mine)"),
@@ -102,9 +105,10 @@ class DashboardPage(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(head)
         layout.addSpacing(8)
-        layout.addWidget(QLabel("<b>Progress toward the next step</b>"))
+        layout.addWidget(self.progress_title)
         layout.addWidget(self.progress)
         layout.addWidget(self.progress_text)
+        layout.addWidget(self.mode)
         layout.addSpacing(8)
         layout.addLayout(grid)
         layout.addLayout(plots, 1)
@@ -163,11 +167,22 @@ class DashboardPage(QWidget):
         eta = f" · next step in about {duration(s.eta_seconds)}" if s.eta_seconds is not None else ""
         self.progress_text.setText(f"{count(s.collab_samples)} of {count(s.collab_target)} samples "
                                    f"gathered by {s.peers} peer{'s' if s.peers != 1 else ''}{eta}")
+        self._show_mode(s)
         self._mine_t.append(time.time())
         self._mine_n.append(s.my_samples_total)
         del self._mine_t[:-MAX_POINTS], self._mine_n[:-MAX_POINTS]
         self.mine_line.setData(self._mine_t, self._mine_n)
         _show_data(self.mine_plot, self.hints[self.mine_plot], True)
+
+    def _show_mode(self, s: p.Stats) -> None:
+        local = s.mode == "local"
+        self.progress_title.setText(f"<b>Progress toward the next {'outer ' if local else ''}step</b>")
+        if not local:
+            self.mode.setText("Synchronous training: every step averages the whole batch's gradient.")
+            return
+        steps = s.inner_steps or 0
+        self.mode.setText(f"Local updates (DiLoCo): {count(steps)} step{'' if steps == 1 else 's'} on this "
+                          "computer since the last outer step; peers average their progress at the next one.")
 
     def add_epoch(self, completed: EpochCompleted) -> None:
         step = completed.step

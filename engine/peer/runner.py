@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlparse
 
@@ -33,8 +34,9 @@ from engine.peer.training import heartbeat_loop, training_loop
 from engine.project import ProjectSpec
 from engine.tasks import Task, create_task, initial_model
 from engine.training.device import Placement, choose_device
+from engine.training.local import LocalSteps
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.schedule import build_optimizer
+from engine.training.schedule import build_optimizer, collaboration_optimizer
 from engine.training.state import state_budget
 from engine.transport.backends import restrict_host_addresses
 from engine.transport.counters import LinkCounters
@@ -230,7 +232,10 @@ class Peer:
                                              opts.data_dir)
         model = self.fresh_model()
         self.gate.install(model)
-        optimizer = build_optimizer(project.optimizer, model.parameters())
+        optimizer = collaboration_optimizer(project, model)
+        # In local mode the project's optimizer steps this peer's own copy of the model.
+        local = LocalSteps(project.local, partial(build_optimizer, project.optimizer),
+                           project.optimizer.clip_grad_norm) if project.mode == "local" else None
         # No honest frame is larger than this model's state: a peer's is refused at its first chunk.
         max_frame = min(state_budget(model, optimizer), reply.max_checkpoint_bytes)
         self.mailbox.max_bytes, self.mailbox.max_total = 2 * max_frame, 4 * max_frame
@@ -245,7 +250,7 @@ class Peer:
             clip_grad_norm=project.optimizer.clip_grad_norm,
             report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
             aggregation=project.aggregation, compression=project.compression,
-            gate=self.gate,
+            gate=self.gate, local=local,
         )
         self.client.upload, self.client.download = self.upload, self.download
         self._opt.client_mode = lambda: relay_only or self._all_links_relayed()

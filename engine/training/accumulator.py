@@ -57,6 +57,11 @@ class GradientAccumulator:
             part = taken.vector[offset : offset + p.numel()].view_as(p).to(p.device)
             p.grad = part.clone() if p.grad is None else p.grad.add_(part)
             offset += p.numel()
+        self.restore_counts(taken)
+
+    def restore_counts(self, taken: Accumulated) -> None:
+        """Count what ``taken`` brought again, its gradient aside (local mode keeps that
+        in its parameters)."""
         self.samples += taken.samples
         self.loss_sum += taken.loss_sum
         self.batches[:0] = taken.batches

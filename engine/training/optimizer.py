@@ -3,7 +3,9 @@
 Each peer runs micro-batches at its own pace and accumulates gradient sums. When the
 backbone opens a round, the peer hands over what it has, the group averages it
 (weighted by samples), and every member applies the same averaged gradient with the
-same optimizer step: synchronous large-batch training, whoever joined or left.
+same optimizer step: synchronous large-batch training, whoever joined or left. In
+``local`` mode (engine/training/local.py) micro-batches step a local copy instead, and
+rounds average pseudo-gradients into the outer step.
 
 All torch work (micro-batches, the step, state snapshots) runs on one worker thread, in
 order, so a step never overlaps a forward pass and the event loop keeps serving the network.
@@ -27,6 +29,7 @@ from engine.averaging.allreduce import Averaged, AveragingError, RoundPlan
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.project import AggregationSpec, CompressionMethod, ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
+from engine.training.local import LocalSteps
 from engine.training.params import set_grads, trainable
 from engine.training.schedule import lr_at
 from engine.training.state import load_state, pack_state, state_sha256
@@ -84,11 +87,12 @@ class CollaborativeOptimizer:
         executor: ThreadPoolExecutor | None = None,
         gate: ComputeGate | None = None,
         compute_device: torch.device | None = None,
+        local: LocalSteps | None = None,
     ) -> None:
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer = optimizer  # in local mode, the outer one
         self.schedule = schedule
-        self.base_lr = optimizer.param_groups[0]["lr"]
+        self.local = local
         self.project_id = project_id
         self.me = me
         self.clip_grad_norm = clip_grad_norm
@@ -104,6 +108,9 @@ class CollaborativeOptimizer:
         self.compute_model = model
         self.accumulator = GradientAccumulator(self.params)
         self._place(compute_device)
+        stepping = local.inner if local is not None else optimizer
+        assert stepping is not None
+        self.base_lr = stepping.param_groups[0]["lr"]
         self.client_mode: Callable[[], bool] = lambda: False
         # (upload, download) bytes per second the peer's link achieves, None while unmeasured
         self.link_estimate: Callable[[], tuple[float | None, float | None]] = lambda: (None, None)
@@ -157,6 +164,8 @@ class CollaborativeOptimizer:
             self.last_compute_seconds = time.perf_counter() - began
             self._outlasted_wait = False
             self.accumulator.add(samples, loss_sum, batch_id, self.last_compute_seconds)
+            if self.local is not None:
+                self.local.after_micro_batch(samples, self._lr())
             self.throughput.add(samples)
             return True
 
@@ -238,7 +247,7 @@ class CollaborativeOptimizer:
         self._in_round = True
         self._round_over.clear()
         self._update()
-        taken = await self._run_promptly(self.accumulator.take, ROUND_WAIT_SHARE * start.timeout)
+        taken = await self._run_promptly(self._take, ROUND_WAIT_SHARE * start.timeout)
         self._reported_samples = 0
         if taken.samples:
             # What we bring to the round, as the backbone's last evidence before it judges
@@ -257,7 +266,7 @@ class CollaborativeOptimizer:
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 if self.epoch == start.epoch:
-                    await self._run(lambda: self.accumulator.restore(taken))
+                    await self._run(lambda: self._give_back(taken))
                 await self._send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc),
                                            unreachable=exc.suspects, waiting=exc.waiting))
                 return None
@@ -276,6 +285,23 @@ class CollaborativeOptimizer:
         step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
                     peers=len(start.group), round_seconds=seconds, state_sha256=digest)
         return step, taken
+
+    def _lr(self) -> float:
+        """The learning rate of this epoch's steps (in local mode, of its inner steps)."""
+        return lr_at(self.schedule, self.base_lr, self.epoch)
+
+    def _take(self) -> Accumulated:
+        if self.local is not None:
+            return self.local.take(self.model, self.accumulator, self._lr())
+        return self.accumulator.take()
+
+    def _give_back(self, taken: Accumulated) -> None:
+        """What a failed round took counts again (in local mode its progress never left
+        the local copy)."""
+        if self.local is not None:
+            self.accumulator.restore_counts(taken)
+        else:
+            self.accumulator.restore(taken)
 
     async def _run_promptly(self, fn, budget: float):
         """Run ``fn`` on the compute thread right after the micro-batch under way, like a
@@ -312,11 +338,14 @@ class CollaborativeOptimizer:
         GPU, micro-batches run on a copy of the model, whose weights follow the master after
         every step and whose gradients are gathered for each round."""
         old = self.accumulator.params
-        if device is None:
+        # The memo keeps the gate itself: the copy's pause and duty-cycle hooks call it.
+        memo: dict = {id(self.gate): self.gate}
+        if self.local is not None:  # micro-batches step a copy, wherever they run
+            compute = self.local.place(self.model, device, memo)
+        elif device is None:
             compute = self.model
         else:
-            # The memo keeps the gate itself: the copy's pause and duty-cycle hooks call it.
-            compute = copy.deepcopy(self.model, {id(self.gate): self.gate}).to(device)
+            compute = copy.deepcopy(self.model, memo).to(device)
         new = trainable(compute)
         for fresh, previous in zip(new, old, strict=True):
             grad = previous.grad
@@ -327,7 +356,9 @@ class CollaborativeOptimizer:
         self.accumulator.params = new
 
     def _follow_master(self) -> None:
-        if self.compute_model is not self.model:
+        if self.local is not None:
+            self.local.restart(self.model)
+        elif self.compute_model is not self.model:
             replica = self.compute_model.state_dict()
             with torch.no_grad():
                 for name, value in self.model.state_dict().items():
@@ -343,11 +374,12 @@ class CollaborativeOptimizer:
             moments = copy.deepcopy(self.optimizer.state_dict()["state"])
             self.kept = Kept(epoch, self.state_hash, model, moments)
         set_grads(self.params, vector)
-        if self.clip_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
-        lr = lr_at(self.schedule, self.base_lr, epoch)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        if self.local is None:  # the outer step takes the pseudo-gradient as it is, at its own lr
+            if self.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+            lr = lr_at(self.schedule, self.base_lr, epoch)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if not all(bool(torch.isfinite(t).all()) for t in self._state_tensors()):
@@ -423,7 +455,9 @@ class CollaborativeOptimizer:
             self._follow_master()
             self.epoch, self.state_hash, self.kept = kept.epoch, kept.state_sha256, None
             self.accumulator.clear()
-            if kept.taken is not None:
+            if kept.taken is not None and self.local is not None:
+                self.local.restore(self.model, kept.taken, self.accumulator)
+            elif kept.taken is not None:
                 self.accumulator.restore(kept.taken)
             return True
 

@@ -31,3 +31,9 @@ def set_grads(params: Sequence[torch.nn.Parameter], vector: torch.Tensor) -> Non
         offset += n
     if offset != vector.numel():
         raise ValueError("vector does not match the parameters")
+
+
+def flat_params(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """One new fp32 vector on the CPU of the parameters' values."""
+    parts = [p.detach().reshape(-1).float() for p in params]
+    return torch.cat(parts).cpu() if parts else torch.zeros(0)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import torch
 
-from engine.project import OptimizerSpec, ScheduleSpec
+from engine.project import LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
 
 
 def lr_at(spec: ScheduleSpec, base_lr: float, epoch: int) -> float:
@@ -33,3 +33,20 @@ def build_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -
     beta1, beta2 = spec.betas
     return cls(params, lr=spec.lr, betas=(beta1, beta2), eps=spec.eps,
                weight_decay=spec.weight_decay, foreach=False)
+
+
+def outer_optimizer(spec: LocalSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.SGD:
+    """Local mode's step, every member's alike, on the global model with the averaged
+    pseudo-gradient."""
+    nesterov = spec.nesterov and spec.outer_momentum > 0  # torch: Nesterov needs momentum
+    return torch.optim.SGD(list(params), lr=spec.outer_lr, momentum=spec.outer_momentum,
+                           nesterov=nesterov, foreach=False)
+
+
+def collaboration_optimizer(project: ProjectSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer whose state the collaboration shares (settles, checkpoints, hands to
+    joiners): the project's own in sync mode, the outer one in local mode."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if project.mode == "local":
+        return outer_optimizer(project.local, params)
+    return build_optimizer(project.optimizer, params)

@@ -42,6 +42,7 @@ from msgspec import Meta, Struct
 from engine.governor.limits import Limits
 from engine.governor.policy import GovernorState
 from engine.peer.events import EpochCompleted
+from engine.project import ProjectMode
 from engine.wire.codec import Codec, encode
 from engine.wire.types import Count, EpochNumber, Loss, Name, ProjectId, Rate, Seconds, Text, Url
 
@@ -138,6 +139,10 @@ class Stats(Message, tag="stats"):
     # the tracker sizes this peer's share of each round by it.
     link_upload_bps: Rate | None = None
     link_download_bps: Rate | None = None
+    # The project's mode; in ``local`` mode, ``epoch`` counts outer steps, ``collab_*`` the
+    # samples toward the next one, and ``inner_steps`` this peer's own steps since the last.
+    mode: ProjectMode = "sync"
+    inner_steps: Count | None = None
 
 
 class ProjectLeft(Message, tag="left"):

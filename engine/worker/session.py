@@ -239,6 +239,7 @@ class Session:
             loss=None if loss is None or not math.isfinite(loss) else loss,
             device=peer.placement.description if peer.placement else "",
             link_upload_bps=link.upload, link_download_bps=link.download,
+            mode=peer.project.mode, inner_steps=opt.local.steps if opt.local is not None else None,
         )
 
     async def run_governor(self) -> None:

@@ -74,7 +74,8 @@ async def test_a_late_joiner_downloads_the_state_and_matches_from_its_first_epoc
             await until(lambda: late.synced() or late.task.done(), 60, "the late peer to sync")
             # On a loaded machine the others may settle a step while its download is under
             # way: it then fetches that one too. Either way it takes three steps with them.
-            await until(lambda: len(late.history) >= 3 or late.task.done(), 60, "three steps of the late peer")
+            await until(lambda: len(late.history) >= 3 or late.task.done(), 60,
+                        "three steps of the late peer")
             for p in first:  # they finish that same step a moment later
                 await p.reached(late.history[-1].step.epoch, timeout=30)
         finally:

@@ -24,7 +24,7 @@ import torch
 from engine.paths import engine_command
 from engine.project import ProjectSpec
 from engine.tasks import create_task, initial_model
-from engine.training.schedule import build_optimizer
+from engine.training.schedule import collaboration_optimizer
 from engine.training.state import load_state
 from engine.wire.tensors import decode_file
 from tests.collab.harness import tiny_project
@@ -210,8 +210,7 @@ class Collaboration:
         spec = self.project
         task = create_task(spec.task, dict(spec.task_params))
         model = initial_model(task, spec.seed)
-        load_state(decode_file(path.read_bytes()), model, build_optimizer(spec.optimizer, model.parameters()),
-                   spec.id)
+        load_state(decode_file(path.read_bytes()), model, collaboration_optimizer(spec, model), spec.id)
         with torch.no_grad():
             return statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(batches))
 

@@ -1,0 +1,58 @@
+"""Local mode (DiLoCo) with peers as separate processes: elastic like sync mode, with the
+same settled state, checks, credit, checkpoints and learning curve after each outer step."""
+
+import pytest
+
+from engine.project import AggregationSpec, LocalSpec
+from tests.collab.accounts import get_json
+from tests.collab.harness import running_backbone, tiny_project
+from tests.collab.processes import spawn_peer, terminate
+from tests.conftest import until
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_killed_peer_and_a_late_joiner_leave_every_outer_step_agreed(tmp_path, report_figure):
+    project = tiny_project(
+        mode="local", target_batch_size=192, round_timeout=15, checkpoint_every=2,
+        local=LocalSpec(inner_batch_size=16, outer_lr=0.7, outer_momentum=0.9),
+        aggregation=AggregationSpec(method="centered_clip", verify_probability=0.5),
+    )
+    async with running_backbone(tmp_path, project) as backbone:
+        tracker = backbone.trackers[project.id]
+        peers = {f"p{i}": await spawn_peer(backbone.url, project.id, f"p{i}", tmp_path) for i in range(3)}
+        try:
+            await until(lambda: all(p.epoch >= 2 for p in peers.values()), 120, "three peers at outer step 2")
+            peers["p0"].kill()
+            await peers["p0"].process.wait()
+            killed_at = tracker.epoch
+            peers["late"] = await spawn_peer(backbone.url, project.id, "late", tmp_path)
+            late = peers["late"]
+            await until(lambda: len(late.epochs) >= 3 or late.process.returncode is not None, 120,
+                        "three outer steps of the joiner")
+            final = late.epoch
+            for name in ("p1", "p2"):
+                await peers[name].reached(final, timeout=60)
+        finally:
+            await terminate(*peers.values())
+        steps = {s.epoch: s for s in backbone.store.steps(project.id)}
+        checkpoints = backbone.store.checkpoints(project.id)
+        credited = backbone.store.credited_by_peer(project.id)
+        curve = await get_json(f"{backbone.url}/api/projects/{project.id}/curve")
+
+    # One state per outer step, on every peer that took it, and it is the settled one.
+    lines = [e for p in peers.values() for e in p.epochs]
+    for epoch in {e["epoch"] for e in lines}:
+        assert {e["state_sha256"] for e in lines if e["epoch"] == epoch} == {steps[epoch].state_sha256}
+    late = peers["late"].epochs
+    assert late[0]["epoch"] > killed_at and len(late) >= 3
+    assert all(e["peers"] == 3 for e in late[1:]), "the joiner and both survivors in each step"
+    assert all(e["samples"] >= project.target_batch_size for e in lines)
+    # Checkpoints hold settled outer steps; credit counts the samples behind the pseudo-gradients.
+    assert checkpoints and all(c.state_sha256 == steps[c.epoch].state_sha256 for c in checkpoints)
+    assert sum(credited.values()) == sum(s.samples for s in steps.values())
+    losses = [p["loss"] for p in curve["epochs"] if p["loss"] is not None]
+    assert len(losses) >= final - 1 and min(losses[-3:]) < losses[0]
+    report_figure(f"local mode, 3 peers then 2 + a joiner: {final} outer steps, loss {losses[0]:.3f} -> "
+                  f"{losses[-1]:.3f}; the joiner's first step {late[0]['epoch']} (killed at {killed_at}); "
+                  f"{len(checkpoints)} checkpoints kept, {sum(credited.values())} samples credited")
