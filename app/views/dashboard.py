@@ -164,7 +164,8 @@ class DashboardPage(QWidget):
         target = max(s.collab_target, 1)
         self.progress.setRange(0, target)
         self.progress.setValue(min(s.collab_samples, target))
-        eta = f" · next step in about {duration(s.eta_seconds)}" if s.eta_seconds is not None else ""
+        step = "outer step" if s.mode == "local" else "step"
+        eta = f" · next {step} in about {duration(s.eta_seconds)}" if s.eta_seconds is not None else ""
         self.progress_text.setText(f"{count(s.collab_samples)} of {count(s.collab_target)} samples "
                                    f"gathered by {s.peers} peer{'s' if s.peers != 1 else ''}{eta}")
         self._show_mode(s)

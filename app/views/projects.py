@@ -194,8 +194,10 @@ class ProjectsPage(QWidget):
                      current: Current | None) -> None:
         joined = current is not None and current == Current(backbone, spec.id)
         eta = spec.eta_seconds
+        step = "outer step" if spec.mode == "local" else "step"
         progress = (f"epoch {spec.epoch} · {count(spec.samples)}/{count(spec.target_batch_size)}"
-                    + (f" · next step in {duration(eta)}" if eta is not None else ""))
+                    + (f" · next {step} in {duration(eta)}" if eta is not None else "")
+                    + ("\nlocal updates (DiLoCo), for home links" if spec.mode == "local" else ""))
         if mine is not None:
             rank = f", rank {mine.rank}" if mine.rank else ""
             contribution = f"{count(mine.samples)} samples{rank}"

@@ -39,6 +39,7 @@ def test_the_dashboard_shows_local_mode_and_the_inner_steps(qtbot, qapp, tmp_pat
         private_home(monkeypatch, tmp_path)
         store = SettingsStore()
         store.set_limits(TEST_LIMITS)
+        store.add_backbone(backbone.url)
         store.set_current(Current(backbone.url, project.id))
         app = CotrainApp(Controller(store=store), tray=True)
         app.start()
@@ -54,5 +55,14 @@ def test_the_dashboard_shows_local_mode_and_the_inner_steps(qtbot, qapp, tmp_pat
             wait_until(lambda: d.tiles["epoch"].text() not in ("–", "0"), 30, "an outer step")
             wait_until(lambda: seen.append(inner_steps(d.mode.text())) or seen[-1] < max(seen), 30,
                        "the count to start again after an outer step")
+            # The Projects page says which mode each project trains in.
+            app.window.show_page("projects")
+            page = app.window.pages["projects"]
+            def rows():
+                return [page.tree.topLevelItem(i) for i in range(page.tree.topLevelItemCount())
+                        if page.tree.topLevelItem(i).text(0).startswith(project.title)]
+
+            wait_until(rows, 20, "the project in the list")
+            assert "local updates (DiLoCo)" in rows()[0].text(2)
         finally:
             stop_app(app)

@@ -46,29 +46,31 @@ class Run:
 
 
 async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
+    """The collaboration trained to the epoch of its first checkpoint, and that checkpoint's loss."""
+    epochs = spec.checkpoint_every
     collab = Collaboration(root, project=spec)
     collab.start_backbone()
     try:
         for i in range(3):
             collab.start_peer(f"honest-{i}", "--data-seed", str(i))
-        checkpoint = lambda: collab.has_checkpoint(EPOCHS)  # noqa: E731
+        checkpoint = lambda: collab.has_checkpoint(epochs)  # noqa: E731
         if attack == "a wrong reducer":
             liar = [sys.executable, "-m", "tests.hostile.wrong_reducer"]
             collab.start_peer("liar", "--data-seed", "3", command=liar)
-            await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
+            await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
         elif attack is not None:
             async with Adversary(collab.url, spec.id) as adversary:
                 stranger = await adversary.join("poisoner")
                 poisoner = Poisoner(adversary, stranger, POISONS[attack], collab.initial_gradient())
                 task = asyncio.ensure_future(member(stranger, samples=SAMPLES))
                 try:
-                    await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
+                    await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
                 finally:
                     task.cancel()
                 assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
         else:
-            await collab.until(checkpoint, 300, f"the checkpoint of epoch {EPOCHS}")
-        return Run(collab.checkpoint_loss(EPOCHS, HELD_OUT), collab)
+            await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
+        return Run(collab.checkpoint_loss(epochs, HELD_OUT), collab)
     finally:
         collab.stop()
 

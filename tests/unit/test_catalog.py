@@ -19,6 +19,13 @@ def test_the_shipped_catalog_loads_and_welcomes_anonymous_peers():
     assert projects and not any(p.require_account for p in projects)
 
 
+def test_the_shipped_catalog_offers_the_demo_in_both_modes():
+    modes = {p.id: (p.mode, p.local.inner_batch_size) for p in load_catalog(default_catalog())}
+    assert modes["demo-lm"][0] == "sync"
+    mode, inner_batch = modes["demo-lm-home"]
+    assert mode == "local" and inner_batch > 0
+
+
 def test_a_catalog_of_the_first_release_keeps_its_meaning(tmp_path):
     old = [{"id": "closed", "title": "C", "task": "demo-lm", "allow_anonymous": False},
            {"id": "open", "title": "O", "task": "demo-lm", "allow_anonymous": True}]

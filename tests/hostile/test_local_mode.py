@@ -1,0 +1,41 @@
+"""Local mode (DiLoCo) against a poisoner: pseudo-gradients travel as gradient sums do, so
+the reducers' checks and CenteredClip stand between a hostile member and the outer step.
+Three honest `cotrain peer` processes with their own fixed data train to outer step N with
+a stranger sending poisoned parts, against the same three alone; the loss is that of the
+checkpoint of step N on held-out batches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine.project import AggregationSpec, LocalSpec, ProjectSpec
+from tests.hostile.collaboration import hostile_project
+from tests.hostile.test_final_loss import MARGIN, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+OUTER_STEPS = 15
+
+
+def project() -> ProjectSpec:
+    # Four inner steps of 16 samples per peer between outer steps.
+    return hostile_project(mode="local", target_batch_size=3 * 4 * 16, checkpoint_every=OUTER_STEPS,
+                           local=LocalSpec(inner_batch_size=16),
+                           aggregation=AggregationSpec(method="centered_clip", verify_probability=0.5))
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> float:
+    return asyncio.run(run(tmp_path_factory.mktemp("honest-local"), project())).loss
+
+
+@pytest.mark.parametrize("attack", ["NaN parts", "parts x(-1e4)"])
+async def test_a_poisoner_moves_the_outer_steps_less_than_five_percent(tmp_path, baseline, report_figure,
+                                                                       attack):
+    attacked = await run(tmp_path, project(), attack)
+    report_figure(f"local mode, {attack}, centered_clip, outer step {OUTER_STEPS}: held-out loss "
+                  f"{attacked.loss:.4f} ({attacked.loss / baseline - 1:+.1%} against three honest peers "
+                  f"alone: {baseline:.4f})")
+    assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
