@@ -15,7 +15,6 @@ Every method runs on the compute thread, like the rest of the optimizer's torch 
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,8 +22,6 @@ import torch
 from engine.project import LocalSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.params import flat_params, trainable
-
-log = logging.getLogger(__name__)
 
 InnerOptimizer = Callable[[Sequence[torch.nn.Parameter]], torch.optim.Optimizer]
 

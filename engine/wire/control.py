@@ -41,7 +41,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[4] = WIRE_VERSION
+    v: Literal[5] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
