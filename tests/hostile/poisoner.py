@@ -56,6 +56,7 @@ class Poisoner:
         self.plausible = plausible  # a per-sample gradient it computed from the project's spec, if any
         self.results: dict[int, torch.Tensor] = {}  # part index -> the last result for it
         self.sent = 0
+        self.harmless = 0  # rounds it sent parts that pass as a member's
         self.mesh = adversary.mesh(stranger, self.on_frame)
         stranger.on_message = self.on_message_then(stranger.on_message)
 
@@ -76,6 +77,7 @@ class Poisoner:
         else empty ones (then it is struck for the samples it claims)."""
         plausible = self.plausible
         bounds = part_bounds(plausible.numel(), start.shares) if plausible is not None else None
+        self.harmless += plausible is not None
         for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
             if share > 0 and member_id != self.stranger.peer_id:
                 values = b""

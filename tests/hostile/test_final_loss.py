@@ -20,7 +20,7 @@ import pytest
 from engine.project import AggregationSpec, ProjectSpec
 from tests.hostile.adversary import Adversary, member
 from tests.hostile.collaboration import Collaboration, hostile_project
-from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, inflated, nan, noise
+from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, inflated, left_out, nan, noise
 from tests.hostile.wrong_reducer import lied
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -43,6 +43,10 @@ def project(method: str) -> ProjectSpec:
 class Run:
     loss: float
     collab: Collaboration
+    poisoned: int = 0  # parts the poisoner sent, if any
+    left_out: int = 0  # ... that honest reducers logged leaving out
+    credited: int = 0  # samples the ledger credits the poisoner
+    harmless: int = 0  # rounds it sent honest-looking parts in, before it knew how to poison
 
 
 async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
@@ -68,6 +72,9 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
                 finally:
                     task.cancel()
                 assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
+                return Run(collab.checkpoint_loss(epochs, HELD_OUT), collab, poisoner.sent,
+                           left_out(collab, stranger.peer_id), collab.credited(adversary.peer_ids),
+                           poisoner.harmless)
         else:
             await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
         return Run(collab.checkpoint_loss(epochs, HELD_OUT), collab)
