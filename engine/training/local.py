@@ -21,7 +21,7 @@ import torch
 
 from engine.project import LocalSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
-from engine.training.params import flat_params, trainable
+from engine.training.params import copy_weights, flat_params, trainable
 
 InnerOptimizer = Callable[[Sequence[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -102,10 +102,7 @@ class LocalSteps:
     def restart(self, master: torch.nn.Module) -> None:
         """From the global model again (after an outer step, or a download)."""
         assert self.model is not None
-        replica = self.model.state_dict()
-        with torch.no_grad():
-            for name, value in master.state_dict().items():
-                replica[name].copy_(value)
+        copy_weights(master, self.model)
         for p in self.params:
             p.grad = None
         self._pending, self.steps = 0, 0

@@ -30,7 +30,7 @@ from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.project import AggregationSpec, CompressionMethod, ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.local import LocalSteps
-from engine.training.params import set_grads, trainable
+from engine.training.params import copy_weights, set_grads, trainable
 from engine.training.schedule import lr_at
 from engine.training.state import load_state, pack_state, state_sha256
 from engine.training.throughput import Throughput
@@ -359,10 +359,7 @@ class CollaborativeOptimizer:
         if self.local is not None:
             self.local.restart(self.model)
         elif self.compute_model is not self.model:
-            replica = self.compute_model.state_dict()
-            with torch.no_grad():
-                for name, value in self.model.state_dict().items():
-                    replica[name].copy_(value)
+            copy_weights(self.model, self.compute_model)
 
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
         """Take the step. Whatever the round delivered, a state that is not finite is never

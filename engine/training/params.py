@@ -33,6 +33,14 @@ def set_grads(params: Sequence[torch.nn.Parameter], vector: torch.Tensor) -> Non
         raise ValueError("vector does not match the parameters")
 
 
+def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Make ``target`` (a copy of ``source``, on any device) hold ``source``'s values."""
+    mine = target.state_dict()
+    with torch.no_grad():
+        for name, value in source.state_dict().items():
+            mine[name].copy_(value)
+
+
 def flat_params(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     """One new fp32 vector on the CPU of the parameters' values."""
     parts = [p.detach().reshape(-1).float() for p in params]
