@@ -223,6 +223,7 @@ class _Round:
     missing_parts: dict[int, set[str]] = field(default_factory=dict)  # per part I reduce
     closed: set[str] = field(default_factory=set)  # whose link closed under the round
     result_sends: list[asyncio.Future] = field(default_factory=list)
+    last_result: dict[str, asyncio.Future] = field(default_factory=dict)  # per peer, the latest
     sent: dict[int, str] = field(default_factory=dict)  # part index -> hash of ours (if verified)
     applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
     reduced: list[Reduced] = field(default_factory=list)  # what I reduced (if verified)
@@ -521,8 +522,13 @@ class _Round:
         result = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=total,
                         loss=loss, received=received)
         self.mine.append(result)
-        self.result_sends += [self.mesh.spawn(self._send_result(peer, result, payload))
-                              for peer in self.plan.senders if peer != self.plan.me and peer not in self.lost]
+        for peer in self.plan.senders:
+            if peer != self.plan.me and peer not in self.lost:
+                # One result at a time to each peer, in piece order: with our own parts on the
+                # same link, that keeps what we have under way within its Reassembler's limit.
+                send = self.mesh.spawn(self._send_result(peer, result, payload, self.last_result.get(peer)))
+                self.last_result[peer] = send
+                self.result_sends.append(send)
         return result
 
     def _combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
@@ -545,9 +551,12 @@ class _Round:
         except ValueError as exc:
             raise Misbehaved(peer, f"{what} from {peer}: {exc}") from None
 
-    async def _send_result(self, peer: str, result: Result, payload: bytes | memoryview) -> None:
-        """Our result for ``peer``, within the round's time (an optional member's link may
-        still be opening)."""
+    async def _send_result(self, peer: str, result: Result, payload: bytes | memoryview,
+                           after: asyncio.Future | None) -> None:
+        """Our result for ``peer``, once the one before it (``after``) is sent, within the
+        round's time (an optional member's link may still be opening)."""
+        if after is not None:
+            await asyncio.wait({after})
         remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
         try:
             link = self.links.get(peer)
