@@ -230,9 +230,10 @@ class Peer:
         self.emit(Joined(self.peer_id, project, reply.username))
         self._task = await asyncio.to_thread(create_task, project.task, dict(project.task_params),
                                              opts.data_dir)
-        model = self.fresh_model()
+        # Off the loop: the first optimizer imports torch's compiler stack, seconds of CPU on a
+        # busy machine that would otherwise starve this peer's sockets and links.
+        model, optimizer = await asyncio.to_thread(self._build_model, project)
         self.gate.install(model)
-        optimizer = collaboration_optimizer(project, model)
         # In local mode the project's optimizer steps this peer's own copy of the model.
         local = LocalSteps(project.local, partial(build_optimizer, project.optimizer),
                            project.optimizer.clip_grad_norm) if project.mode == "local" else None
@@ -287,6 +288,10 @@ class Peer:
                     log.info("could not measure the link: %s", exc or "the backbone stopped answering")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), REPROBE_EVERY / 10)
+
+    def _build_model(self, project: ProjectSpec) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = self.fresh_model()
+        return model, collaboration_optimizer(project, model)
 
     def fresh_model(self) -> torch.nn.Module:
         assert self.client.join_reply is not None
