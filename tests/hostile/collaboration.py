@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -24,7 +25,10 @@ import torch
 from engine.paths import engine_command
 from engine.project import ProjectSpec
 from engine.tasks import create_task, initial_model
-from engine.training.schedule import collaboration_optimizer
+from engine.training.accumulator import GradientAccumulator
+from engine.training.local import LocalSteps
+from engine.training.params import trainable
+from engine.training.schedule import build_optimizer, collaboration_optimizer, lr_at
 from engine.training.state import load_state
 from engine.wire.tensors import decode_file
 from tests.collab.harness import tiny_project
@@ -216,12 +220,31 @@ class Collaboration:
 
     def initial_gradient(self) -> torch.Tensor:
         """A flat per-sample gradient of the project's initial model, as anyone can compute it
-        from the project's spec: what an attacker's parts look like before it knows better."""
+        from the project's spec: what an attacker's parts look like before it knows better.
+        In local mode, the per-sample pseudo-gradient of one peer's share of an outer step."""
         spec = self.project
         task = create_task(spec.task, dict(spec.task_params))
         model = initial_model(task, spec.seed)
+        if spec.mode == "local":
+            return self._initial_pseudo_gradient(task, model)
         task.loss(model, task.batch(10**7, 0)).backward()
         return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+    def _initial_pseudo_gradient(self, task, model: torch.nn.Module) -> torch.Tensor:
+        spec = self.project
+        inner = partial(build_optimizer, spec.optimizer)
+        local = LocalSteps(spec.local, inner, spec.optimizer.clip_grad_norm)
+        copy = local.place(model, None, {})
+        accumulator = GradientAccumulator(trainable(copy))
+        lr = lr_at(spec.schedule, spec.optimizer.lr, 0)
+        share = spec.target_batch_size // len(self.names)  # one peer's samples per outer step
+        while accumulator.samples < share:
+            batch = task.batch(10**7, len(accumulator.batches))
+            (task.loss(copy, batch) * batch.size).backward()
+            accumulator.add(batch.size, 0.0, len(accumulator.batches))
+            local.after_micro_batch(batch.size, lr)
+        taken = local.take(model, accumulator, lr)
+        return taken.vector / taken.samples
 
     def has_checkpoint(self, epoch: int) -> bool:
         return any(self.root.glob(f"backbone/**/epoch-{epoch:08d}.ckpt"))
