@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from engine.backbone.tracker.scheduling import PIECES, PIPELINE_FROM
+from tests.bench import stack_floor
 
 NUMEL = 25_000_000
 HIVEMIND_SCRIPT = Path(__file__).with_name("hivemind_allreduce.py")
@@ -204,8 +205,10 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=NUMEL)
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds, after one warm-up")
     parser.add_argument("--json", action="store_true", help="one JSON line per system")
-    parser.add_argument("--systems", default="native,aiortc,gloo",
-                        help="comma-separated, from native, aiortc, gloo (default: all three)")
+    parser.add_argument("--systems", default="floor-native,native,aiortc,gloo",
+                        help="comma-separated, from native, aiortc, gloo, floor-native, floor-aiortc "
+                             "(a round's bytes over the bare stack: tests/bench/stack_floor.py; "
+                             "default: all but floor-aiortc)")
     parser.add_argument("--hivemind", metavar="PYTHON",
                         help="hivemind 1.1.12's interpreter: adds it to the run")
     parser.add_argument("--pieces", type=int, default=PIECES,
@@ -220,6 +223,10 @@ def main() -> None:
         if system == "gloo":
             times, cpus = _bench_gloo(args.peers, args.rounds + 1, args.numel)
             rows.append(_row("gloo", args.peers, args.numel, times, cpus))
+        elif system.startswith("floor-"):
+            stack = system.removeprefix("floor-")
+            times, cpus = stack_floor.bench(args.peers, args.rounds, args.numel, stack)
+            rows.append(_row(system, args.peers, args.numel, times, cpus))
         else:
             times, cpus = _bench_cotrain(args.peers, args.rounds, args.numel, system, args.pieces)
             rows.append(_row(f"cotrain-{system}", args.peers, args.numel, times, cpus))
@@ -239,7 +246,7 @@ def main() -> None:
         print(f"{row['system']:>16} {row['median_s']:>9.2f} {row['min_s']:>7.2f} {row['max_s']:>7.2f} "
               f"{row['cpu_s']:>7.2f}")
     by = {row["system"]: row for row in rows}
-    for base in ("gloo", "hivemind-1.1.12", "cotrain-aiortc"):
+    for base in ("gloo", "hivemind-1.1.12", "cotrain-aiortc", "floor-native", "floor-aiortc"):
         for system in ("cotrain-native", "cotrain-aiortc"):
             if base in by and system in by and system != base:
                 print(f"{system} / {base}: {by[system]['median_s'] / by[base]['median_s']:.2f}x time, "
