@@ -5,8 +5,8 @@ native only when both ends have it: the offer names the stack it was made with a
 answerer takes that one if it has it, else its own (SDP is the same either way, so such a
 mixed pair works, at the aiortc side's speed); each side remembers what the other has for
 its next offer. A native stack that fails to import or to start is reported once, and the
-peer goes on with aiortc. ``COTRAIN_TRANSPORT=auto`` turns this on; ``aiortc`` (the default
-for now) or ``native`` forces one.
+peer goes on with aiortc. ``COTRAIN_TRANSPORT=auto`` is the default; ``aiortc`` or ``native``
+forces one.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ log = logging.getLogger(__name__)
 
 ENV = "COTRAIN_TRANSPORT"
 AUTO = "auto"
-# aiortc until the multi-peer suites pass on native in CI: the first full run with native by
-# default failed two of them (a process test and a hostile one; engine/ARCHITECTURE.md).
-DEFAULT = Transport.AIORTC.value
+DEFAULT = AUTO
 _native: ModuleType | None = None
 _native_problem: str | None = None  # why native is out, once known
 _probed = False
