@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def input_key(position: int, round_id: int, reducer: str) -> tuple[str, int, str]:
-    return (f"input:{position}", round_id, reducer)
+def input_key(index: int, position: int, round_id: int, reducer: str) -> tuple[str, int, str]:
+    """Where the ``position``-th input of part ``index`` waits: a reducer may hold several
+    parts of a round (pipelined in pieces), and one checker may be asked about more than one."""
+    return (f"input:{index}:{position}", round_id, reducer)
 
 
 class Audits:
@@ -84,8 +86,8 @@ class Audits:
     async def _verdict(self, msg: Audit) -> Verdict:
         mailbox = self.peer.mailbox
         expected = [*msg.inputs, None]  # then the result
-        waits = [asyncio.ensure_future(mailbox.get(input_key(i, msg.round_id, msg.reducer), msg.timeout))
-                 for i in range(len(expected))]
+        keys = [input_key(msg.index, i, msg.round_id, msg.reducer) for i in range(len(expected))]
+        waits = [asyncio.ensure_future(mailbox.get(key, msg.timeout)) for key in keys]
         try:
             frames = await asyncio.gather(*waits)
         except asyncio.TimeoutError:

@@ -147,7 +147,7 @@ class Rounds:
             kind = "part" if isinstance(header, Part) else "result"
             self.peer.mailbox.put(round_key(kind, header.round_id, header.index, sender), frame)
         elif isinstance(header, Input) and header.round_id >= self._last_round:
-            self.peer.mailbox.put(input_key(header.position, header.round_id, sender), frame)
+            self.peer.mailbox.put(input_key(header.index, header.position, header.round_id, sender), frame)
 
     def on_incoming(self, sender: str, incoming: Incoming) -> None:
         self.peer.state_sync.on_incoming(sender, incoming)

@@ -5,6 +5,7 @@ is caught the first time its part is drawn, expelled, and no honest peer keeps t
 import pytest
 
 from engine.averaging import allreduce
+from engine.backbone.tracker import scheduling
 from engine.project import AggregationSpec
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 from tests.conftest import until
@@ -17,7 +18,10 @@ def checked_project(probability: float):
                         aggregation=AggregationSpec(verify_probability=probability))
 
 
-async def test_honest_reducers_pass_every_check_and_the_peers_agree(tmp_path):
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole-parts", "in-pieces"])
+async def test_honest_reducers_pass_every_check_and_the_peers_agree(tmp_path, monkeypatch, pieces):
+    if pieces:  # every round pipelined: each reducer holds several parts, each checked
+        monkeypatch.setattr(scheduling, "PIPELINE_FROM", 0.0)
     project = checked_project(1.0)
     async with running_backbone(tmp_path, project) as backbone:
         peers = [start_peer(backbone.url, project.id, f"p{i}") for i in range(3)]
@@ -27,7 +31,7 @@ async def test_honest_reducers_pass_every_check_and_the_peers_agree(tmp_path):
         finally:
             await stop_all(*peers)
         auditor = backbone.trackers[project.id].audits
-    assert auditor.drawn >= 6 * 2  # every reducer's part of every round (two or three reducers)
+    assert auditor.drawn >= 6 * 2 * (scheduling.PIECES if pieces else 1)  # every part of every round
     assert auditor.caught == 0
     for epoch in range(1, 7):
         hashes = {r.step.state_sha256 for p in peers for r in p.history if r.step.epoch == epoch}
