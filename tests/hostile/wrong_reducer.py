@@ -2,16 +2,24 @@
 but returns a wrong average for its part: the average x(-3). It sends that result to every
 member and applies it itself, so every hash agrees; it even commits to it, as checking
 asks. Started like ``cotrain peer`` (``python -m tests.hostile.wrong_reducer peer ...``);
-it logs "lied in round N" each time."""
+it logs "lied in round N" each time.
+
+Started with a small ``--cpu-percent``, it computes at full speed from the test's SIGUSR1
+on: a test can have it in the collaboration before the honest peers come, whatever the
+machine's load, without it stepping alone meanwhile."""
 
 import logging
+import signal
 import sys
 
 from engine import cli
 from engine.averaging import allreduce
+from engine.governor.throttle import ComputeGate
 
 log = logging.getLogger("wrong_reducer")
 honest_combine = allreduce._Round._combine
+honest_gate = ComputeGate.__init__
+gates: list[ComputeGate] = []
 
 
 def wrong_combine(self, contributions):
@@ -21,6 +29,17 @@ def wrong_combine(self, contributions):
     return combined, inputs
 
 
+def kept_gate(self, *args, **kwargs) -> None:
+    honest_gate(self, *args, **kwargs)
+    gates.append(self)
+
+
+def full_speed(signum, frame) -> None:
+    for gate in gates:
+        gate.set_cpu_percent(100)
+    log.warning("computing at full speed")
+
+
 def lied(log_text: str) -> list[int]:
     """The rounds a wrong reducer's log says it lied in."""
     return [int(line.rsplit(" ", 1)[1]) for line in log_text.splitlines() if "lied in round " in line]
@@ -28,4 +47,6 @@ def lied(log_text: str) -> list[int]:
 
 if __name__ == "__main__":
     allreduce._Round._combine = wrong_combine
+    ComputeGate.__init__ = kept_gate
+    signal.signal(signal.SIGUSR1, full_speed)
     sys.exit(cli.main())
