@@ -46,6 +46,9 @@ class Verdict:
     ok: bool
     reason: str
     result_sha256: str | None = None  # of what the checker computed
+    # The reducer never showed its inputs (or its link to the checker failed): nothing was
+    # checked, so this says nothing of its result.
+    unanswered: bool = False
 
 
 def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, result_sha256: str,

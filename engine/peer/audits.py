@@ -80,7 +80,8 @@ class Audits:
             log.warning("part %d of round %d, reduced by %s, does not check out: %s", msg.index, msg.round_id,
                         msg.reducer, verdict.reason)
         done = AuditDone(round_id=msg.round_id, index=msg.index, ok=verdict.ok,
-                         result_sha256=verdict.result_sha256, reason=verdict.reason or None)
+                         result_sha256=verdict.result_sha256, reason=verdict.reason or None,
+                         unanswered=verdict.unanswered)
         await self.peer.client.send(done)
 
     async def _verdict(self, msg: Audit) -> Verdict:
@@ -91,9 +92,9 @@ class Audits:
         try:
             frames = await asyncio.gather(*waits)
         except asyncio.TimeoutError:
-            return Verdict(False, f"it did not send its inputs within {msg.timeout:.0f} s")
+            return Verdict(False, f"it did not send its inputs within {msg.timeout:.0f} s", unanswered=True)
         except (LinkClosed, ProtocolError) as exc:
-            return Verdict(False, f"its link closed before it sent its inputs ({exc})")
+            return Verdict(False, f"its link closed before it sent its inputs ({exc})", unanswered=True)
         finally:
             for wait in waits:
                 wait.cancel()

@@ -151,6 +151,8 @@ class AuditDone(ControlMessage, tag="audit_done"):
     ok: bool
     result_sha256: Sha256 | None = None  # what the checker computed
     reason: Text | None = None
+    # The reducer never showed its inputs (not ok, but no verdict on its result).
+    unanswered: bool = False
 
 
 class SignalData(Struct, kw_only=True):

@@ -10,7 +10,7 @@ from engine.averaging.audit import part_digest, recheck, result_digest
 from engine.averaging.robust import Contribution, aggregate
 from engine.backbone.tracker import RecordStep
 from engine.project import AggregationSpec
-from engine.wire.control import Audit, AuditDone, Commitment, Committed, PartInputs, Resync
+from engine.wire.control import Audit, AuditDone, Commitment, Committed, PartInputs, Ready, Resync
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 
 # --- the checker's recomputation ------------------------------------------------------------
@@ -152,11 +152,56 @@ def test_a_checker_that_lies_is_outvoted_and_expelled():
     assert t.members.get(liar.reducer).excluded_until == 0
 
 
+def got_nothing(start, index):
+    return AuditDone(round_id=start.round_id, index=index, ok=False, unanswered=True,
+                     reason="it did not send its inputs within 3 s")
+
+
+def test_a_reducer_that_shows_no_checker_its_inputs_reduces_nothing_for_a_while_but_keeps_training():
+    t, clock = checked_tracker()
+    start, outs = run_round(t)
+    pass_all_but_the_first_part(t, start, outs)
+    first = first_audit(outs, 0)
+    clock.now += t.project.round_timeout + 0.5  # the checker waited its whole timeout: not silent
+    assert not sent(t.tick(), Audit)
+    second = first_audit(t.handle(first.checker, got_nothing(start, 0)), 0)
+    assert second.checker not in (first.checker, first.reducer)  # no verdict yet: another is asked
+    clock.now += t.project.round_timeout + 0.5
+    assert not sent(t.tick(), Audit)
+    outs = t.handle(second.checker, got_nothing(start, 0))
+    assert t.epoch == 0 and t.round is None
+    assert {to for to, _ in sent(outs, Resync)} == set(start.group)  # nobody keeps an unchecked step
+    reducer = t.members.get(first.reducer)
+    assert reducer.excluded_until == 0 and t.audits.caught == 0  # a slow link is no proof of a lie
+    assert t.members.get(first.checker).strikes == t.members.get(second.checker).strikes == 0
+    clock.now += 5  # past the pause after a failed round
+    for member in start.group:
+        t.handle(member, Ready(0, "h0"))  # back at the state each kept
+    nxt = open_round(t, {p: 30 for p in PEERS})
+    assert first.reducer in nxt.group  # it still trains...
+    assert nxt.shares[nxt.group.index(first.reducer)] == 0  # ...but its parts go to others
+    assert first.reducer in t.members.sends_only()
+    clock.now += 30
+    assert first.reducer not in t.members.sends_only()  # it may reduce again after its pause
+
+
+def test_a_checker_that_got_no_inputs_is_no_verdict_and_another_checker_decides():
+    t, _ = checked_tracker()
+    start, outs = run_round(t)
+    pass_all_but_the_first_part(t, start, outs)
+    first = first_audit(outs, 0)
+    second = first_audit(t.handle(first.checker, got_nothing(start, 0)), 0)
+    t.handle(second.checker, AuditDone(round_id=start.round_id, index=0, ok=True))
+    assert t.epoch == 1
+    assert t.members.sends_only() == set()
+    assert all(t.members.get(p).excluded_until == 0 for p in start.group)
+
+
 def test_a_silent_checker_is_struck_and_another_asked():
     t, clock = checked_tracker()
     _, outs_before = run_round(t)
     audit = first_audit(outs_before, 0)
-    clock.now += t.project.round_timeout + 1
+    clock.now += 2 * t.project.round_timeout + 1  # inputs within the timeout, its answer within another
     outs = t.tick()
     nxt = first_audit(outs, 0)
     assert nxt.checker != audit.checker

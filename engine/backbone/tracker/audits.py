@@ -13,6 +13,10 @@ only once every drawn part checks out. The verdicts:
 - two checkers find the result wrong: the reducer is expelled, and the round is discarded
   on every member (each goes back to the state it kept and takes its gradient to the next
   round, so the part is redone);
+- a checker got no inputs (the reducer's link is slow, or it withholds them): that is no
+  verdict, and another checker is asked; if UNANSWERED checkers got none, the round is
+  discarded and the reducer reduces no part for a time that doubles each time (it is not
+  expelled: an honest one may sit behind a slow link, and keeps training);
 - no decision (the reducer never committed, checkers ran out): the round is discarded,
   nobody expelled -- an unverifiable step is never kept.
 
@@ -38,6 +42,8 @@ if TYPE_CHECKING:
     from engine.backbone.tracker import Tracker
 
 log = logging.getLogger(__name__)
+# Checkers a reducer may leave without its inputs before its part counts as not shown.
+UNANSWERED = 2
 
 
 @dataclass
@@ -48,6 +54,7 @@ class PartCheck:
     audit: Audit | None = None  # as sent to the reducer and the checker asked last
     asked_until: float = 0.0
     verdicts: dict[str, bool] = field(default_factory=dict)
+    unanswered: list[str] = field(default_factory=list)  # checkers that got no inputs
     passed: bool | None = None
     why: str = ""
 
@@ -143,7 +150,9 @@ class Auditor:
         checker = self.rng.choice(candidates)
         part.asked.append(checker)
         part.audit = replace(part.audit, checker=checker)
-        part.asked_until = self.t.clock() + part.audit.timeout
+        # The checker waits up to ``timeout`` for the inputs, then recombines them and answers:
+        # it is silent only once it has had as long again.
+        part.asked_until = self.t.clock() + 2 * part.audit.timeout
         rnd.deadline = max(rnd.deadline, part.asked_until)
         log.info("%s: round %d: %s checks part %d of %s", self.t.project.id, rnd.round_id, checker,
                  part.index, part.reducer)
@@ -153,8 +162,11 @@ class Auditor:
         """A checker's verdict."""
         audit = rnd.audit
         part = next((p for p in audit.parts if p.index == msg.index), None) if audit else None
-        if part is None or part.audit is None or part.audit.checker != checker or checker in part.verdicts:
+        if (part is None or part.audit is None or part.audit.checker != checker or checker in part.verdicts
+                or checker in part.unanswered):
             return []
+        if not msg.ok and msg.unanswered:
+            return self._unanswered(rnd, part, checker, msg.reason)
         part.verdicts[checker] = msg.ok
         if not msg.ok:
             log.warning("%s: round %d: %s finds part %d of %s wrong: %s", self.t.project.id, rnd.round_id,
@@ -163,6 +175,21 @@ class Auditor:
         if part.passed is None:
             return self._ask_next(rnd, part)
         self._concluded(rnd, part)
+        return []
+
+    def _unanswered(self, rnd: OpenRound, part: PartCheck, checker: str, reason: str | None) -> list[Out]:
+        """A checker got no inputs: ask another, unless enough have got none."""
+        part.unanswered.append(checker)
+        log.warning("%s: round %d: %s got no inputs for part %d from %s: %s", self.t.project.id, rnd.round_id,
+                    checker, part.index, part.reducer, reason)
+        if len(part.unanswered) < UNANSWERED:
+            return self._ask_next(rnd, part)
+        part.passed, part.why = False, f"it did not show its inputs to {len(part.unanswered)} checkers"
+        log.warning("%s: round %d: part %d of %s %s: discarding the round", self.t.project.id, rnd.round_id,
+                    part.index, part.reducer, part.why)
+        reducer = self.t.members.get(part.reducer)
+        if reducer is not None:
+            self.t.members.reduce_nothing(reducer, "checkers could not get what it combined")
         return []
 
     def tick(self, rnd: OpenRound) -> list[Out]:

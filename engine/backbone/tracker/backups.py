@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def backup_reducer(rnd: OpenRound, client_mode: set[str]) -> str | None:
+def backup_reducer(rnd: OpenRound, sends_only: set[str]) -> str | None:
     """Who takes over a lost reducer's parts: a live voter that accepts connections and is
     still in the round (one that answered has finished it), reducing the most already (the
     LP found its links the best); None if nobody can. Not an auxiliary member: it is done
     once its own parts are, and the backbone cannot tell when that is before it reports."""
     share = rnd.weights()
-    candidates = [p for p in rnd.voters if p not in client_mode and p not in rnd.outcomes]
+    candidates = [p for p in rnd.voters if p not in sends_only and p not in rnd.outcomes]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (share[p], -rnd.group.index(p)))
@@ -48,9 +48,8 @@ class Backups:
         if peer_id in rnd.outcomes:
             return []  # it had finished: its step stands, and its results went out
         rnd.lost.add(peer_id)
-        client_mode = {p for p in rnd.group if (s := t.members.get(p)) is not None and s.client_mode}
         orphaned = [j for j, r in enumerate(rnd.reducers) if r == peer_id and rnd.share_of(j) > 0]
-        backup = backup_reducer(rnd, client_mode) if orphaned else None
+        backup = backup_reducer(rnd, t.members.sends_only()) if orphaned else None
         if orphaned and backup is None:
             # The round fails at once on every member, rather than at its deadline.
             log.warning("%s: round %d: %s left with parts to reduce, and no member can take them over",

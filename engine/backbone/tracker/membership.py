@@ -56,6 +56,10 @@ class PeerState:
     proven: bool = False
     accusers: set[str] = field(default_factory=set)  # joiners it served state that did not check out
     excluded_until: float = 0.0  # left out of rounds until then
+    # Checkers could not get what it combined (a slow link, or it withholds it): its parts
+    # cannot be checked, so until then it sends its gradient but reduces nothing.
+    sends_only_until: float = 0.0
+    unshown: int = 0  # times that happened
     # An auxiliary peer: no state, no gradient; it reduces parts of rounds. Proven once a
     # round it reduced a part of settled (until then it reduces only in trial rounds).
     auxiliary: bool = False
@@ -133,6 +137,20 @@ class Members:
             peer.excluded_until = self._clock() + pause
             log.warning("leaving %s out of rounds for %.0f s: %s (%d in a row)", peer.peer_id, pause, why,
                         peer.strikes)
+
+    def reduce_nothing(self, peer: PeerState, why: str) -> None:
+        """Its parts could not be checked: it keeps training, as a peer that cannot take
+        inbound traffic does, and reduces no part for a time that doubles each time."""
+        peer.unshown += 1
+        pause = min(EXCLUSION * 2 ** (peer.unshown - 1), MAX_EXCLUSION)
+        peer.sends_only_until = self._clock() + pause
+        log.warning("%s reduces no part for %.0f s: %s (%d times)", peer.peer_id, pause, why, peer.unshown)
+
+    def sends_only(self) -> set[str]:
+        """Peers that reduce no part now: those reachable only through a relay, and those
+        whose parts checkers could not get lately."""
+        now = self._clock()
+        return {p.peer_id for p in self.peers.values() if p.client_mode or p.sends_only_until > now}
 
     def expel(self, peer: PeerState, why: str) -> None:
         """It was caught doing harm on purpose: out of rounds for as long as anyone is."""
