@@ -54,13 +54,18 @@ class Run:
 async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
     """The collaboration trained to the epoch of its first checkpoint, and that checkpoint's loss."""
     epochs = spec.checkpoint_every
-    collab = Collaboration(root, project=spec)
+    # Equal shares with a wrong reducer: the LP may give a peer no part (its link measured
+    # slow), and one that reduces nothing cannot lie. The average is the same either way.
+    collab = Collaboration(root, project=spec, backbone_args=("--equal-shares",) if attack in LIARS else ())
     collab.start_backbone()
     try:
-        liar = await start_liar(collab) if attack == "a wrong reducer" else None
+        liar = await start_liar(collab, LIARS[attack]) if attack in LIARS else None
         honest = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(3)]
         if liar is not None:
-            await collab.until(lambda: all(map(in_sync, honest)), 120, "the honest peers in")
+            # Cue it once every honest peer has taken part in rounds: from then on it lies
+            # in rounds with three honest members, which can check it.
+            await collab.until(lambda: all(p.epoch >= CUE_EPOCH for p in honest), 120,
+                               f"every honest peer at epoch {CUE_EPOCH}")
             liar.popen.send_signal(signal.SIGUSR1)
         checkpoint = lambda: collab.has_checkpoint(epochs)  # noqa: E731
         if attack is None or liar is not None:
@@ -85,19 +90,23 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
         collab.stop()
 
 
-async def start_liar(collab: Collaboration) -> HonestPeer:
+# Wrong reducers: real peer processes whose reducer lies.
+LIARS = {"a wrong reducer": "tests.hostile.wrong_reducer", "a wrong reducer that hides its inputs":
+         "tests.hostile.hiding_reducer"}
+
+
+CUE_EPOCH = 3
+
+
+async def start_liar(collab: Collaboration, module: str) -> HonestPeer:
     """The wrong reducer, in the collaboration from its first round whatever the machine's
-    load: it comes first, at 1% of a CPU until the honest peers are in too (so it cannot step
-    alone meanwhile), then computes at full speed."""
+    load: it comes first, honest and at 1% of a CPU (so it cannot step alone), and computes
+    at full speed and lies from the test's cue on."""
     liar = collab.start_peer("liar", "--data-seed", "3", "--cpu-percent", "1",
-                             command=[sys.executable, "-m", "tests.hostile.wrong_reducer"])
+                             command=[sys.executable, "-m", module])
     await collab.until(lambda: "in sync at epoch 0" in liar.log.read_text(errors="replace"), 120,
                        "the liar in the collaboration")
     return liar
-
-
-def in_sync(peer: HonestPeer) -> bool:
-    return "in sync at epoch" in peer.log.read_text(errors="replace")
 
 
 POISONS = {"NaN parts": nan, "parts x(-1e4)": flipped, "noise 100x an honest gradient's length": noise(100.0),
@@ -136,4 +145,26 @@ async def test_under_mean_a_wrong_reducer_is_caught_as_often_as_the_checks_predi
     assert len(caught) == 1 and len(lies) <= CAUGHT_WITHIN
     assert lies[-1] in discarded  # its last lie was the one caught: expelled, it reduced no more
     assert not discarded & kept, "an honest peer kept the step of a round found wrong"
+    assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
+
+
+async def test_under_mean_a_reducer_that_hides_its_inputs_has_no_checked_round_kept_and_reduces_no_more(
+        tmp_path, baseline, report_figure):
+    attacked = await run(tmp_path, project("mean"), "a wrong reducer that hides its inputs")
+    collab = attacked.collab
+    lies = attacked.lies
+    backbone = collab.backbone.log.read_text(errors="replace").splitlines()
+    unshown = {int(line.split("round ")[1].split(":")[0]) for line in backbone
+               if "did not show its inputs" in line and "discarding the round" in line}
+    demoted = [line for line in backbone if "reduces no part for" in line]
+    expelled = [line for line in backbone if "expelling it" in line]
+    kept = {e["round_id"] for p in collab.peers if p.name != "liar" for e in p.epochs}
+    report_figure(f"a wrong reducer that hides its inputs, mean, checks at p={PROBABILITY}: lied in "
+                  f"{len(lies)} rounds, {len(unshown)} discarded unchecked, reduced nothing {len(demoted)} "
+                  f"time(s), expelled {len(expelled)} time(s), {len(set(lies) & kept)} unchecked wrong steps "
+                  f"kept; held-out loss {attacked.loss:.4f} ({attacked.loss / baseline - 1:+.1%})")
+    assert unshown and demoted
+    assert len(lies) <= CAUGHT_WITHIN * len(demoted)  # each pause came within that many lies
+    assert not unshown & kept, "an honest peer kept the step of a round nobody could check"
+    assert not expelled  # not showing is no proof of a lie: it keeps training
     assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)

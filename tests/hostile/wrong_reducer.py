@@ -4,9 +4,10 @@ member and applies it itself, so every hash agrees; it even commits to it, as ch
 asks. Started like ``cotrain peer`` (``python -m tests.hostile.wrong_reducer peer ...``);
 it logs "lied in round N" each time.
 
-Started with a small ``--cpu-percent``, it computes at full speed from the test's SIGUSR1
-on: a test can have it in the collaboration before the honest peers come, whatever the
-machine's load, without it stepping alone meanwhile."""
+Until the test's SIGUSR1 it reduces honestly; started with a small ``--cpu-percent``, it
+computes at full speed from that cue on as well. So a test can have it in the collaboration
+before the honest peers come, whatever the machine's load, without it stepping alone, and
+have it lie only in rounds where honest peers can check it."""
 
 import logging
 import signal
@@ -20,12 +21,14 @@ log = logging.getLogger("wrong_reducer")
 honest_combine = allreduce._Round._combine
 honest_gate = ComputeGate.__init__
 gates: list[ComputeGate] = []
+cued = False  # lying, from the test's SIGUSR1 on
 
 
 def wrong_combine(self, contributions):
     combined, inputs = honest_combine(self, contributions)
-    combined.values.mul_(-3.0)  # what it sends, keeps for a checker and commits to
-    log.warning("lied in round %d", self.plan.round_id)
+    if cued:
+        combined.values.mul_(-3.0)  # what it sends, keeps for a checker and commits to
+        log.warning("lied in round %d", self.plan.round_id)
     return combined, inputs
 
 
@@ -34,10 +37,12 @@ def kept_gate(self, *args, **kwargs) -> None:
     gates.append(self)
 
 
-def full_speed(signum, frame) -> None:
+def cue(signum, frame) -> None:
+    global cued
+    cued = True
     for gate in gates:
         gate.set_cpu_percent(100)
-    log.warning("computing at full speed")
+    log.warning("computing at full speed, and lying")
 
 
 def lied(log_text: str) -> list[int]:
@@ -45,8 +50,12 @@ def lied(log_text: str) -> list[int]:
     return [int(line.rsplit(" ", 1)[1]) for line in log_text.splitlines() if "lied in round " in line]
 
 
-if __name__ == "__main__":
+def install() -> None:
     allreduce._Round._combine = wrong_combine
     ComputeGate.__init__ = kept_gate
-    signal.signal(signal.SIGUSR1, full_speed)
+    signal.signal(signal.SIGUSR1, cue)
+
+
+if __name__ == "__main__":
+    install()
     sys.exit(cli.main())
