@@ -185,11 +185,11 @@ class Scheduler:
         if not voters or sum(p.samples for p in voters) < target:
             return None
         optional = {p.peer_id for p in members} - proven
-        helpers = self._auxiliaries(trainers, now)
+        sends_only = self.members.sends_only()
+        helpers = self._auxiliaries(trainers, now, sends_only)
         auxiliary = {p.peer_id for p in helpers}
         group = sorted([*trainers, *auxiliary])
-        balanced = shares([*members, *helpers], group, optional, self.equal_shares, auxiliary,
-                          self.members.sends_only())
+        balanced = shares([*members, *helpers], group, optional, self.equal_shares, auxiliary, sends_only)
         idle = {p for p, share in zip(group, balanced.shares, strict=True) if p in auxiliary and share == 0}
         if idle:  # the LP found their links no help: they sit this round out
             kept = [(p, s) for p, s in zip(group, balanced.shares, strict=True) if p not in idle]
@@ -230,12 +230,11 @@ class Scheduler:
         backoff = 2 ** min(self._failed_trials, MAX_TRIAL_BACKOFF)
         self._next_trial = now + (TRIAL_SPACING - 1) * took * backoff
 
-    def _auxiliaries(self, trainers: list[str], now: float) -> list[PeerState]:
+    def _auxiliaries(self, trainers: list[str], now: float, sends_only: set[str]) -> list[PeerState]:
         """The auxiliary peers that join a round of ``trainers``: those that reach them all
         and accept connections; of those not proven yet, one, if a trial is due."""
         chosen = []
         trial_due = now >= self._next_trial
-        sends_only = self.members.sends_only()
         for peer in self.members.auxiliaries():
             reaches = all(self.pairs.reachable(peer.peer_id, t, now) for t in trainers)
             if peer.peer_id in sends_only or not reaches:
@@ -253,15 +252,15 @@ def shares(members: list[PeerState], group: list[str], optional: set[str], equal
            sends_only: set[str] | frozenset[str] = frozenset()) -> Balance:
     """Each member's share of the vector, by DeDLOC's LP over the links the members report.
     Auxiliary members bring no gradient: they only reduce.
-    Client-mode peers reduce nothing (unless all voters are), nor do members on probation;
-    nor do those in ``sends_only`` (whose parts checkers could not get lately).
+    Peers in ``sends_only`` (Members.sends_only: client mode, or parts checkers could not
+    get lately) reduce nothing (unless all voters are), nor do members on probation.
     A member that has not measured its link counts as the median of those that have (all
     equal: equal shares); a claim beyond MAX_CLAIM_RATIO times that median (or below its
     inverse) counts as that much: in a group of more than MAX_CLAIM_RATIO + 1 a stranger
     cannot make itself the only reducer by saying it is fast.
     ``equal``: every reducer the same share, as before DeDLOC's LP (to compare)."""
     by_id = {p.peer_id: p for p in members}
-    client = {p.peer_id for p in members if p.client_mode} | (set(sends_only) & set(group)) | optional
+    client = {p for p in group if p in sends_only} | optional
     if client >= set(group) - optional:
         client = optional
     reported = [rate for p in members for rate in (p.upload, p.download) if rate]
