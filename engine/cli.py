@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
                     help="a reverse proxy in front of the backbone: its X-Forwarded-For names the "
                          "client (repeat for several; without it, the header is ignored)")
+    bb.add_argument("--ipv6-prefix", type=_ipv6_prefix, default=64, metavar="BITS",
+                    help="per-address limits count an IPv6 client by its network of this many bits "
+                         "(default: 64, what one host is usually given; IPv4 counts by address)")
     _add_logging(bb)
 
     peer = sub.add_parser("peer", help="join a collaboration and train")
@@ -213,7 +216,15 @@ def _run(coro) -> int:
     return aio.run(wrapper())
 
 
+def _ipv6_prefix(text: str) -> int:
+    bits = int(text)
+    if not 0 <= bits <= 128:
+        raise argparse.ArgumentTypeError(f"an IPv6 prefix is 0 to 128 bits, not {bits}")
+    return bits
+
+
 async def _backbone(args: argparse.Namespace) -> int:
+    from engine.backbone.addresses import plain_address
     from engine.backbone.ice import IceConfig, read_turn_secret
     from engine.backbone.server import BackboneConfig, serve
 
@@ -221,14 +232,14 @@ async def _backbone(args: argparse.Namespace) -> int:
         ice = IceConfig(stun_urls=args.stun, turn_urls=args.turn, turn_ttl=args.turn_ttl,
                         relay_only=args.relay_only, turn_secret=read_turn_secret(args.turn_secret_file))
         ice.validate()
-        proxies = frozenset(str(ipaddress.ip_address(a)) for a in args.trusted_proxy)
+        proxies = frozenset(plain_address(str(ipaddress.ip_address(a))) for a in args.trusted_proxy)
     except (OSError, ValueError) as exc:
         print(f"cotrain backbone: {exc}", file=sys.stderr)
         return 2
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone",
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,
                             ice=ice, advertise=args.advertise, trusted_proxies=proxies,
-                            equal_shares=args.equal_shares)
+                            equal_shares=args.equal_shares, ipv6_prefix=args.ipv6_prefix)
     if args.catalog:
         config.catalog = args.catalog
     try:

@@ -134,7 +134,10 @@ class LeaderboardPage(QWidget):
         me = self.my_username
         self.table.setRowCount(len(self.entries))
         for row, entry in enumerate(self.entries):
-            cells = (str(entry.rank), entry.username, count(entry.samples),
+            samples = count(entry.samples)
+            if entry.withdrawn:  # taken back: a peer of the user was caught returning wrong results
+                samples += f" ({count(entry.withdrawn)} withdrawn)"
+            cells = (str(entry.rank), entry.username, samples,
                      size(entry.aggregated_bytes) if entry.aggregated_bytes else "",
                      f"{100 * entry.share:.1f} %", duration(entry.compute_seconds),
                      "yes" if entry.online else "")

@@ -32,14 +32,15 @@ import torch
 from engine.averaging import compression
 from engine.averaging.audit import part_digest, result_digest
 from engine.averaging.partition import part_bounds
-from engine.averaging.robust import Aggregate, Contribution, aggregate
+from engine.averaging.robust import Aggregate, Contribution, aggregate, typical_loss
 from engine.project import AggregationSpec, CompressionMethod
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
-from engine.wire.control import Commitment, Committed, PartInputs
-from engine.wire.frames import Part, Result
+from engine.wire.control import Commitment, Committed, PartInputs, RoundStart
+from engine.wire.frames import Part, Result, Shown
 from engine.wire.framing import Frame
+from engine.wire.types import total_count
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,16 @@ class RoundPlan:
     changes: RoundChanges = field(default_factory=RoundChanges)
     auxiliary: frozenset[str] = frozenset()  # members that reduce and bring no gradient
     pieces: int = 1  # parts per member's share: part j is member j // pieces's
+    caps: dict[str, int] = field(default_factory=dict)  # the most samples a member's part counts for
+
+    @classmethod
+    def of(cls, start: RoundStart, me: str, aggregation: AggregationSpec, target_batch_size: int,
+           compression: CompressionMethod, changes: RoundChanges | None = None) -> RoundPlan:
+        """The round the backbone opened, as ``me`` takes part in it."""
+        return cls(start.round_id, start.epoch, start.group, start.shares, me, frozenset(start.optional),
+                   aggregation, target_batch_size, compression, changes or RoundChanges(),
+                   frozenset(start.auxiliary), start.pieces,
+                   dict(zip(start.group, start.caps, strict=True)) if start.caps else {})
 
     @property
     def my_index(self) -> int:
@@ -225,6 +236,7 @@ class _Round:
     result_sends: list[asyncio.Future] = field(default_factory=list)
     last_result: dict[str, asyncio.Future] = field(default_factory=dict)  # per peer, the latest
     sent: dict[int, str] = field(default_factory=dict)  # part index -> hash of ours (if verified)
+    shown: dict[int, str] = field(default_factory=dict)  # part index -> its reducer's own, as shown us
     applied: dict[int, str] = field(default_factory=dict)  # part index -> hash of its result
     reduced: list[Reduced] = field(default_factory=list)  # what I reduced (if verified)
     mine: list[Result] = field(default_factory=list)  # my results, one per part I reduced
@@ -350,7 +362,8 @@ class _Round:
         return Commitment(sent=[self.sent.get(j) for j in parts] if self.sends else [],
                           results=[self.applied.get(j) for j in parts] if self.sends else [],
                           reduced=[PartInputs(index=r.index, inputs=[c for c, _ in r.inputs])
-                                   for r in sorted(self.reduced, key=lambda r: r.index)])
+                                   for r in sorted(self.reduced, key=lambda r: r.index)],
+                          shown=[self.shown.get(j) for j in parts] if self.sends else [])
 
     async def connect(self) -> None:
         self.missing_links = set(self.required)
@@ -427,11 +440,32 @@ class _Round:
                 # Committed as the reducer will take it: decoded.
                 self.sent[j] = await asyncio.to_thread(
                     part_digest, self.samples, self._decode(payload, hi - lo) if payload else None)
+                # Nothing goes to a checked reducer before it has fixed its own part.
+                self.shown[j] = await self._shown(j, link.peer_id)
             if j % self.plan.pieces:
                 await self.turns[j - 1].wait()  # the reducer's previous piece is on its way
             await link.send(header, payload)
         finally:
             self.turns[j].set()
+
+    async def _shown(self, j: int, reducer: str) -> str:
+        """The hash of its own part ``j`` that its reducer committed to."""
+        frame = await self.mesh.mailbox.get(round_key("shown", self.plan.round_id, j, reducer), timeout=1e9)
+        shown = frame.header
+        if not isinstance(shown, Shown) or shown.epoch != self.plan.epoch or shown.index != j:
+            raise Misbehaved(reducer, f"{reducer} showed its part {j} for another round")
+        return shown.sha256
+
+    async def _show_own(self, j: int) -> None:
+        """As part ``j``'s reducer, in a checked project: commit to our own part to every
+        sender before taking theirs (we cannot pick it once we know what they sent)."""
+        lo, hi = self.bounds[j]
+        own = self.flat[lo:hi] if self.flat is not None and self.samples > 0 else None
+        digest = await asyncio.to_thread(part_digest, self.samples if own is not None else 0, own)
+        header = Shown(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, sha256=digest)
+        for peer in self.plan.senders:
+            if peer != self.plan.me and peer not in self.lost:
+                self.result_sends.append(self.mesh.spawn(self._send_to(peer, header, b"")))
 
     def _decode(self, payload: bytes | memoryview, n: int) -> torch.Tensor | memoryview | bytes:
         method = self.plan.compression
@@ -484,6 +518,8 @@ class _Round:
     async def reduce(self, j: int) -> Result:
         """Add the senders' parts ``j`` in group order (so every reducer handed the same
         inputs gets the same bits), divide by their samples, send the result to everyone."""
+        if self.plan.verified:
+            await self._show_own(j)
         parts = await self.gather_parts(j)
         lo, hi = self.bounds[j]
         if self.flat is not None:
@@ -499,6 +535,10 @@ class _Round:
             raise AveragingError(f"round {self.plan.round_id}: no part to reduce ({exc})") from None
         for sender, why in combined.rejected.items():
             log.warning("round %d: leaving out the part of %s: %s", self.plan.round_id, sender, why)
+        for c in contributions:
+            if combined.weights.get(c.sender, c.samples) < c.samples:
+                log.info("round %d: counting %d of the %d samples %s claims (its cap)", self.plan.round_id,
+                         combined.weights[c.sender], c.samples, c.sender)
         reduced = combined.values
         payload: bytes | memoryview = reduced.numpy().data
         if self.plan.compression != "none":
@@ -514,13 +554,12 @@ class _Round:
         if self.sends:
             self.averaged[lo:hi] = reduced
         weights = combined.weights
-        total = sum(weights.values())
-        loss = sum(parts[p][2] * w / parts[p][1] for p, w in weights.items()) / total
+        loss = typical_loss({p: parts[p][2] / parts[p][1] for p in weights})
         # A part with no samples (a slow device that finished no micro-batch) was still
         # delivered: the backbone must see its sender took part, or it strikes it.
         received = {p: 0 for p, (values, _, _) in parts.items() if values is None} | weights
-        result = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=total,
-                        loss=loss, received=received)
+        result = Result(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j,
+                        samples=total_count(weights.values()), loss=loss, received=received)
         self.mine.append(result)
         for peer in self.plan.senders:
             if peer != self.plan.me and peer not in self.lost:
@@ -533,7 +572,8 @@ class _Round:
 
     def _combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
         """Aggregate; in a verified project, also hash what went in."""
-        combined = aggregate(contributions, self.plan.aggregation, self.plan.target_batch_size)
+        plan = self.plan
+        combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps)
         inputs = [(_committed(c), c.values) for c in contributions] if self.plan.verified else []
         return combined, inputs
 
@@ -553,18 +593,23 @@ class _Round:
 
     async def _send_result(self, peer: str, result: Result, payload: bytes | memoryview,
                            after: asyncio.Future | None) -> None:
-        """Our result for ``peer``, once the one before it (``after``) is sent, within the
-        round's time (an optional member's link may still be opening)."""
+        """Our result for ``peer``, once the one before it (``after``) is sent."""
         if after is not None:
             await asyncio.wait({after})
+        await self._send_to(peer, result, payload)
+
+    async def _send_to(self, peer: str, header: Result | Shown, payload: bytes | memoryview) -> None:
+        """A frame for ``peer`` within the round's time (an optional member's link may still
+        be opening); one that cannot go is logged, and costs the round nothing here."""
         remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
         try:
             link = self.links.get(peer)
             if link is None:
                 link = await asyncio.wait_for(self.mesh.link(peer), max(remaining, 0.0))
-            await asyncio.wait_for(link.send(result, payload), max(remaining, 1.0))
+            await asyncio.wait_for(link.send(header, payload), max(remaining, 1.0))
         except (asyncio.TimeoutError, LinkClosed, ProtocolError) as exc:
-            log.info("round %d: no result for %s (%s)", self.plan.round_id, peer, exc or "timeout")
+            log.info("round %d: no %s for %s (%s)", self.plan.round_id, header.__struct_config__.tag, peer,
+                     exc or "timeout")
 
     async def receive_result(self, j: int, peer: str) -> Result:
         frame = await self.mesh.mailbox.get(round_key("result", self.plan.round_id, j, peer), timeout=1e9)
@@ -588,7 +633,7 @@ class _Round:
         if not results:
             raise AveragingError("nobody reduced anything")
         senders = {s for r in results for s in r.received}
-        samples = sum(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
+        samples = total_count(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
         losses = [r.loss for r in results if r.loss is not None]
         return Averaged(self.averaged, samples, statistics.median_low(losses) if losses else None,
                         _seen_in_all(self.mine), self._commitment(), self.reduced)

@@ -17,6 +17,7 @@ compresses results, the result may also be off by as much as the compression may
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +54,9 @@ class Verdict:
 
 def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, result_sha256: str,
             spec: AggregationSpec, target_batch_size: int,
-            compression: CompressionMethod = "none") -> Verdict:
-    """Whether ``result`` is what the committed ``inputs`` combine to under ``spec``."""
+            compression: CompressionMethod = "none", caps: Mapping[str, int] | None = None) -> Verdict:
+    """Whether ``result`` is what the committed ``inputs`` combine to under ``spec``, each
+    input's samples counted up to its cap for the round."""
     if result_digest(result) != result_sha256:
         return Verdict(False, "the result it sent is not the one the members applied")
     for committed, values in inputs:
@@ -65,7 +67,7 @@ def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, 
             return Verdict(False, f"the part of {committed.sender} is not the one it committed to")
     contributions = [Contribution(c.sender, values, c.samples) for c, values in inputs]
     try:
-        mine = aggregate(contributions, spec, target_batch_size).values
+        mine = aggregate(contributions, spec, target_batch_size, caps).values
     except ValueError:
         return Verdict(False, "its inputs combine to nothing, yet it sent a result")
     digest = result_digest(mine)

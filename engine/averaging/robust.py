@@ -5,8 +5,11 @@ A reducer holds, for its part of the vector, one contribution per sender: a grad
 claim only weighs, it is not trusted, and values are checked before they count:
 
 - values must be finite, or the sender is left out;
-- a claimed sample count weighs at most ``max_samples`` (a share of the target batch): a
-  peer claiming 10^12 samples cannot divide everyone else's gradient away;
+- a claimed sample count weighs at most the sender's cap -- what the backbone saw it
+  compute for this round (``RoundStart.caps``) -- and the project's share of the target
+  batch, if it sets one; a claim of more than OVER_CAP times its cap is a lie, and the part
+  is left out (a part claiming 10^12 samples, with values scaled to match, looks like an
+  honest gradient per sample, and must not come in at all);
 - a sender whose per-sample gradient is longer, or shorter, than ``max_norm_ratio`` times
   the median of the round's (the reducer's own among them), allowing for the noise its
   sample count leaves, is left out.
@@ -22,14 +25,18 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.project import AggregationSpec
+from engine.wire.types import MAX_COUNT
 
 BLOCK = 1 << 14  # below torch's grain size: each block's sum runs on one thread
+# A claim this far past the backbone's cap is no honest peer's: the cap already allows
+# for jitter and a micro-batch or two.
+OVER_CAP = 4
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,18 @@ def norm(values: torch.Tensor) -> float:
     return math.sqrt(math.fsum(squares))
 
 
-def screen(contributions: Sequence[Contribution], max_samples: int, max_norm_ratio: float) -> Screened:
-    """Check each contribution; weigh what passes by its capped sample count."""
+def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_samples: int,
+           max_norm_ratio: float) -> Screened:
+    """Check each contribution; weigh what passes by its claimed sample count, capped."""
     out = Screened()
     candidates: list[tuple[Contribution, float]] = []  # with its per-sample gradient's length
     for c in contributions:
+        cap = caps.get(c.sender)
         if c.samples <= 0:
             out.rejected[c.sender] = "no samples"
+            continue
+        if cap is not None and c.samples > OVER_CAP * cap:
+            out.rejected[c.sender] = f"a claim of {c.samples} samples, more than {OVER_CAP}x its cap of {cap}"
             continue
         length = norm(c.values)  # NaN or inf if any value is
         if not math.isfinite(length):
@@ -92,7 +104,7 @@ def screen(contributions: Sequence[Contribution], max_samples: int, max_norm_rat
             out.senders.append(c.sender)
             out.sums.append(c.values)
             out.scales.append(1.0 / c.samples)
-            out.weights.append(min(c.samples, max_samples))
+            out.weights.append(min(c.samples, caps.get(c.sender, c.samples), max_samples))
     return out
 
 
@@ -136,14 +148,23 @@ class Aggregate:
     rejected: dict[str, str]
 
 
-def aggregate(contributions: Sequence[Contribution], spec: AggregationSpec,
-              target_batch_size: int) -> Aggregate:
-    """Check the contributions and combine what passed; ValueError if nothing did."""
+def aggregate(contributions: Sequence[Contribution], spec: AggregationSpec, target_batch_size: int,
+              caps: Mapping[str, int] | None = None) -> Aggregate:
+    """Check the contributions and combine what passed; ValueError if nothing did.
+    ``caps``: the most samples each sender's part weighs (RoundStart.caps); none given, a
+    claim weighs in full (up to the project's share, if it sets one)."""
     share = spec.max_sample_share
-    max_samples = max(int(share * target_batch_size), 1) if share is not None else 2**62
-    screened = screen(contributions, max_samples, spec.max_norm_ratio)
+    max_samples = max(int(share * target_batch_size), 1) if share is not None else MAX_COUNT
+    screened = screen(contributions, caps or {}, max_samples, spec.max_norm_ratio)
     if spec.method == "centered_clip" and len(screened.sums) > 1:
         values = centered_clip(screened, spec.clip_radius, spec.clip_iterations)
     else:
         values = weighted_mean(screened)
     return Aggregate(values, dict(zip(screened.senders, screened.weights, strict=True)), screened.rejected)
+
+
+def typical_loss(losses: Mapping[str, float]) -> float | None:
+    """The loss a part's senders report, as one number for the learning curve: the median
+    of their per-sample losses (the lower of the two middle ones), so that a minority
+    cannot put a number on the curve that no honest sender reported."""
+    return statistics.median_low(losses[s] for s in sorted(losses)) if losses else None

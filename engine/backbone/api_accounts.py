@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
 from aiohttp import web
 
-from engine.backbone.accounts import hash_password, new_token, password_matches, token_digest
+from engine.backbone.accounts import (
+    PASSWORD_HASH,
+    Scrypt,
+    hash_password,
+    new_token,
+    password_matches,
+    token_digest,
+)
 from engine.backbone.http import (
     backbone_of,
     bearer_token,
-    client_address,
+    client_group,
     json_reply,
     read_json,
     required_user,
 )
-from engine.backbone.store import UsernameTaken
+from engine.backbone.store import Secret, User, UsernameTaken
 from engine.wire.api import (
     LoginReply,
     LoginRequest,
@@ -32,7 +38,8 @@ from engine.wire.codec import Codec
 
 log = logging.getLogger(__name__)
 TIMELINE_DAYS = 7
-_DUMMY_SALT, _DUMMY_HASH = b"\0" * 16, b"\0" * 32
+# An unknown username costs the same hash as a known one: its answer's time names nothing.
+_NOBODY = Secret(User(0, ""), b"\0" * 16, b"\0" * 32, PASSWORD_HASH.text)
 _registration: Codec[RegisterRequest] = Codec(RegisterRequest, "registration", 64 * 1024)
 _login: Codec[LoginRequest] = Codec(LoginRequest, "login", 64 * 1024)
 
@@ -40,15 +47,15 @@ _login: Codec[LoginRequest] = Codec(LoginRequest, "login", 64 * 1024)
 async def register(request: web.Request) -> web.Response:
     body = await read_json(request, _registration)
     backbone = backbone_of(request)
-    address = client_address(request)
-    if not backbone.throttle.registrations.take(address):
-        wait = backbone.throttle.registrations.wait(address)
+    group = client_group(request)
+    if not backbone.throttle.registrations.take(group):
+        wait = backbone.throttle.registrations.wait(group)
         raise web.HTTPTooManyRequests(
             text=f"too many accounts made from your address; try again in {wait / 60:.0f} minutes",
             headers={"Retry-After": str(int(wait) + 1)})
-    salt, digest = await asyncio.to_thread(hash_password, body.password)
+    salt, digest = await backbone.password_work.run(group, hash_password, body.password)
     try:
-        user = backbone.store.create_user(body.username, salt, digest)
+        user = backbone.store.create_user(body.username, salt, digest, PASSWORD_HASH.text)
     except UsernameTaken:
         raise web.HTTPConflict(text=f"the username {body.username!r} is taken") from None
     token, stored = new_token()
@@ -60,28 +67,38 @@ async def register(request: web.Request) -> web.Response:
 async def login(request: web.Request) -> web.Response:
     body = await read_json(request, _login)
     backbone = backbone_of(request)
-    address = client_address(request)
-    # Failures count per account *and address*: an attacker elsewhere cannot lock the
-    # owner out; and per address, across accounts. Both before the slow hash is checked
-    # (then a success is taken back).
-    key = f"{body.username.lower()}\0{address}"
-    wait = max(backbone.logins_by_address.retry_after(address), backbone.logins_by_account.retry_after(key))
-    if wait == 0:
-        backbone.logins_by_address.attempt(address)
-        backbone.logins_by_account.attempt(key)
-    else:
-        raise web.HTTPTooManyRequests(text=f"too many failed logins; try again in {wait:.0f} seconds",
-                                      headers={"Retry-After": str(int(wait) + 1)})
+    group, account = client_group(request), body.username.lower()
+    # Counted before the slow hash (logins.py): every log-in per address group, failures per
+    # account and group; successes per account.
+    wait = backbone.logins.begin(account, group)
+    if wait:
+        raise _too_many_logins(wait)
     found = backbone.store.user_secret(body.username)
-    salt, digest = (found[1], found[2]) if found else (_DUMMY_SALT, _DUMMY_HASH)
-    ok = await asyncio.to_thread(password_matches, body.password, salt, digest)
+    secret = found or _NOBODY
+    params = Scrypt.parse(secret.kdf)
+    ok = await backbone.password_work.run(group, password_matches, body.password, secret.salt,
+                                          secret.password_hash, params)
+    if params != PASSWORD_HASH:
+        # Hashed with older parameters: hashed anew now that the password is known -- and
+        # anew when it is wrong, too, so that an old account answers no sooner than others.
+        salt, digest = await backbone.password_work.run(group, hash_password, body.password)
+        if ok and found is not None:
+            backbone.store.set_password(found.user.id, salt, digest, PASSWORD_HASH.text)
+            log.info("password of %s hashed anew with %s (was %s)", found.user.username,
+                     PASSWORD_HASH.text, found.kdf)
     if not ok or found is None:
         raise web.HTTPUnauthorized(text="wrong username or password")
-    backbone.logins_by_account.succeeded(key)
-    backbone.logins_by_address.uncount(address)  # many users behind one NAT log in fine
+    wait = backbone.logins.succeeded(account, group)
+    if wait:
+        raise _too_many_logins(wait)
     token, stored = new_token()
-    backbone.store.add_token(found[0], stored, _client(request))
-    return json_reply(LoginReply(found[0].username, token))
+    backbone.store.add_token(found.user, stored, _client(request))
+    return json_reply(LoginReply(found.user.username, token))
+
+
+def _too_many_logins(wait: float) -> web.HTTPTooManyRequests:
+    return web.HTTPTooManyRequests(text=f"too many log-ins; try again in {wait:.0f} seconds",
+                                   headers={"Retry-After": str(int(wait) + 1)})
 
 
 async def logout(request: web.Request) -> web.Response:

@@ -1,4 +1,6 @@
-"""Checkpoints: listed for anyone, downloaded by peers, uploaded only when requested."""
+"""Checkpoints: listed for anyone, downloaded by connected peers a few times a minute (per
+peer and per address group: a checkpoint may be a gigabyte, and peer ids are cheap where
+connections are not), uploaded only when requested."""
 
 from __future__ import annotations
 
@@ -7,7 +9,14 @@ import re
 from aiohttp import web
 
 from engine.backbone.checkpoints import CheckpointRejected
-from engine.backbone.http import authenticate_peer, backbone_of, json_reply, project_of
+from engine.backbone.http import (
+    authenticate_peer,
+    backbone_of,
+    client_group,
+    json_error,
+    json_reply,
+    project_of,
+)
 from engine.backbone.store import checkpoint_url
 from engine.wire.api import CONTENT_SHA256_HEADER, PEER_ID_HEADER, STATE_SHA256_HEADER, CheckpointList
 from engine.wire.control import CheckpointInfo
@@ -31,8 +40,15 @@ async def list_checkpoints(request: web.Request) -> web.Response:
 async def get_checkpoint(request: web.Request) -> web.StreamResponse:
     spec = project_of(request)
     backbone = backbone_of(request)
-    authenticate_peer(request, spec, request.headers.get(PEER_ID_HEADER, ""))
+    peer_id = request.headers.get(PEER_ID_HEADER, "")
+    authenticate_peer(request, spec, peer_id)
     epoch = _epoch(request)
+    if peer_id not in backbone.sessions:
+        return json_error(409, "download checkpoints while connected to the project")
+    wait = backbone.throttle.checkpoint_download(peer_id, client_group(request))
+    if wait:
+        return json_error(429, f"too many checkpoint downloads; try again in {wait:.0f} s",
+                          {"Retry-After": str(int(wait) + 1)})
     for info in backbone.store.checkpoints(spec.id):
         if info.epoch == epoch:
             return web.FileResponse(backbone.files.path(spec.id, epoch),
@@ -67,5 +83,5 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     except CheckpointRejected as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
     info = CheckpointInfo(epoch, digest, state_sha, size, checkpoint_url(spec.id, epoch))
-    backbone.checkpoint_stored(spec.id, peer_id, info)
+    await backbone.checkpoint_stored(spec.id, peer_id, info)
     return json_reply(info, status=201)

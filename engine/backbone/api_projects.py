@@ -13,7 +13,7 @@ from engine.backbone.accounts import token_digest
 from engine.backbone.http import (
     authenticate_peer,
     backbone_of,
-    client_address,
+    client_group,
     json_reply,
     optional_user,
     project_of,
@@ -22,6 +22,7 @@ from engine.backbone.http import (
 from engine.backbone.ice import ice_servers_for
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store import User
+from engine.backbone.tracker import Identity
 from engine.project import ProjectSpec
 from engine.wire import WIRE_VERSION, ProtocolError
 from engine.wire.api import (
@@ -35,7 +36,7 @@ from engine.wire.api import (
 )
 from engine.wire.codec import Codec, encode_text
 from engine.wire.control import MAX_CONTROL_MESSAGE, Ping, Pong, Signal, from_peer, version_mismatch
-from engine.wire.types import IcePolicy, PeerRole
+from engine.wire.types import IcePolicy, PeerRole, total_count
 
 log = logging.getLogger(__name__)
 _join: Codec[JoinRequest] = Codec(JoinRequest, "join request", 64 * 1024)
@@ -71,7 +72,7 @@ async def join(request: web.Request) -> web.Response:
     if body.wire != WIRE_VERSION:
         raise web.HTTPBadRequest(text=version_mismatch(peer=body.wire, backbone=WIRE_VERSION))
     backbone = backbone_of(request)
-    throttle, address = backbone.throttle, client_address(request)
+    throttle, address = backbone.throttle, client_group(request)
     refused = throttle.refused.retry_after(address)
     if refused:
         raise _too_many(refused, "peers from your address flooded this backbone")
@@ -105,7 +106,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
         raise web.HTTPUnauthorized(text="this peer belongs to another account")
     if peer_id in backbone.sessions:
         raise web.HTTPConflict(text="this peer is already connected")
-    throttle, address = backbone.throttle, client_address(request)
+    throttle, address = backbone.throttle, client_group(request)
     refused = max(throttle.refused.retry_after(peer_id), throttle.refused.retry_after(address))
     if refused:
         raise _too_many(refused, "this peer sent more than the backbone accepts")
@@ -127,7 +128,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     backbone.sessions[peer_id] = session
     backbone.store.peer_connected(peer_id)
     backbone.send_ice_servers(session)  # the join reply's may have expired (a reconnect)
-    backbone.execute(spec.id, tracker.join(peer_id, name, known.role))
+    backbone.execute(spec.id, tracker.join(peer_id, name, known.role, Identity(owner, address)))
     try:
         async for raw in ws:
             if raw.type == WSMsgType.TEXT:
@@ -238,14 +239,16 @@ async def leaderboard(request: web.Request) -> web.Response:
     online = backbone.online_users(spec.id)
     counted, total = (5, bytes_total) if by is Ranking.AGGREGATED else (2, samples_total)
     entries = [
-        LeaderboardEntry(rank=offset + i + 1, username=row[0], samples=row[2],
-                         share=min(round(row[counted] / total, 6), 1.0) if total else 0.0,
-                         compute_seconds=round(row[3], 1), last_seen=_iso(row[4]),
-                         online=row[1] in online, aggregated_bytes=row[5])
+        LeaderboardEntry(rank=offset + i + 1, username=row[0], samples=total_count([row[2]]),
+                         share=min(round(row[counted] / total, 6), 1.0) if total > 0 else 0.0,
+                         compute_seconds=round(max(row[3], 0.0), 1), last_seen=_iso(row[4]),
+                         online=row[1] in online, aggregated_bytes=total_count([row[5]]),
+                         withdrawn=total_count([row[6]]))
         for i, row in enumerate(rows)
     ]
-    return json_reply(Leaderboard(project=spec.id, total_samples=samples_total, limit=limit, offset=offset,
-                                  entries=entries, total_aggregated_bytes=bytes_total, by=by))
+    return json_reply(Leaderboard(project=spec.id, total_samples=total_count([samples_total]), limit=limit,
+                                  offset=offset, entries=entries,
+                                  total_aggregated_bytes=total_count([bytes_total]), by=by))
 
 
 def _iso(timestamp: float) -> str | None:

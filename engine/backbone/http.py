@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from engine.backbone.accounts import token_digest
+from engine.backbone.addresses import address_group, plain_address
 from engine.backbone.store import KnownPeer, User
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 BACKBONE: web.AppKey[Backbone] = web.AppKey("backbone")
 T = TypeVar("T")
+BODY_TIMEOUT = 10.0  # seconds for a JSON body: one sent a byte at a time holds a connection no longer
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -69,7 +72,11 @@ async def read_json(request: web.Request, codec: Codec[T]) -> T:
         text=f"request body larger than {MAX_JSON_BODY} bytes")
     if request.content_length is not None and request.content_length > MAX_JSON_BODY:
         raise too_big
-    raw = await request.read()  # bounded by the application's client_max_size without a length
+    try:  # bounded by the application's client_max_size without a length, and in time
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the request body must arrive within {BODY_TIMEOUT:.0f} s") \
+            from None
     if len(raw) > MAX_JSON_BODY:
         raise too_big
     return codec.decode(raw)
@@ -109,19 +116,25 @@ def client_address(request: web.Request) -> str:
     """Who is asking: the connection's address, or, when that is a proxy the owner trusts
     (``--trusted-proxy``), the last address in X-Forwarded-For that is not one -- a client
     can write anything there, only what the trusted proxies appended counts."""
-    remote = request.remote or "unknown"
+    remote = plain_address(request.remote or "unknown")
     trusted = backbone_of(request).config.trusted_proxies
     if remote not in trusted:
         return remote
     hops = [hop.strip() for hop in request.headers.get("X-Forwarded-For", "").split(",") if hop.strip()]
     for hop in reversed(hops):
         try:
-            address = str(ipaddress.ip_address(hop))
+            address = plain_address(str(ipaddress.ip_address(hop)))
         except ValueError:
             return remote  # the proxy wrote something that is not an address: trust nothing
         if address not in trusted:
             return address
     return remote
+
+
+def client_group(request: web.Request) -> str:
+    """The address group of who is asking: what every per-address limit counts (an IPv6
+    host picks among its /64's addresses at will)."""
+    return address_group(client_address(request), backbone_of(request).config.ipv6_prefix)
 
 
 def authenticate_peer(request: web.Request, spec: ProjectSpec, peer_id: str) -> KnownPeer:

@@ -65,13 +65,21 @@ class LimitsConfig:
         Kind.REPORT: Rate(150.0, 1500.0),
         Kind.OUTCOME: Rate(100.0, 1000.0),
     })
+    # "Address" is an address group here (addresses.py): an IPv4 address, an IPv6 /64.
     joins_per_address: Rate = Rate(0.2, 30.0)
     registrations_per_address: Rate = Rate(1 / 600, 5.0)
     # Link probes (api_probe.py): an honest peer probes each way at join and every half hour.
     probes_per_peer: Rate = Rate(1 / 60, 4.0)
+    # A peer downloads the checkpoint when it joins or resyncs; a NAT may hide a lab of them.
+    checkpoint_downloads_per_peer: Rate = Rate(1 / 60, 3.0)
+    checkpoint_downloads_per_address: Rate = Rate(0.1, 16.0)
+    # Log-ins (logins.py); tokens last 90 days, so an honest user logs in rarely.
     failed_logins_per_account: int = 5  # a minute, from one address
-    failed_logins_per_address: int = 30  # a minute, across accounts
+    logins_per_account: int = 10  # successful, a minute
+    logins_per_address: Rate = Rate(0.5, 10.0)  # right or wrong, across accounts: 30 a minute
+    password_hashes_at_once: int = 2  # 128 MiB each while they run
     peers_per_address: int = 64  # connected at once
+    connections_per_address: int = 128  # TCP, at once: 64 peers' sockets and their HTTP
     drops_before_disconnect: int = 200  # within a minute
     refuse_for: float = 60.0  # first time; doubles with each repeat, up to an hour
     max_refusal: float = 3600.0
@@ -121,10 +129,21 @@ class Throttle:
         self.joins = Buckets(self.config.joins_per_address, clock)
         self.registrations = Buckets(self.config.registrations_per_address, clock)
         self.probes = Buckets(self.config.probes_per_peer, clock)
+        self._downloads_by_peer = Buckets(self.config.checkpoint_downloads_per_peer, clock)
+        self._downloads_by_address = Buckets(self.config.checkpoint_downloads_per_address, clock)
         self.refused = Refusals(self.config.refuse_for, self.config.max_refusal, clock)
         self._drops: dict[str, tuple[float, int]] = {}  # peer -> (since, messages dropped since)
         self._bans: dict[str, list[float]] = {}  # address -> when its peers were thrown out
         self._ban_sweeps = Sweeps()
+
+    def checkpoint_download(self, peer_id: str, address: str) -> float:
+        """0 if ``peer_id`` (from ``address``) may download a checkpoint now, and it is
+        counted; else the seconds to wait."""
+        wait = max(self._downloads_by_peer.wait(peer_id), self._downloads_by_address.wait(address))
+        if wait == 0:
+            self._downloads_by_peer.take(peer_id)
+            self._downloads_by_address.take(address)
+        return wait
 
     def allow(self, peer_id: str, msg: PeerMessage) -> bool:
         """Whether to act on ``msg``; False drops it (the sender is slowed)."""

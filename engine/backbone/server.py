@@ -15,11 +15,14 @@ import msgspec
 from aiohttp import web
 
 from engine.backbone import api
-from engine.backbone.accounts import AttemptLimiter
+from engine.backbone.accounts import PasswordWork
+from engine.backbone.addresses import DEFAULT_IPV6_PREFIX
 from engine.backbone.checkpoints import CheckpointFiles
+from engine.backbone.connections import HEADER_TIMEOUT, ConnectionCap, listen
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
 from engine.backbone.limits import LimitsConfig, Throttle
+from engine.backbone.logins import LoginLimits
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store import Store
 from engine.backbone.tracker import (
@@ -31,6 +34,7 @@ from engine.backbone.tracker import (
     RoundOpened,
     Send,
     Tracker,
+    WithdrawCredits,
 )
 from engine.project import ProjectSpec, load_catalog
 from engine.resources import default_catalog
@@ -40,6 +44,7 @@ from engine.wire.control import CheckpointInfo, IceServers
 
 log = logging.getLogger(__name__)
 SEEN_INTERVAL = 10.0
+PRUNE_INTERVAL = 600.0  # seconds between sweeps of peers long gone
 TICK = 0.25  # seconds between deadline checks
 
 
@@ -58,15 +63,22 @@ class BackboneConfig:
     advertise: bool = False  # announce on the LAN with mDNS
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     trusted_proxies: frozenset[str] = frozenset()  # their X-Forwarded-For names the client
+    ipv6_prefix: int = DEFAULT_IPV6_PREFIX  # per-address limits count IPv6 by this prefix
     equal_shares: bool = False  # every reducer the same share: DeDLOC's LP off
 
 
 class Backbone:
     def __init__(self, config: BackboneConfig, projects: list[ProjectSpec] | None = None) -> None:
         self.config = config
+        # The backbone's user's alone, on every start: an older version or a copy may have
+        # left the folder, the database (Store) or the checkpoints (tidy) readable.
+        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        config.data_dir.chmod(0o700)
         self.store = Store(config.data_dir / "backbone.sqlite3")
         self.store.close_stale_sessions()
+        self._prune_peers()
         self.files = CheckpointFiles(config.data_dir / "checkpoints")
+        self.files.tidy()
         specs = projects if projects is not None else load_catalog(config.catalog)
         self.projects = {p.id: p for p in specs}
         self.trackers: dict[str, Tracker] = {}
@@ -87,11 +99,13 @@ class Backbone:
             )
         self.sessions: dict[str, PeerSession] = {}
         self.throttle = Throttle(config.limits)
-        limits = config.limits
-        self.logins_by_account = AttemptLimiter(limits.failed_logins_per_account, 60)  # and address
-        self.logins_by_address = AttemptLimiter(limits.failed_logins_per_address, 60)
+        self.logins = LoginLimits(config.limits)
+        self.password_work = PasswordWork(config.limits.password_hashes_at_once)
+        self.connections = ConnectionCap(config.limits.connections_per_address, config.ipv6_prefix,
+                                         config.trusted_proxies)
         self.url = ""
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._ticker: asyncio.Task | None = None
 
     def _rehash_checkpoints(self, project: str) -> None:
@@ -115,11 +129,16 @@ class Backbone:
         return app
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2)
+        # aiohttp's keep-alive timer runs from a connection's start and from each answer,
+        # and closes the connection if no whole request head came by then: a header timeout
+        # and an idle timeout in one (connections.py).
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2,
+                                     keepalive_timeout=HEADER_TIMEOUT)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
+        assert self._runner.server is not None
+        self._listener = await listen(self._runner.server, self.config.host, self.config.port,
+                                      self.connections)
+        host, port = self._listener.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self._ticker = asyncio.ensure_future(self._tick_forever())
         return self.url
@@ -131,13 +150,23 @@ class Backbone:
                 await self._ticker
         for session in list(self.sessions.values()):
             await session.ws.close(message=b"backbone shutting down")
+        if self._listener is not None:
+            self._listener.close()  # no new connections; cleanup closes the open ones
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._listener is not None:
+            await self._listener.wait_closed()
         self.store.close()
+
+    def _prune_peers(self) -> None:
+        pruned = self.store.prune_peers()
+        if pruned:
+            log.info("forgot %d peers that never connected or left long ago", pruned)
 
     async def _tick_forever(self) -> None:
         loop = asyncio.get_running_loop()
         next_seen = loop.time()
+        next_prune = loop.time() + PRUNE_INTERVAL
         # Each peer hears the status once per status_interval, a slice of the peers per tick:
         # a thousand sockets written at once held every other message up by tens of ms.
         slices = max(1, round(self.config.status_interval / TICK))
@@ -156,6 +185,9 @@ class Backbone:
                 next_seen = loop.time() + SEEN_INTERVAL
                 self.store.peers_seen(list(self.sessions))
                 self.renew_ice_credentials(time.time())
+            if loop.time() >= next_prune:
+                next_prune = loop.time() + PRUNE_INTERVAL
+                self._prune_peers()
 
     def send_ice_servers(self, session: PeerSession, now: float | None = None) -> None:
         """Fresh ICE servers for the peer's next links. TURN credentials expire after
@@ -188,6 +220,10 @@ class Backbone:
             elif isinstance(out, RecordCredits):
                 owners = self._owners(project, out.credits)
                 self.store.record_credits(project, out.round_id, out.credits, owners)
+            elif isinstance(out, WithdrawCredits):
+                samples = self.store.withdraw_credits(project, out.peer_id, out.round_ids, out.why)
+                log.warning("%s: withdrew the %d samples credited to %s in %d rounds: %s", project, samples,
+                            out.peer_id, len(out.round_ids), out.why)
             elif isinstance(out, RoundOpened):
                 self.store.round_opened(project, out)
             elif isinstance(out, CollaborationState):
@@ -208,13 +244,13 @@ class Backbone:
         return {s.user_id for s in self.sessions.values()
                 if s.project == project and s.user_id is not None}
 
-    def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> None:
+    async def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> None:
         self.store.add_checkpoint(project, info)
         self.trackers[project].checkpoint_stored(peer_id, info)
         keep = self.projects[project].keep_checkpoints
         for old in self.store.checkpoints(project)[keep:]:
             self.store.remove_checkpoint(project, old.epoch)
-            self.files.remove(self.files.path(project, old.epoch))
+            await self.files.remove(self.files.path(project, old.epoch))
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 
     def project_summary(self, spec: ProjectSpec) -> ProjectSummary:

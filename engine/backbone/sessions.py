@@ -28,7 +28,7 @@ class PeerSession:
         self.name = name
         self.user_id = user_id
         self.ws = ws
-        self.address = address
+        self.address = address  # its address group (addresses.py): what per-address limits count
         self.ice_renew_at = float("inf")  # when to send it fresh TURN credentials (UNIX time)
         self._queue: asyncio.Queue[str] = asyncio.Queue(MAX_QUEUED)
         self._writer = asyncio.ensure_future(self._drain())

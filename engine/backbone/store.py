@@ -16,20 +16,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.backbone.ledger import Credit
+from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH
+from engine.backbone.store_ledger import LedgerTables
 from engine.backbone.tracker.outputs import RoundOpened
-from engine.wire.api import CurvePoint, HourTotals, LoginSession, ProjectTotals, Ranking
+from engine.wire.api import CurvePoint, LoginSession
 from engine.wire.control import CheckpointInfo, Step
 from engine.wire.types import PeerRole
 
 log = logging.getLogger(__name__)
 TOKEN_IDLE = 90 * 86400.0  # a log-in unused this long expires
 TOKEN_TOUCH = 3600.0  # how stale a token's last use may be recorded
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 5
 # Version 2: hashes cover the whole state (parameters, optimizer state, epoch), not the
 # parameters alone, so the old ones name nothing a peer holds any more; log-in tokens
 # expire unused and say what client made them. Version 3: auxiliary peers, credited with
-# the bytes they aggregated.
+# the bytes they aggregated. Version 4: each password hash says what parameters made it
+# (those stored before were scrypt n=2^14), so it can be hashed anew at the next log-in.
+# Version 5: credit withdrawn from a reducer caught lying (store_ledger.py).
+NEVER_CONNECTED_KEPT = 3600.0  # a peer that joined and never opened its socket, forgotten after
+LEFT_KEPT = 86400.0  # a peer gone this long is forgotten (it joins anew); its credit stays
 MIGRATIONS = {
     2: """
 ALTER TABLE tokens ADD COLUMN last_used REAL;
@@ -45,12 +50,22 @@ ALTER TABLE contributions ADD COLUMN aggregated_bytes INTEGER NOT NULL DEFAULT 0
 ALTER TABLE user_totals ADD COLUMN aggregated_bytes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE collaborations ADD COLUMN aggregated_bytes INTEGER NOT NULL DEFAULT 0;
 """,
+    4: f"""
+ALTER TABLE users ADD COLUMN kdf TEXT NOT NULL DEFAULT '{LEGACY_HASH.text}';
+""",
+    5: """
+ALTER TABLE contributions ADD COLUMN withdrawn_at REAL;
+ALTER TABLE contributions ADD COLUMN withdrawn_why TEXT;
+ALTER TABLE user_totals ADD COLUMN withdrawn_samples INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE user_totals ADD COLUMN withdrawn_bytes INTEGER NOT NULL DEFAULT 0;
+""",
 }
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS users (
     id INTEGER PRIMARY KEY, username TEXT NOT NULL UNIQUE COLLATE NOCASE,
-    salt BLOB NOT NULL, password_hash BLOB NOT NULL, created_at REAL NOT NULL
+    salt BLOB NOT NULL, password_hash BLOB NOT NULL, created_at REAL NOT NULL,
+    kdf TEXT NOT NULL DEFAULT '{LEGACY_HASH.text}'
 );
 CREATE TABLE IF NOT EXISTS tokens (
     token_sha256 TEXT PRIMARY KEY, user_id INTEGER NOT NULL REFERENCES users(id),
@@ -70,7 +85,7 @@ CREATE TABLE IF NOT EXISTS contributions (
     project TEXT NOT NULL, round_id INTEGER NOT NULL, peer_id TEXT NOT NULL,
     user_id INTEGER REFERENCES users(id), samples INTEGER NOT NULL,
     compute_seconds REAL NOT NULL, credited_at REAL NOT NULL,
-    aggregated_bytes INTEGER NOT NULL DEFAULT 0,
+    aggregated_bytes INTEGER NOT NULL DEFAULT 0, withdrawn_at REAL, withdrawn_why TEXT,
     PRIMARY KEY (project, round_id, peer_id)
 );
 CREATE INDEX IF NOT EXISTS contributions_by_user ON contributions (user_id, credited_at);
@@ -78,7 +93,8 @@ CREATE TABLE IF NOT EXISTS user_totals (
     project TEXT NOT NULL, user_id INTEGER NOT NULL REFERENCES users(id),
     samples INTEGER NOT NULL DEFAULT 0, compute_seconds REAL NOT NULL DEFAULT 0,
     online_seconds REAL NOT NULL DEFAULT 0, last_seen REAL NOT NULL DEFAULT 0,
-    aggregated_bytes INTEGER NOT NULL DEFAULT 0,
+    aggregated_bytes INTEGER NOT NULL DEFAULT 0, withdrawn_samples INTEGER NOT NULL DEFAULT 0,
+    withdrawn_bytes INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (project, user_id)
 );
 CREATE INDEX IF NOT EXISTS leaderboard ON user_totals (project, samples DESC, user_id);
@@ -119,11 +135,21 @@ class KnownPeer:
     role: PeerRole
 
 
+@dataclass(frozen=True)
+class Secret:
+    """What a log-in is checked against: the password's salt, hash and hash parameters."""
+
+    user: User
+    salt: bytes
+    password_hash: bytes
+    kdf: str
+
+
 class UsernameTaken(ValueError):
     pass
 
 
-class Store:
+class Store(LedgerTables):
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fresh = not path.exists() or path.stat().st_size == 0
@@ -162,28 +188,29 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    def _transaction(self):
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
     # --- accounts -------------------------------------------------------------------------
 
-    def create_user(self, username: str, salt: bytes, password_hash: bytes) -> User:
+    def create_user(self, username: str, salt: bytes, password_hash: bytes,
+                    kdf: str = PASSWORD_HASH.text) -> User:
         try:
             cur = self.db.execute(
-                "INSERT INTO users (username, salt, password_hash, created_at) VALUES (?,?,?,?)",
-                (username, salt, password_hash, time.time()),
+                "INSERT INTO users (username, salt, password_hash, created_at, kdf) VALUES (?,?,?,?,?)",
+                (username, salt, password_hash, time.time(), kdf),
             )
         except sqlite3.IntegrityError:
             raise UsernameTaken(username) from None
         assert cur.lastrowid is not None
         return User(cur.lastrowid, username)
 
-    def user_secret(self, username: str) -> tuple[User, bytes, bytes] | None:
+    def user_secret(self, username: str) -> Secret | None:
         row = self.db.execute(
-            "SELECT id, username, salt, password_hash FROM users WHERE username=?", (username,)
+            "SELECT id, username, salt, password_hash, kdf FROM users WHERE username=?", (username,)
         ).fetchone()
-        return (User(row[0], row[1]), row[2], row[3]) if row else None
+        return Secret(User(row[0], row[1]), row[2], row[3], row[4]) if row else None
+
+    def set_password(self, user_id: int, salt: bytes, password_hash: bytes, kdf: str) -> None:
+        self.db.execute("UPDATE users SET salt=?, password_hash=?, kdf=? WHERE id=?",
+                        (salt, password_hash, kdf, user_id))
 
     def add_token(self, user: User, token_sha256: str, client: str = "") -> None:
         now = time.time()
@@ -272,44 +299,6 @@ class Store:
             db.execute("ROLLBACK")
             raise
 
-    def record_credits(self, project: str, round_id: int, credits: dict[str, Credit],
-                       owners: dict[str, int | None]) -> None:
-        """Every member's credit for a settled round and their users' totals, atomically."""
-        now = time.time()
-        db = self._transaction()
-        try:
-            credited = aggregated = 0
-            for peer_id, credit in credits.items():
-                user_id = owners.get(peer_id)
-                cur = db.execute(
-                    "INSERT OR IGNORE INTO contributions (project, round_id, peer_id, user_id, samples, "
-                    "compute_seconds, credited_at, aggregated_bytes) VALUES (?,?,?,?,?,?,?,?)",
-                    (project, round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now,
-                     credit.aggregated_bytes),
-                )
-                if cur.rowcount == 0:
-                    continue  # already credited: a replay must not count twice
-                credited += credit.samples
-                aggregated += credit.aggregated_bytes
-                if user_id is not None:
-                    db.execute(
-                        "INSERT INTO user_totals (project, user_id, samples, compute_seconds, last_seen, "
-                        "aggregated_bytes) VALUES (?,?,?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
-                        "samples = samples + excluded.samples, "
-                        "compute_seconds = compute_seconds + excluded.compute_seconds, "
-                        "aggregated_bytes = aggregated_bytes + excluded.aggregated_bytes, "
-                        "last_seen = excluded.last_seen",
-                        (project, user_id, credit.samples, credit.compute_seconds, now,
-                         credit.aggregated_bytes),
-                    )
-            db.execute("UPDATE collaborations SET credited_samples = credited_samples + ?, "
-                       "aggregated_bytes = aggregated_bytes + ? WHERE project=?",
-                       (credited, aggregated, project))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-
     def curve(self, project: str) -> list[CurvePoint]:
         """Loss per epoch (the latest step of each epoch, after any rewind)."""
         rows = self.db.execute(
@@ -337,73 +326,6 @@ class Store:
             (project, epoch),
         ).fetchone()
         return row[0] if row else None
-
-    # --- ledger queries ------------------------------------------------------------------
-
-    def leaderboard(self, project: str, limit: int, offset: int,
-                    by: Ranking = Ranking.SAMPLES) -> tuple[tuple[int, int], list[tuple]]:
-        """((credited samples, aggregated bytes) of the project, rows of (username, user id,
-        samples, compute seconds, last seen, aggregated bytes) best first by ``by``; ranked by
-        aggregated bytes, only users who aggregated any)."""
-        total = self.db.execute(
-            "SELECT credited_samples, aggregated_bytes FROM collaborations WHERE project=?", (project,)
-        ).fetchone()
-        column = "aggregated_bytes" if by is Ranking.AGGREGATED else "samples"
-        only = "AND aggregated_bytes > 0" if by is Ranking.AGGREGATED else ""
-        # Page through the covering index alone, then fetch the page's details: a deep
-        # offset then skips index entries, not joined rows (100k users: ~5 ms, not ~100).
-        rows = self.db.execute(
-            "SELECT users.username, users.id, t.samples, t.compute_seconds, t.last_seen, t.aggregated_bytes "
-            f"FROM (SELECT user_id FROM user_totals WHERE project=? {only} ORDER BY {column} DESC, user_id "
-            "LIMIT ? OFFSET ?) page JOIN user_totals t ON t.project=? AND t.user_id = page.user_id "
-            f"JOIN users ON users.id = t.user_id ORDER BY t.{column} DESC, t.user_id",
-            (project, limit, offset, project),
-        ).fetchall()
-        return ((total[0], total[1]) if total else (0, 0)), rows
-
-    def rank(self, project: str, user_id: int, by: Ranking = Ranking.SAMPLES) -> int | None:
-        column = "aggregated_bytes" if by is Ranking.AGGREGATED else "samples"
-        row = self.db.execute(
-            f"SELECT {column} FROM user_totals WHERE project=? AND user_id=?", (project, user_id)
-        ).fetchone()
-        if row is None or (by is Ranking.AGGREGATED and row[0] == 0):
-            return None
-        ahead = self.db.execute(
-            f"SELECT COUNT(*) FROM user_totals WHERE project=? "
-            f"AND ({column} > ? OR ({column} = ? AND user_id < ?))",
-            (project, row[0], row[0], user_id),
-        ).fetchone()[0]
-        return ahead + 1
-
-    def user_totals(self, user_id: int) -> list[ProjectTotals]:
-        rows = self.db.execute(
-            "SELECT project, samples, compute_seconds, online_seconds, last_seen, aggregated_bytes "
-            "FROM user_totals WHERE user_id=? ORDER BY project", (user_id,),
-        ).fetchall()
-        return [ProjectTotals(project=project, samples=samples, compute_seconds=seconds,
-                              online_seconds=online, last_seen=seen, aggregated_bytes=aggregated)
-                for project, samples, seconds, online, seen, aggregated in rows]
-
-    def timeline(self, user_id: int, since: float) -> list[HourTotals]:
-        rows = self.db.execute(
-            "SELECT project, CAST(credited_at / 3600 AS INTEGER) * 3600 AS hour, SUM(samples), "
-            "SUM(compute_seconds), SUM(aggregated_bytes) FROM contributions WHERE user_id=? "
-            "AND credited_at >= ? GROUP BY project, hour ORDER BY hour, project", (user_id, since),
-        ).fetchall()
-        return [HourTotals(*row) for row in rows]
-
-    def credited_by_user(self, project: str) -> dict[str, int]:
-        rows = self.db.execute(
-            "SELECT users.username, t.samples FROM user_totals t JOIN users ON users.id = t.user_id "
-            "WHERE t.project=?", (project,),
-        ).fetchall()
-        return dict(rows)
-
-    def credited_by_peer(self, project: str) -> dict[str, int]:
-        rows = self.db.execute(
-            "SELECT peer_id, SUM(samples) FROM contributions WHERE project=? GROUP BY peer_id", (project,)
-        ).fetchall()
-        return dict(rows)
 
     # --- checkpoints ---------------------------------------------------------------------
 
@@ -487,6 +409,16 @@ class Store:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def prune_peers(self, now: float | None = None) -> int:
+        """Forget peers that joined and never connected, or left long ago: join is cheap, and
+        a row kept for ever for each would fill the disk. Their credit (contributions, with
+        their users), online time (sessions) and totals do not depend on these rows."""
+        now = now if now is not None else time.time()
+        cursor = self.db.execute(
+            "DELETE FROM peers WHERE (connected_at IS NULL AND joined_at < ?) OR left_at < ?",
+            (now - NEVER_CONNECTED_KEPT, now - LEFT_KEPT))
+        return cursor.rowcount
 
     def close_stale_sessions(self) -> None:
         """After a crash: sessions that never ended count until their peer was last seen."""

@@ -127,9 +127,8 @@ class AuxiliaryPeer(Peer):
     async def _reduce(self, start: RoundStart) -> None:
         project = self.project
         changes = self._changes.setdefault(start.round_id, RoundChanges())
-        plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.peer_id,
-                         frozenset(start.optional), project.aggregation, project.target_batch_size,
-                         project.compression, changes, frozenset(start.auxiliary), start.pieces)
+        plan = RoundPlan.of(start, self.peer_id, project.aggregation, project.target_batch_size,
+                            project.compression, changes)
         began = time.monotonic()
         try:
             # Giving up before the trainers do, it names whose parts it missed before they

@@ -26,7 +26,7 @@ from engine.peer.audits import input_key
 from engine.peer.client import BackboneError
 from engine.peer.events import EpochCompleted, RoundFailed
 from engine.wire.control import Reassign, RoundStart, Step
-from engine.wire.frames import Input, Part, Result, StateReply, StateRequest, StateUnavailable
+from engine.wire.frames import Input, Part, Result, Shown, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
 from engine.wire.tensors import encode_file
 
@@ -91,7 +91,7 @@ class Rounds:
         """Whether a waiting frame may still be wanted: parts and results of rounds to come,
         the inputs of a check of the last round (they come after it)."""
         kind, round_id, _ = key
-        if kind.startswith(("part:", "result:")):
+        if kind.startswith(("part:", "result:", "shown:")):
             return round_id > self._last_round
         return round_id >= self._last_round if kind.startswith("input:") else True
 
@@ -142,9 +142,9 @@ class Rounds:
             task = self.peer.state_sync.on_frame(sender, frame, header)
             if task is not None:
                 self.peer.track(task)
-        elif isinstance(header, (Part, Result)) and header.round_id > self._last_round:
+        elif isinstance(header, (Part, Result, Shown)) and header.round_id > self._last_round:
             # (a straggler from a finished round is dropped)
-            kind = "part" if isinstance(header, Part) else "result"
+            kind = "part" if isinstance(header, Part) else "result" if isinstance(header, Result) else "shown"
             self.peer.mailbox.put(round_key(kind, header.round_id, header.index, sender), frame)
         elif isinstance(header, Input) and header.round_id >= self._last_round:
             self.peer.mailbox.put(input_key(header.index, header.position, header.round_id, sender), frame)

@@ -30,7 +30,7 @@ from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.project import AggregationSpec, CompressionMethod, ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.local import LocalSteps
-from engine.training.params import copy_weights, set_grads, trainable
+from engine.training.params import copy_weights, set_grads, state_proof, trainable
 from engine.training.schedule import lr_at
 from engine.training.state import load_state, pack_state, state_sha256
 from engine.training.throughput import Throughput
@@ -255,14 +255,12 @@ class CollaborativeOptimizer:
             # first micro-batch looks slower than it is, and its honest claim gets cut.
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
         began = time.monotonic()
-        plan = RoundPlan(start.round_id, start.epoch, start.group, start.shares, self.me,
-                         frozenset(start.optional), self.aggregation, self.target_batch_size,
-                         self.compression, auxiliary=frozenset(start.auxiliary), pieces=start.pieces)
+        plan = RoundPlan.of(start, self.me, self.aggregation, self.target_batch_size, self.compression)
         try:
             try:
                 averaged = await self._averager(plan, taken.vector, taken.samples, taken.loss_sum,
                                                 start.timeout)
-                digest = await self._run(lambda: self._apply(averaged.vector, start.epoch))
+                digest, proof = await self._run(lambda: self._stepped(averaged.vector, start))
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 if self.epoch == start.epoch:
@@ -280,7 +278,7 @@ class CollaborativeOptimizer:
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
                                    received=averaged.received, commitment=averaged.commitment,
-                                   numel=averaged.vector.numel())
+                                   numel=averaged.vector.numel(), proof=proof)
         await self._send(self.last_step)
         step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
                     peers=len(start.group), round_seconds=seconds, state_sha256=digest)
@@ -360,6 +358,11 @@ class CollaborativeOptimizer:
             self.local.restart(self.model)
         elif self.compute_model is not self.model:
             copy_weights(self.model, self.compute_model)
+
+    def _stepped(self, vector: torch.Tensor, start: RoundStart) -> tuple[str, str | None]:
+        """Take the round's step; the new state's hash, and the proof that we hold it."""
+        digest = self._apply(vector, start.epoch)
+        return digest, state_proof(self.params, start.nonce) if start.nonce else None
 
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
         """Take the step. Whatever the round delivered, a state that is not finite is never

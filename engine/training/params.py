@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -45,3 +48,28 @@ def flat_params(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     """One new fp32 vector on the CPU of the parameters' values."""
     parts = [p.detach().reshape(-1).float() for p in params]
     return torch.cat(parts).cpu() if parts else torch.zeros(0)
+
+
+PROOF_VALUES = 256  # values a state proof covers: a peer without the state guesses none of them
+
+
+def state_proof(params: Sequence[torch.Tensor], nonce: str) -> str:
+    """Proof that we hold these parameters, for a round's ``nonce`` (RoundStart.nonce): the
+    hash of the nonce and of PROOF_VALUES values at positions the nonce picks. A state's
+    own hash is broadcast with every step, so anyone can repeat it; this, only a peer
+    holding the values (the same bits on every peer that holds the state)."""
+    seed = bytes.fromhex(nonce)
+    sizes = [p.numel() for p in params]
+    ends = list(itertools.accumulate(sizes))
+    total = ends[-1] if ends else 0
+    digest = hashlib.sha256(seed)
+    if total == 0:
+        return digest.hexdigest()
+    stream = hashlib.shake_256(seed).digest(8 * PROOF_VALUES)
+    positions = sorted(int.from_bytes(stream[8 * i:8 * i + 8], "little") % total for i in range(PROOF_VALUES))
+    flat = [p.detach().reshape(-1) for p in params]
+    for position in positions:
+        k = bisect.bisect_right(ends, position)
+        value = flat[k][position - (ends[k - 1] if k else 0)]
+        digest.update(value.to("cpu", torch.float32).numpy().tobytes())
+    return digest.hexdigest()

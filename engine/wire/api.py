@@ -181,6 +181,7 @@ class LeaderboardEntry(Struct, kw_only=True):
     last_seen: Annotated[str, Meta(max_length=32)] | None  # ISO 8601, UTC
     online: bool
     aggregated_bytes: Count = 0
+    withdrawn: Count = 0  # samples credited once, taken back: a peer of the user was caught lying
 
 
 class Leaderboard(Struct, kw_only=True):
@@ -205,6 +206,7 @@ class ProjectTotals(Struct, kw_only=True):
     online: bool = False
     aggregated_bytes: Count = 0  # as an auxiliary peer
     aggregated_rank: Count | None = None
+    withdrawn: Count = 0  # samples credited once, taken back: a peer of the user was caught lying
 
 
 class HourTotals(Struct):

@@ -7,6 +7,7 @@ wrong direction is refused while it is decoded.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
@@ -41,7 +42,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[5] = WIRE_VERSION
+    v: Literal[6] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -92,6 +93,8 @@ class Committed(Struct, kw_only=True):
 
 
 Digests = Annotated[list[Sha256 | None], Meta(max_length=MAX_GROUP)]  # by part index
+# What a part with no samples is committed by (averaging/audit.part_digest of nothing).
+EMPTY_PART = hashlib.sha256((0).to_bytes(8, "little")).hexdigest()
 
 
 CommittedList = Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
@@ -108,11 +111,14 @@ class PartInputs(Struct, kw_only=True):
 class Commitment(Struct, kw_only=True):
     """What a member of a round did, told before anyone knows which parts will be checked
     (see Audit): the hash of the part it sent each reducer, of each result it applied (by
-    part index), and, as a reducer, of every part it combined."""
+    part index), and, as a reducer, of every part it combined. ``shown``: the hash of its
+    own part that each reducer showed it (a ``shown`` frame) before it sent that reducer
+    anything -- a reducer's own input is fixed before it sees anyone else's."""
 
     sent: Digests = field(default_factory=list)
     results: Digests = field(default_factory=list)
     reduced: Annotated[list[PartInputs], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    shown: Digests = field(default_factory=list)
 
     def inputs_of(self, index: int) -> list[Committed] | None:
         """What it combined for part ``index``, if it reduced that part."""
@@ -140,6 +146,10 @@ class RoundDone(ControlMessage, tag="round_done"):
     waiting: PeerList = field(default_factory=list)
     commitment: Commitment | None = None  # in projects whose reducers are checked
     numel: Count = 0  # length of the averaged vector: sizes an auxiliary peer's credit
+    # Proof that it holds the state it reports: a hash of the round's nonce and of values of
+    # that state the nonce picks (engine/training/params.state_proof). The state's own hash
+    # is broadcast with every step, so a peer that holds nothing could echo it; not this.
+    proof: Sha256 | None = None
 
 
 class AuditDone(ControlMessage, tag="audit_done"):
@@ -244,10 +254,17 @@ class RoundStart(ControlMessage, tag="round_start"):
     # Each member's share comes in this many parts (averaging/partition.py): part j is
     # member j // pieces's to reduce, and its result goes out while later pieces come in.
     pieces: Annotated[int, Meta(ge=1, le=MAX_PIECES)] = 1
+    # Per member, the most samples its parts may count for: what the backbone saw it compute
+    # towards this round (engine/backbone/tracker/membership.py). Empty: no caps.
+    caps: Annotated[list[Count], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    # What members prove they hold the state with (RoundDone.proof): fresh for every round.
+    nonce: Sha256 | None = None
 
     def __post_init__(self) -> None:
         if len(self.group) != len(self.shares):
             raise ValueError("group and shares must be of equal length")
+        if self.caps and len(self.caps) != len(self.group):
+            raise ValueError("caps, if given, are one per member")
         if len(set(self.group)) != len(self.group):
             raise ValueError("group lists a peer twice")
         if sum(self.shares) <= 0:
@@ -307,6 +324,12 @@ class Audit(ControlMessage, tag="audit"):
     inputs: Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
     result_sha256: Sha256
     timeout: Annotated[float, Meta(gt=0, le=86400)]
+    # The most samples each input counts for, in the order of ``inputs`` (RoundStart.caps).
+    caps: Annotated[list[Count], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.caps and len(self.caps) != len(self.inputs):
+            raise ValueError("caps, if given, are one per input")
 
 
 class Resync(ControlMessage, tag="resync"):

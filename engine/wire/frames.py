@@ -48,6 +48,17 @@ class Result(FrameHeader, tag="result"):
     received: SampleCounts = field(default_factory=dict)  # sender -> samples in the parts reduced
 
 
+class Shown(FrameHeader, tag="shown"):
+    """A reducer's own part ``index``, committed by its hash (``averaging/audit.part_digest``)
+    before it takes anyone else's: in a project that checks reducers, a sender sends its part
+    only once its reducer has shown this, and commits to what it was shown."""
+
+    round_id: RoundId
+    epoch: EpochNumber
+    index: PartIndex
+    sha256: Sha256
+
+
 class Input(FrameHeader, tag="input"):
     """A part a reducer combined, sent to the peer the backbone asked to check it."""
 
@@ -97,7 +108,7 @@ class ReceiveLimit(FrameHeader, tag="receive_limit"):
     bytes_per_second: Annotated[float, Meta(ge=0, le=1e13)] | None
 
 
-Header = (Part | Result | Input | StateRequest | StateReply | StateUnavailable | Goodbye | GoodbyeAck
+Header = (Part | Result | Shown | Input | StateRequest | StateReply | StateUnavailable | Goodbye | GoodbyeAck
           | PathView | ReceiveLimit)
 StateFrame = StateRequest | StateReply | StateUnavailable
 

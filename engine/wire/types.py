@@ -3,6 +3,8 @@ untrusted bytes are decoded (msgspec does not check them when we build a message
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from enum import Enum
 from typing import Annotated
 
@@ -11,12 +13,14 @@ from msgspec import Meta
 # Integers stay well inside SQLite's and JSON's safe ranges; floats are finite (JSON has no
 # NaN, and a number beyond these bounds is refused rather than turned into infinity).
 MAX_COUNT = 10**15
+MAX_RATE = 1e15
+MAX_SECONDS = 1e12
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 EpochNumber = Annotated[int, Meta(ge=0, le=10**12)]
 RoundId = Annotated[int, Meta(ge=0, le=2**62)]
 Nonce = Annotated[int, Meta(ge=0, le=2**62)]
-Seconds = Annotated[float, Meta(ge=0, le=1e12)]
-Rate = Annotated[float, Meta(ge=0, le=1e15)]
+Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+Rate = Annotated[float, Meta(ge=0, le=MAX_RATE)]
 Loss = Annotated[float, Meta(ge=-1e30, le=1e30)]
 Share = Annotated[float, Meta(ge=0, le=1e9)]
 
@@ -27,6 +31,17 @@ Name = Annotated[str, Meta(max_length=64)]
 Text = Annotated[str, Meta(max_length=4096)]
 Url = Annotated[str, Meta(max_length=2048)]
 MAX_GROUP = 10_000  # peers in one round, and parts of one
+
+
+def total_count(counts: Iterable[int]) -> int:
+    """A sum of counts that is a count itself: ten thousand valid counts add up past
+    MAX_COUNT, and a sum a stranger's claims made too large must not make the message that
+    carries it invalid for everyone else. It saturates instead."""
+    return min(sum(counts), MAX_COUNT)
+
+
+def total_rate(rates: Iterable[float]) -> float:
+    return min(math.fsum(rates), MAX_RATE)
 MAX_PIECES = 8  # parts per member's share
 
 

@@ -98,12 +98,16 @@ async def test_every_request_and_answer_matches_the_published_api(tmp_path, exch
         await call("GET", f"/api/projects/{project.id}/leaderboard?limit=0")  # 400
         _, listed = await call("GET", f"/api/projects/{project.id}/checkpoints")
         epoch = json.loads(listed)["checkpoints"][0]["epoch"]
-        await call("GET", f"/api/projects/{project.id}/checkpoints/{epoch}", headers=peer_headers)
-        await call("GET", f"/api/projects/{project.id}/checkpoints/999", headers=peer_headers)  # 404
-        await call("GET", f"/api/projects/{project.id}/checkpoints/{epoch}")  # 401
-        await call("PUT", f"/api/projects/{project.id}/checkpoints/9", raw=b"x", headers=peer_headers)  # 409
+        checkpoint = f"/api/projects/{project.id}/checkpoints/{epoch}"
+        assert (await call("GET", checkpoint, headers=peer_headers))[0] == 409  # not connected
         ws = await http.ws_connect(f"{url}/api/projects/{project.id}/peers/{peer_headers[PEER_ID_HEADER]}/ws",
                                    headers=peer_headers)
+        assert (await call("GET", checkpoint, headers=peer_headers))[0] == 200
+        await call("GET", f"/api/projects/{project.id}/checkpoints/999", headers=peer_headers)  # 404
+        await call("GET", checkpoint, headers=peer_headers)
+        assert (await call("GET", checkpoint, headers=peer_headers))[0] == 429  # a few a minute
+        await call("GET", checkpoint)  # 401
+        await call("PUT", f"/api/projects/{project.id}/checkpoints/9", raw=b"x", headers=peer_headers)  # 409
         await ws.close()
         await call("POST", "/api/sessions", {"username": "ana", "password": "pass-word-1"})  # a second log-in
         _, sessions = await call("GET", "/api/sessions", headers=token)

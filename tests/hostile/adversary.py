@@ -136,16 +136,20 @@ class Stranger:
 
 
 async def member(stranger: Stranger, samples: int = 10**6) -> None:
-    """Keep ``stranger`` a live member in the backbone's eyes: ready at the settled epoch
-    (the hash is broadcast with every step), reporting many samples -- without ever
-    computing anything. (It never asks for the state: that would be the state-request
-    attack, which holds rounds back a twentieth of the time at most, and has its own test.)"""
+    """Keep ``stranger`` a live member in the backbone's eyes without computing anything:
+    ready at the settled epoch (the hash is broadcast with every step) once per epoch, as a
+    peer that follows the collaboration is, and reporting ``samples`` -- a claim the backbone
+    counts only as far as the time since its Ready allows. (It never repeats a Ready within
+    an epoch -- the Ready-then-Progress attack has its own test -- and never asks for the
+    state: that would be the state-request attack, which holds rounds back a twentieth of
+    the time at most, and has its own test too.)"""
     stranger.follow = True
     await asyncio.wait_for(stranger.knows_state.wait(), 60)
+    assert stranger.settled is not None
+    await stranger.send(Ready(*stranger.settled))
     while not stranger.closed.is_set():
         assert stranger.settled is not None
-        await stranger.send(Ready(*stranger.settled))
-        await stranger.send(Progress(stranger.settled[0], samples, 1e6))
+        await stranger.send(Progress(stranger.settled[0], samples, float(samples)))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stranger.closed.wait(), 0.4)
 

@@ -181,7 +181,7 @@ class Collaboration:
         return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
 
     def credited(self, peer_ids: list[str]) -> int:
-        """Samples the ledger credits to these peers."""
+        """Samples the ledger credits to these peers (and has not withdrawn)."""
         return self._ledger_sum("samples", peer_ids)
 
     def aggregated(self, peer_ids: list[str]) -> int:
@@ -193,7 +193,8 @@ class Collaboration:
             return 0
         with self.db() as db:
             marks = ",".join("?" * len(peer_ids))
-            query = f"SELECT COALESCE(SUM({column}), 0) FROM contributions WHERE peer_id IN ({marks})"
+            query = (f"SELECT COALESCE(SUM({column}), 0) FROM contributions WHERE peer_id IN ({marks}) "
+                     "AND withdrawn_at IS NULL")
             row = db.execute(query, peer_ids).fetchone()
         return int(row[0])
 
@@ -357,6 +358,8 @@ def assert_unharmed(collab: Collaboration, verdict: Verdict, adversary_ids: list
     during = [losses[e] for e in range(verdict.during.first_epoch + 1, verdict.during.last_epoch + 1)]
     assert all(loss is not None and math.isfinite(loss) for loss in before + during)
     assert statistics.mean(during) <= statistics.mean(before) + LOSS_NOISE, (before, during)
+    # The curve is the honest peers' own: no loss a poisoner made up (its parts said 0).
+    assert min(during) >= 0.5 * min(before), (before, during)
     assert may_earn or collab.credited(adversary_ids) == collab.aggregated(adversary_ids) == 0
     assert all(p.alive for p in collab.processes())
     for name, before in verdict.rss_before.items():

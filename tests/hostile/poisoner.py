@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 
 import torch
 
@@ -44,6 +45,16 @@ def noise(scale: float) -> Poison:
 def inflated(honest: torch.Tensor) -> tuple[torch.Tensor, int]:
     """An honest-looking gradient sum, said to come from 10^12 samples."""
     return honest * SAMPLES, 10**12
+
+
+def scaled(claim: int) -> Poison:
+    """The negated average, said to come from ``claim`` samples, its values scaled to match:
+    per sample it is as long as an honest gradient, so the norm check alone passes it. Before
+    the backbone capped claims, 10^12 samples won 469 of 536 steps; 10^15 made honest
+    reducers' results invalid (their sum of claims past the wire's limit)."""
+    def poison(honest: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return honest * -float(claim), claim
+    return poison
 
 
 class Poisoner:
@@ -115,12 +126,14 @@ def left_out(collab: Collaboration, peer_id: str) -> int:
 
 
 async def poisoned(collab: Collaboration, poison: Poison, report_figure, name: str,
-                   may_earn: bool = False) -> tuple[int, int]:
-    """Run the attack; returns (poisoned parts sent, parts honest reducers left out)."""
+                   may_earn: bool = False, stay: Callable[[Stranger], Awaitable[None]] | None = None,
+                   ) -> tuple[int, int]:
+    """Run the attack; returns (poisoned parts sent, parts honest reducers left out).
+    ``stay``: how the poisoner stays a member (default: ``member``, reporting 32 samples)."""
     async with Adversary(collab.url, collab.project.id) as adversary:
         stranger = await adversary.join("poisoner")
         poisoner = Poisoner(adversary, stranger, poison)
-        verdict = await under_attack(collab, lambda: member(stranger, samples=SAMPLES))
+        verdict = await under_attack(collab, lambda: (stay or partial(member, samples=SAMPLES))(stranger))
         refused = left_out(collab, stranger.peer_id)
         report_figure(f"{name}: {verdict.figure()}; {poisoner.sent} poisoned parts sent in "
                       f"{len(stranger.rounds())} rounds, {refused} left out by honest reducers, "

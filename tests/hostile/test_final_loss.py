@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +18,8 @@ import pytest
 
 from engine.project import AggregationSpec, ProjectSpec
 from tests.hostile.adversary import Adversary, member
-from tests.hostile.collaboration import Collaboration, HonestPeer, hostile_project
+from tests.hostile.collaboration import Collaboration, hostile_project
+from tests.hostile.cued import cue, start_cued
 from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, inflated, left_out, nan, noise
 from tests.hostile.wrong_reducer import lied
 
@@ -59,14 +58,10 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
     collab = Collaboration(root, project=spec, backbone_args=("--equal-shares",) if attack in LIARS else ())
     collab.start_backbone()
     try:
-        liar = await start_liar(collab, LIARS[attack]) if attack in LIARS else None
+        liar = await start_cued(collab, LIARS[attack]) if attack in LIARS else None
         honest = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(3)]
         if liar is not None:
-            # Cue it once every honest peer has taken part in rounds: from then on it lies
-            # in rounds with three honest members, which can check it.
-            await collab.until(lambda: all(p.epoch >= CUE_EPOCH for p in honest), 120,
-                               f"every honest peer at epoch {CUE_EPOCH}")
-            liar.popen.send_signal(signal.SIGUSR1)
+            await cue(collab, liar, honest)
         checkpoint = lambda: collab.has_checkpoint(epochs)  # noqa: E731
         if attack is None or liar is not None:
             await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
@@ -92,21 +87,9 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
 
 # Wrong reducers: real peer processes whose reducer lies.
 LIARS = {"a wrong reducer": "tests.hostile.wrong_reducer", "a wrong reducer that hides its inputs":
-         "tests.hostile.hiding_reducer"}
-
-
-CUE_EPOCH = 3
-
-
-async def start_liar(collab: Collaboration, module: str) -> HonestPeer:
-    """The wrong reducer, in the collaboration from its first round whatever the machine's
-    load: it comes first, honest and at 1% of a CPU (so it cannot step alone), and computes
-    at full speed and lies from the test's cue on."""
-    liar = collab.start_peer("liar", "--data-seed", "3", "--cpu-percent", "1",
-                             command=[sys.executable, "-m", module])
-    await collab.until(lambda: "in sync at epoch 0" in liar.log.read_text(errors="replace"), 120,
-                       "the liar in the collaboration")
-    return liar
+         "tests.hostile.hiding_reducer", "a wrong reducer that reconnects after each lie":
+         "tests.hostile.reconnecting_liar", "a reducer that forges its own part":
+         "tests.hostile.own_part_forger"}
 
 
 POISONS = {"NaN parts": nan, "parts x(-1e4)": flipped, "noise 100x an honest gradient's length": noise(100.0),
@@ -167,4 +150,39 @@ async def test_under_mean_a_reducer_that_hides_its_inputs_has_no_checked_round_k
     assert len(lies) <= CAUGHT_WITHIN * len(demoted)  # each pause came within that many lies
     assert not unshown & kept, "an honest peer kept the step of a round nobody could check"
     assert not expelled  # not showing is no proof of a lie: it keeps training
+    assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
+
+
+def standing_credit(collab: Collaboration, name: str, rounds: list[int]) -> list[int]:
+    """Those of ``rounds`` the ledger still credits the peer ``name`` for."""
+    with collab.db() as db:
+        (peer_id,) = db.execute("SELECT peer_id FROM peers WHERE name=?", (name,)).fetchone()
+        return [r for (r,) in db.execute("SELECT round_id FROM contributions WHERE peer_id=? AND "
+                                         "withdrawn_at IS NULL", (peer_id,)) if r in set(rounds)]
+
+
+@pytest.mark.parametrize("attack, caught_as", [
+    ("a wrong reducer that reconnects after each lie", "checkers found its result wrong"),
+    ("a reducer that forges its own part", "another part of its own than it showed")])
+async def test_under_mean_a_caught_reducer_stays_out_whatever_it_does_and_keeps_no_credit_of_its_lies(
+        tmp_path, baseline, report_figure, attack, caught_as):
+    """Before: a wrong reducer that reconnected 4 s after each lie came back a newcomer (lied
+    7 times, expelled 3 times, 4 unchecked wrong steps kept), the credit of lies nobody
+    checked stayed, and a reducer could pick its own input after seeing the others' -- then
+    its -1x result rechecked as consistent."""
+    attacked = await run(tmp_path, project("mean"), attack)
+    collab, lies = attacked.collab, attacked.lies
+    backbone = collab.backbone.log.read_text(errors="replace").splitlines()
+    caught = [line for line in backbone if "is wrong" in line and "expelling it" in line]
+    discarded = {int(line.split("round ")[1].split(":")[0]) for line in caught}
+    kept = {e["round_id"] for p in collab.peers if p.name != "liar" for e in p.epochs}
+    reconnects = collab.peers[0].log.read_text(errors="replace").count("reconnecting after round")
+    standing = standing_credit(collab, "liar", lies)
+    report_figure(f"{attack}, mean, checks at p={PROBABILITY}: lied in {len(lies)} rounds, reconnected "
+                  f"{reconnects} times, caught {len(caught)} time(s), {len(set(lies) & kept)} unchecked "
+                  f"wrong steps kept, {len(standing)} of them still credited; held-out loss "
+                  f"{attacked.loss:.4f} ({attacked.loss / baseline - 1:+.1%})")
+    assert len(caught) == 1 and caught_as in caught[0] and len(lies) <= CAUGHT_WITHIN
+    assert lies[-1] in discarded  # expelled at its last lie: no reconnect brought it back
+    assert not discarded & kept and not standing
     assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)

@@ -47,11 +47,14 @@ def cue(signum, frame) -> None:
 
 def lied(log_text: str) -> list[int]:
     """The rounds a wrong reducer's log says it lied in."""
-    return [int(line.rsplit(" ", 1)[1]) for line in log_text.splitlines() if "lied in round " in line]
+    return [int(line.split("lied in round ", 1)[1].split()[0]) for line in log_text.splitlines()
+            if "lied in round " in line]
 
 
-def install() -> None:
-    allreduce._Round._combine = wrong_combine
+def install(lies: bool = True) -> None:
+    """The cue and the gate for peers of tests/hostile; with ``lies``, this reducer's lie."""
+    if lies:
+        allreduce._Round._combine = wrong_combine
     ComputeGate.__init__ = kept_gate
     signal.signal(signal.SIGUSR1, cue)
 

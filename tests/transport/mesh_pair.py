@@ -10,7 +10,7 @@ from engine.averaging.allreduce import round_key
 from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
-from engine.wire.frames import Part, Result
+from engine.wire.frames import Part, Result, Shown
 from engine.wire.framing import Frame
 
 
@@ -24,7 +24,7 @@ def router(mailbox: Mailbox) -> Callable[[str, Frame], None]:
 
     def route(sender: str, frame: Frame) -> None:
         header = frame.header
-        if isinstance(header, (Part, Result)):
+        if isinstance(header, (Part, Result, Shown)):
             mailbox.put(round_key(header.__struct_config__.tag, header.round_id, header.index, sender), frame)
         else:
             ident = getattr(header, "round_id", getattr(header, "request_id", 0))

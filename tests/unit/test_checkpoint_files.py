@@ -36,6 +36,7 @@ async def test_a_genuine_checkpoint_is_kept_whole(tmp_path):
     assert path == files.path("p", 3) and path.read_bytes() == data
     assert (digest, size) == (hashlib.sha256(data).hexdigest(), len(data))
     assert [p.name for p in (tmp_path / "p").iterdir()] == [path.name]
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -62,3 +63,42 @@ async def test_a_bad_upload_is_refused_and_leaves_nothing_behind(tmp_path, damag
     with pytest.raises(CheckpointRejected, match=message):
         await receive(files, data, epoch, sha=sha, params_sha=params, max_bytes=max_bytes)
     assert list((tmp_path / "p").iterdir()) == []
+
+
+async def test_a_large_upload_is_written_in_pieces_off_the_event_loop(tmp_path, monkeypatch):
+    """Each write and the fsync run in a thread; the event loop only gathers the chunks."""
+    import asyncio
+
+    from engine.backbone import checkpoints
+
+    monkeypatch.setattr(checkpoints, "WRITE_SIZE", 128)
+    in_threads: list[str] = []
+    real = asyncio.to_thread
+
+    async def to_thread(work, *args, **kwargs):
+        in_threads.append(work.__name__)
+        return await real(work, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints.asyncio, "to_thread", to_thread)
+    data, params = state_file(3)
+    path, _, _ = await CheckpointFiles(tmp_path).receive(
+        "p", 3, chunks(data, 50), expected_sha256=hashlib.sha256(data).hexdigest(),
+        expected_state_sha256=params, max_bytes=1 << 20)
+    assert path.read_bytes() == data
+    assert in_threads.count("_append") == len(data) // 150  # every third chunk of 50 bytes
+    assert {"_create", "_finish", "_verify", "_publish"} <= set(in_threads)
+
+
+def test_at_start_half_written_uploads_go_and_everything_left_is_private_again(tmp_path):
+    files = CheckpointFiles(tmp_path / "checkpoints")
+    folder = tmp_path / "checkpoints" / "p"
+    folder.mkdir(parents=True)
+    kept, leftover = folder / "epoch-00000003.ckpt", folder / ".incoming-0123abcd"
+    kept.write_bytes(b"state")
+    leftover.write_bytes(b"half a sta")
+    for path, mode in ((kept, 0o644), (leftover, 0o644), (folder, 0o755), (folder.parent, 0o755)):
+        path.chmod(mode)
+    files.tidy()
+    assert [p.name for p in folder.iterdir()] == [kept.name]
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert folder.stat().st_mode & 0o777 == folder.parent.stat().st_mode & 0o777 == 0o700

@@ -118,7 +118,7 @@ def test_centered_clip_keeps_noise_within_the_norm_bound_from_moving_the_average
 
 def test_centered_clip_of_honest_inputs_is_close_to_their_mean():
     parts = honest(4)
-    screened = screen(parts, 64, 10.0)
+    screened = screen(parts, {}, 64, 10.0)
     clipped = centered_clip(screened, 1.0, 20)
     assert distance(clipped, weighted_mean(screened)) < 0.01
 

@@ -72,7 +72,8 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
     assert mine is not None and mine.state_sha256
     # The other member, a reducer too, saw the same parts and reached the same state.
     outs.extend(tracker.handle("other", RoundDone(start.round_id, 0, ok=True, state_sha256=mine.state_sha256,
-                                                  samples=brought + 100, received=dict(mine.received))))
+                                                  samples=brought + 100, received=dict(mine.received),
+                                                  proof=mine.proof)))
     (step,) = [o.step for o in outs if isinstance(o, RecordStep)]
     (record,) = [o for o in outs if isinstance(o, RecordCredits)]
     assert record.credits["me"].samples == brought

@@ -7,6 +7,9 @@ import pytest
 from engine.backbone import store as store_module
 from engine.backbone.store import SCHEMA_VERSION, Store
 
+SCHEMA_5 = (("contributions", "withdrawn_at"), ("contributions", "withdrawn_why"),
+            ("user_totals", "withdrawn_samples"), ("user_totals", "withdrawn_bytes"))
+
 
 def schema_of(path):
     with sqlite3.connect(path) as db:
@@ -53,7 +56,8 @@ def test_a_schema_2_ledger_keeps_its_totals_and_gains_auxiliary_credit(tmp_path)
     with sqlite3.connect(path) as db:  # back to how schema 2 left the file
         db.execute("DROP INDEX leaderboard_aggregated")
         for table, column in (("peers", "role"), ("contributions", "aggregated_bytes"),
-                              ("user_totals", "aggregated_bytes"), ("collaborations", "aggregated_bytes")):
+                              ("user_totals", "aggregated_bytes"), ("collaborations", "aggregated_bytes"),
+                              ("users", "kdf"), *SCHEMA_5):
             db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         db.execute("UPDATE meta SET value='2' WHERE key='schema'")
 
@@ -70,5 +74,62 @@ def test_a_schema_2_ledger_keeps_its_totals_and_gains_auxiliary_credit(tmp_path)
     assert store.rank("p", bob.id, Ranking.AGGREGATED) == 1
     assert store.rank("p", alice.id, Ranking.AGGREGATED) is None
     assert store.peer("helper", "p").role is PeerRole.AUXILIARY
-    assert schema_of(path)[0] == SCHEMA_VERSION == 3
+    assert schema_of(path)[0] == SCHEMA_VERSION
+    store.close()
+
+
+def test_a_schema_3_file_marks_its_password_hashes_as_made_with_the_old_parameters(tmp_path):
+    """Hashes stored before each said what made it were scrypt n=2^14: a log-in checks them so
+    (and hashes the password anew, api_accounts.login); new ones say n=2^17."""
+    from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, hash_password, password_matches
+
+    path = tmp_path / "backbone.sqlite3"
+    Store(path).close()
+    salt, digest = hash_password("old password", params=LEGACY_HASH)
+    with sqlite3.connect(path) as db:  # back to how schema 3 left the file, with one old account
+        for table, column in (("users", "kdf"), *SCHEMA_5):
+            db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute("INSERT INTO users (username, salt, password_hash, created_at) VALUES ('old',?,?,0)",
+                   (salt, digest))
+        db.execute("UPDATE meta SET value='3' WHERE key='schema'")
+    store = Store(path)
+    old = store.user_secret("old")
+    assert old is not None and old.kdf == LEGACY_HASH.text
+    assert password_matches("old password", old.salt, old.password_hash, LEGACY_HASH)
+    salt, digest = hash_password("old password")
+    store.set_password(old.user.id, salt, digest, PASSWORD_HASH.text)
+    store.create_user("new", b"s", b"h")
+    assert {name: store.user_secret(name).kdf for name in ("old", "new")} == \
+        {"old": PASSWORD_HASH.text, "new": PASSWORD_HASH.text}
+    assert schema_of(path)[0] == SCHEMA_VERSION
+    store.close()
+
+
+def test_peers_that_never_connected_or_left_long_ago_are_forgotten_and_their_credit_stays(tmp_path):
+    """Joins are cheap: their rows must not stay for ever. A peer still connected, one that
+    joined a moment ago or left today is kept; credit and online time do not need the rows."""
+    from engine.backbone.ledger import Credit
+    from engine.backbone.store import LEFT_KEPT, NEVER_CONNECTED_KEPT
+
+    store = Store(tmp_path / "backbone.sqlite3")
+    alice = store.create_user("alice", b"s", b"h")
+    store.set_collaboration("p", 0, None)
+    for peer in ("stale-join", "fresh-join", "connected", "left-today", "left-long-ago"):
+        store.add_peer(peer, "p", peer, "t" * 64, alice.id)
+    now = 10 * LEFT_KEPT
+    store.db.execute("UPDATE peers SET joined_at=?", (now - 2 * LEFT_KEPT,))
+    store.db.execute("UPDATE peers SET joined_at=? WHERE peer_id='fresh-join'",
+                     (now - NEVER_CONNECTED_KEPT / 2,))
+    for peer in ("connected", "left-today", "left-long-ago"):
+        store.peer_connected(peer, at=now - 2 * LEFT_KEPT)
+    store.peer_left("left-today", at=now - LEFT_KEPT / 2)
+    store.peer_left("left-long-ago", at=now - LEFT_KEPT - 1)
+    store.record_credits("p", 1, {"left-long-ago": Credit(120, 4.0)}, {"left-long-ago": alice.id})
+
+    assert store.prune_peers(now) == 2
+    kept = {row[0] for row in store.db.execute("SELECT peer_id FROM peers")}
+    assert kept == {"fresh-join", "connected", "left-today"}
+    assert store.credited_by_peer("p") == {"left-long-ago": 120}
+    assert store.credited_by_user("p") == {"alice": 120}
+    assert store.user_totals(alice.id)[0].online_seconds > 0
     store.close()

@@ -43,8 +43,10 @@ def clock():
     return Clock()
 
 
-def open_round(t, samples):
-    """Report ``samples`` per peer (a dict) and return the RoundStart that opened."""
+def open_round(t, samples, computing=1.0):
+    """Report ``samples`` per peer (a dict), after ``computing`` seconds of compute (the
+    backbone counts no more samples than time allows), and return the RoundStart that opened."""
+    t.clock.now += computing
     starts = []
     for peer, n in samples.items():
         starts += sent(t.handle(peer, Progress(t.epoch, n, 10.0)), RoundStart)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from engine.backbone.tracker.audits import Auditor
 from engine.backbone.tracker.backups import Backups
-from engine.backbone.tracker.membership import Members, Pace, PeerState
+from engine.backbone.tracker.membership import Members, PeerState
 from engine.backbone.tracker.outputs import (
     Broadcast,
     CollaborationState,
@@ -25,8 +26,10 @@ from engine.backbone.tracker.outputs import (
     RecordStep,
     RoundOpened,
     Send,
+    WithdrawCredits,
 )
 from engine.backbone.tracker.pairs import Pairs
+from engine.backbone.tracker.records import Identity
 from engine.backbone.tracker.scheduling import OpenRound, Scheduler
 from engine.backbone.tracker.settlement import Settlement
 from engine.backbone.tracker.syncing import StateSources
@@ -44,10 +47,10 @@ from engine.wire.control import (
     Status,
     SyncRequest,
 )
-from engine.wire.types import PeerRole
+from engine.wire.types import MAX_SECONDS, PeerRole, total_count, total_rate
 
-__all__ = ["Broadcast", "CollaborationState", "Out", "RecordCredits", "RecordStep", "RoundOpened", "Send",
-           "Tracker"]
+__all__ = ["Broadcast", "CollaborationState", "Identity", "Out", "RecordCredits", "RecordStep", "RoundOpened",
+           "Send", "Tracker", "WithdrawCredits"]
 
 
 class Tracker:
@@ -112,8 +115,11 @@ class Tracker:
 
     # --- membership -----------------------------------------------------------------------
 
-    def join(self, peer_id: str, name: str, role: PeerRole = PeerRole.TRAINER) -> list[Out]:
-        self.members.join(peer_id, name, auxiliary=role is PeerRole.AUXILIARY)
+    def join(self, peer_id: str, name: str, role: PeerRole = PeerRole.TRAINER,
+             identity: Identity | None = None) -> list[Out]:
+        """A peer's control socket opened (``identity``: its account and address group,
+        by which its punishments outlive the socket)."""
+        self.members.join(peer_id, name, auxiliary=role is PeerRole.AUXILIARY, identity=identity)
         return []
 
     def leave(self, peer_id: str) -> list[Out]:
@@ -187,8 +193,10 @@ class Tracker:
         rnd = self.round
         if (rnd is not None and rnd.settled_to is None and peer.peer_id in rnd.members
                 and msg.samples >= rnd.members[peer.peer_id].samples):
-            # The micro-batch that was under way when the round opened, reported: evidence.
-            rnd.members[peer.peer_id] = Pace.of(peer, [peer])
+            # The micro-batch that was under way when the round opened, reported: evidence
+            # (its cap was sent with the round, and stays).
+            cap = rnd.members[peer.peer_id].cap
+            rnd.members[peer.peer_id] = replace(self.members.pace(peer, [peer], now), cap=cap)
         if not self.members.may_reach(self.project.target_batch_size, peer, self.epoch, now):
             return []
         return self._maybe_open_round()
@@ -239,8 +247,8 @@ class Tracker:
 
     def status(self) -> Status:
         live = self.live_peers()
-        samples = sum(p.samples for p in live)
-        rate = sum(p.rate for p in live)
+        samples = total_count(p.samples for p in live)
+        rate = total_rate(p.rate for p in live)
         missing = max(self.project.target_batch_size - samples, 0)
-        eta = missing / rate if rate > 0 else None
+        eta = min(missing / rate, MAX_SECONDS) if rate > 0 else None
         return Status(self.epoch, samples, self.project.target_batch_size, len(self.members.peers), rate, eta)

@@ -9,10 +9,16 @@ only once every drawn part checks out. The verdicts:
 
 - the first checker agrees: the part passes;
 - it disagrees: a second checker is asked, and a third if they split; two verdicts alike
-  decide, and a checker on the other side is expelled (a lying checker costs itself);
+  decide, and a checker on the other side is expelled (a lying checker costs itself); an
+  even split with nobody left to ask (a round of three voters) passes the part and expels
+  the checkers against it: a wrong result has every honest checker against it, so only a
+  dishonest majority of those voters could split on it;
 - two checkers find the result wrong: the reducer is expelled, and the round is discarded
   on every member (each goes back to the state it kept and takes its gradient to the next
-  round, so the part is redone);
+  round, so the part is redone); so is a reducer that combined another part of its own
+  than it showed the senders before taking theirs (a majority of them say what they were
+  shown); and it loses the credit of every round it reduced since its last part that
+  passed a check (the ledger withdraws it);
 - a checker got no inputs (the reducer's link is slow, or it withholds them): that is no
   verdict, and another checker is asked; if UNANSWERED checkers got none, the round is
   discarded and the reducer reduces no part for a time that doubles each time (it is not
@@ -20,8 +26,10 @@ only once every drawn part checks out. The verdicts:
 - no decision (the reducer never committed, checkers ran out): the round is discarded,
   nobody expelled -- an unverifiable step is never kept.
 
-A sender whose committed part differs from what the reducer says it received may be
-lying, or the reducer may be: the two are kept apart, as peers that cannot exchange are.
+A checker waits for the inputs a few times as long as the round took (CHECK_TIME_FACTOR),
+and has as long again to answer: a silent one is struck and replaced in seconds, not
+minutes. A sender whose committed part differs from what the reducer says it received may
+be lying, or the reducer may be: the two are kept apart, as peers that cannot exchange are.
 """
 
 from __future__ import annotations
@@ -34,9 +42,9 @@ from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
 
-from engine.backbone.tracker.outputs import Out, Send
-from engine.backbone.tracker.scheduling import OpenRound
-from engine.wire.control import Audit, AuditDone, Committed
+from engine.backbone.tracker.outputs import Out, Send, WithdrawCredits
+from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
+from engine.wire.control import EMPTY_PART, Audit, AuditDone, Committed, RoundDone
 
 if TYPE_CHECKING:
     from engine.backbone.tracker import Tracker
@@ -44,6 +52,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # Checkers a reducer may leave without its inputs before its part counts as not shown.
 UNANSWERED = 2
+# The settled rounds a reducer reduced in since a part of it last passed a check, kept up to
+# this many (their credit is withdrawn if it is caught).
+MAX_UNCHECKED = 10_000
+# A checker waits for a reducer's inputs this many times as long as the round took so far,
+# at least MIN_CHECK_TIME, at most the round's timeout; then has as long again to answer.
+CHECK_TIME_FACTOR = 4
+MIN_CHECK_TIME = 10.0
 
 
 @dataclass
@@ -72,7 +87,7 @@ class PartCheck:
 
 @dataclass
 class RoundAudit:
-    digest: str  # the majority state: what the members applied
+    majority: Vote  # the majority state (and its proof): what the members applied
     parts: list[PartCheck]
 
     @property
@@ -90,15 +105,33 @@ class Auditor:
         self.rng = rng or random.SystemRandom()
         self.drawn = 0
         self.caught = 0
+        self.unchecked: dict[str, list[int]] = {}  # reducer -> rounds it reduced in since its last check
+        self.withdrawals: list[WithdrawCredits] = []  # for the round's close to carry out
 
-    def draw(self, rnd: OpenRound, digest: str) -> RoundAudit:
+    def settled(self, rnd: OpenRound) -> None:
+        """A round settled: its reducers' credit stands until one of them is caught, unless
+        a part it reduced passed a check now."""
+        if self.t.project.aggregation.verify_probability <= 0 or rnd.recovering:
+            return
+        vetted = {p.reducer for p in rnd.audit.parts if p.passed} if rnd.audit is not None else set()
+        for reducer, weight in rnd.weights().items():
+            if weight <= 0 or reducer in rnd.lost:
+                continue
+            if reducer in vetted:
+                self.unchecked.pop(reducer, None)
+            else:
+                rounds = self.unchecked.setdefault(reducer, [])
+                rounds.append(rnd.round_id)
+                del rounds[:-MAX_UNCHECKED]
+
+    def draw(self, rnd: OpenRound, majority: Vote) -> RoundAudit:
         p = self.t.project.aggregation.verify_probability
         parts = []
         if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
             parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.reducers)
                      if rnd.share_of(j) > 0 and self.rng.random() < p]
         self.drawn += len(parts)
-        return RoundAudit(digest, parts)
+        return RoundAudit(majority, parts)
 
     def advance(self, rnd: OpenRound) -> list[Out]:
         """Start the checks whose reducer has committed (it answered the round)."""
@@ -114,24 +147,64 @@ class Auditor:
         done = rnd.outcomes[part.reducer]
         commitment = done.commitment
         inputs = commitment.inputs_of(part.index) if commitment is not None else None
-        holds_state = part.reducer in rnd.auxiliary or done.state_sha256 == audit.digest
+        holds_state = part.reducer in rnd.auxiliary or vote(done) == audit.majority
         if not done.ok or inputs is None or not holds_state:
             part.passed, part.why = False, "its reducer did not commit to what it combined"
             return []
-        holders = _holders(rnd, audit.digest)
+        holders = _holders(rnd, audit.majority)
         applied = Counter(result for p in holders if (result := _applied(rnd, p, part.index)))
         if not applied:
             part.passed, part.why = False, "nobody committed to the result it applied"
             return []
+        shown = self._own_as_shown(rnd, part, inputs)
+        if not shown:
+            return []  # failed, or undecided until the other senders report
         self._compare_sent(rnd, part, inputs)
         result = applied.most_common(1)[0][0]
+        caps = [rnd.members[c.sender].cap if c.sender in rnd.members else 0 for c in inputs]
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
-                           checker="-", inputs=inputs, result_sha256=result,
-                           timeout=self.t.project.round_timeout)
+                           checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
+                           caps=caps)
         return self._ask_next(rnd, part)
+
+    def _own_as_shown(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> bool | None:
+        """Whether the reducer combined the own part it showed the senders before taking
+        theirs (a ``shown`` frame, which they commit to); None: not known until the voters
+        still connected have reported (or the round's deadline). A strict majority of the
+        senders that say what they were shown decides what that was: one lying sender
+        frames nobody. A reducer that combined another part of its own chose it after seeing
+        the others': it is expelled. Senders that disagree leave the part undecided: the
+        round is discarded, and nobody expelled."""
+        reporting = [p for p in rnd.voters if p != part.reducer and p not in rnd.outcomes
+                     and p in self.t.members.peers]
+        if reporting and self.t.clock() <= rnd.deadline:
+            return None
+        said = Counter(digest for p, o in rnd.outcomes.items() if p != part.reducer
+                       and (digest := _shown(o, part.index)) is not None)
+        if not said:
+            return True  # nobody sent it a part of its own
+        shown, held = said.most_common(1)[0]
+        own = next((c.sha256 for c in inputs if c.sender == part.reducer), EMPTY_PART)
+        if held * 2 <= sum(said.values()):
+            part.passed, part.why = False, "the senders were not all shown the same part of its own"
+            return False
+        if own != shown:
+            part.passed, part.why = False, "it combined another part of its own than it showed the senders"
+            self._caught(part)
+            return False
+        return True
+
+    def _check_time(self, rnd: OpenRound) -> float:
+        """How long a checker waits for a reducer's inputs: a part's inputs are about what
+        the round moved through that reducer, so a few times the round so far is plenty,
+        and never longer than the round's timeout."""
+        took = self.t.clock() - rnd.opened_at
+        return min(max(CHECK_TIME_FACTOR * took, MIN_CHECK_TIME), self.t.project.round_timeout)
 
     def _compare_sent(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> None:
         for committed in inputs:
+            if committed.sender == part.reducer:
+                continue  # its own part: _own_as_shown
             theirs = rnd.outcomes.get(committed.sender)
             sent = theirs.commitment.sent if theirs is not None and theirs.commitment is not None else []
             if part.index < len(sent) and sent[part.index] and sent[part.index] != committed.sha256:
@@ -142,10 +215,18 @@ class Auditor:
     def _ask_next(self, rnd: OpenRound, part: PartCheck) -> list[Out]:
         """Ask a member that holds the majority state and was not asked yet, at random."""
         assert part.audit is not None and rnd.audit is not None
-        candidates = sorted(p for p in _holders(rnd, rnd.audit.digest)
+        candidates = sorted(p for p in _holders(rnd, rnd.audit.majority)
                             if p != part.reducer and p not in part.asked and p in self.t.members.peers)
         if not candidates:
-            part.passed, part.why = False, "no checker left to decide"
+            agree = sum(part.verdicts.values())
+            if agree and agree * 2 == len(part.verdicts):
+                # An even split and nobody left to ask. A wrong result has every honest checker
+                # against it, so with a wrong reducer the split needs a dishonest majority of
+                # these voters; with an honest one, a single liar makes it: side with the result.
+                part.passed = True
+                self._concluded(rnd, part)
+            else:
+                part.passed, part.why = False, "no checker left to decide"
             return []
         checker = self.rng.choice(candidates)
         part.asked.append(checker)
@@ -214,17 +295,32 @@ class Auditor:
             if ok is not part.passed and peer is not None:
                 members.expel(peer, "its check of a reducer disagreed with the other checkers'")
         if part.passed is False:
-            self.caught += 1
-            log.error("%s: round %d: the result of %s for part %d is wrong (%s): expelling it, discarding "
-                      "the round", self.t.project.id, rnd.round_id, part.reducer, part.index, part.why)
-            reducer = members.get(part.reducer)
-            if reducer is not None:
-                members.expel(reducer, "its result did not follow from its inputs")
+            self._caught(part)
+
+    def _caught(self, part: PartCheck) -> None:
+        """The reducer of ``part`` returned what its inputs do not give: expel it."""
+        self.caught += 1
+        rnd = self.t.round
+        log.error("%s: round %d: the result of %s for part %d is wrong (%s): expelling it, discarding "
+                  "the round", self.t.project.id, rnd.round_id if rnd else -1, part.reducer, part.index,
+                  part.why)
+        reducer = self.t.members.get(part.reducer)
+        if reducer is not None:
+            self.t.members.expel(reducer, "its result did not follow from its inputs")
+        rounds = self.unchecked.pop(part.reducer, [])
+        if rounds:
+            self.withdrawals.append(WithdrawCredits(part.reducer, rounds, f"it was caught: {part.why}"))
 
 
-def _holders(rnd: OpenRound, digest: str) -> list[str]:
+def _holders(rnd: OpenRound, majority: Vote) -> list[str]:
     """The voters that reported the majority state."""
-    return [p for p, o in rnd.outcomes.items() if p in rnd.voters and o.ok and o.state_sha256 == digest]
+    return [p for p, o in rnd.outcomes.items() if p in rnd.voters and vote(o) == majority]
+
+
+def _shown(outcome: RoundDone, index: int) -> str | None:
+    """What the reducer of part ``index`` showed this member of its own part, if it says."""
+    shown = outcome.commitment.shown if outcome.commitment is not None else []
+    return shown[index] if index < len(shown) else None
 
 
 def _applied(rnd: OpenRound, member: str, index: int) -> str | None:

@@ -1,18 +1,40 @@
-"""Who is in a collaboration and what each peer has reported: liveness, pace, samples."""
+"""Who is in a collaboration and what each peer has reported: liveness, pace, samples.
+
+A sample count a peer reports is a claim, and counts only as far as the evidence here
+bears it out: the time it has been accumulating, as this backbone timed it from when its
+step was judged or its state accepted (nothing the peer can restart at will), times a pace
+of at most MAX_PACE_RATIO times the typical member's (the median pace of the proven
+members; one on probation: at most the typical pace), with TOLERANCE, a quarter second and
+two micro-batches to spare. Everything downstream -- the tally that opens rounds, the progress bar, each
+member's cap in a round, the ledger's bounds -- reads the counted figure."""
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.backbone.ledger import Claim
+from engine.backbone.ledger import TOLERANCE, Claim
+from engine.backbone.tracker.records import Identity, Records
 from engine.wire.control import Progress, SyncRequest
+from engine.wire.types import MAX_COUNT
 
 log = logging.getLogger(__name__)
 PACE_DECAY = 0.9
 BEST_DECAY = 0.995
+# A pace is the samples a peer reported over the time since it began accumulating, timed
+# over at least this long: two reports a microsecond apart say nothing of a machine.
+MIN_PACE_WINDOW = 0.05
+# A peer counts as at most this many times as fast as the typical member (a graphics card
+# beside laptops), and as at most the typical one while on probation.
+MAX_PACE_RATIO = 16.0
+PROBATION_PACE_RATIO = 1.0
+# A round member computes on after its last report until it takes its accumulator (the
+# RoundStart on its way, the micro-batch under way): its cap allows this long more at its
+# pace (its first pace of a run, timed from its start, may be low), beside two micro-batches.
+UNREPORTED_SLACK = 0.25
 # A member that dissents from the settled state, or misses a round, twice in a row is left
 # out of rounds for this long, doubling with each further strike (up to an hour): a liar or
 # a silent identity costs the others a round or two, not every round.
@@ -35,9 +57,10 @@ class PeerState:
     loss: float | None = None
     reported_at: float = 0.0  # its last report of new samples: paces and claims
     heard_at: float = 0.0  # its last report of any kind: liveness
-    accumulating_since: float = 0.0
+    accumulating_since: float = 0.0  # when its step was judged or its state accepted, timed here
     compute_seconds: float = 0.0
-    pace: float = 0.0  # samples/s between its reports, timed here; carried across epochs
+    pace: float = 0.0  # samples/s since it began accumulating, timed here; carried across epochs
+    claimed_too_much: int = -1  # the last epoch it claimed past the evidence (logged once an epoch)
     throughput: float = 0.0  # samples per second of compute, as it reports them
     best_throughput: float = 0.0
     micro_batch: int = 0  # smallest jump between two of its reports: one micro-batch
@@ -67,7 +90,8 @@ class PeerState:
 
 @dataclass
 class Pace:
-    """A round member's last report and speed, kept to judge its claim when the round ends."""
+    """A round member's last report and speed, kept to judge its claim when the round ends,
+    and its cap: the most samples its parts count for in the round (RoundStart.caps)."""
 
     samples: int
     rate: float
@@ -76,14 +100,7 @@ class Pace:
     compute_seconds: float
     accumulating_since: float
     best_throughput: float
-
-    @staticmethod
-    def of(peer: PeerState, members: list[PeerState]) -> Pace:
-        # A newcomer that has not reported yet still finishes the micro-batch under way;
-        # the same task runs everywhere, so the others' micro-batch size is a fair guess.
-        step = peer.micro_batch or max(p.micro_batch for p in members)
-        return Pace(peer.samples, max(peer.pace, peer.throughput), step, peer.reported_at,
-                    peer.compute_seconds, peer.accumulating_since, peer.best_throughput)
+    cap: int = MAX_COUNT
 
     def claim(self, ended_at: float) -> Claim:
         # The first success needed every member's parts, so each member had stopped
@@ -100,12 +117,20 @@ class Members:
         self._counted: dict[str, int] = {}  # samples per live peer as last counted, and reported since
         self._gathered = 0  # their sum
         self._counted_at = -math.inf
+        self._typical = (0.0, 0)  # the typical member's pace and micro-batch (0: none measured yet)
+        self._typical_at = -math.inf
+        self.records = Records(clock)  # punishment, by identity: it outlives a socket
+        self._bootstrap = True  # nobody is proven: everyone is judged as a proven member would be
 
-    def join(self, peer_id: str, name: str, auxiliary: bool = False) -> None:
-        self.peers[peer_id] = PeerState(peer_id, name, self._clock(), auxiliary=auxiliary)
+    def join(self, peer_id: str, name: str, auxiliary: bool = False,
+             identity: Identity | None = None) -> None:
+        peer = self.peers[peer_id] = PeerState(peer_id, name, self._clock(), auxiliary=auxiliary)
+        self.records.arrived(peer, identity or Identity())
 
     def leave(self, peer_id: str) -> None:
-        self.peers.pop(peer_id, None)
+        peer = self.peers.pop(peer_id, None)
+        if peer is not None:
+            self.records.left(peer)
 
     def get(self, peer_id: str) -> PeerState | None:
         return self.peers.get(peer_id)
@@ -157,24 +182,88 @@ class Members:
         peer.strikes += 1
         peer.proven = False
         peer.excluded_until = self._clock() + MAX_EXCLUSION
+        self.records.expelled(peer)
         log.warning("leaving %s out of rounds for %.0f s: %s", peer.peer_id, MAX_EXCLUSION, why)
 
     def report(self, peer: PeerState, msg: Progress, now: float) -> None:
-        """Take in a progress report of the current epoch: its samples, and how fast it goes."""
-        step = msg.samples - peer.samples
+        """Take in a progress report of the current epoch: its samples, as far as the evidence
+        bears them out, and how fast it goes."""
+        samples = min(msg.samples, self.sample_bound(peer, now))
+        if samples < msg.samples and peer.claimed_too_much != peer.epoch:
+            peer.claimed_too_much = peer.epoch
+            log.warning("counting %d of the %d samples %s claims at epoch %d: more than its time allows",
+                        samples, msg.samples, peer.peer_id, peer.epoch)
+        step = samples - peer.samples
         if step > 0:
             peer.micro_batch = min(peer.micro_batch or step, step)
-            if now > peer.reported_at:
-                peer.pace = max(peer.pace * PACE_DECAY, step / (now - peer.reported_at))
+        elapsed = now - peer.accumulating_since
+        if samples > 0 and elapsed >= MIN_PACE_WINDOW:
+            peer.pace = max(peer.pace * PACE_DECAY, samples / elapsed)
         if msg.compute_seconds > 0:
-            peer.throughput = max(peer.throughput * PACE_DECAY, msg.samples / msg.compute_seconds)
-            peer.best_throughput = max(peer.best_throughput * BEST_DECAY, msg.samples / msg.compute_seconds)
-        peer.samples, peer.rate, peer.loss = msg.samples, msg.samples_per_second, msg.loss
+            peer.throughput = max(peer.throughput * PACE_DECAY, samples / msg.compute_seconds)
+            peer.best_throughput = max(peer.best_throughput * BEST_DECAY, samples / msg.compute_seconds)
+        peer.samples, peer.loss = samples, msg.loss
+        peer.rate = min(msg.samples_per_second, self.rate_bound(peer))
         peer.compute_seconds = msg.compute_seconds
         self._links(peer, msg)
         peer.heard_at = now
         if step != 0:
             peer.reported_at = now
+
+    def typical(self) -> tuple[float, int]:
+        """The typical member's pace and micro-batch: the medians (the upper middle) of the
+        proven live trainers' -- of everyone's while nobody is proven. Identities that hold
+        no state are never proven, so they cannot move it; one proven stranger among two or
+        more honest members cannot either; and a slow device (a laptop beside workstations,
+        a machine its owner is using) cannot drag it down for the others."""
+        now = self._clock()
+        if now - self._typical_at >= RECOUNT_INTERVAL:
+            self._typical_at = now
+            trainers = [p for p in self.peers.values() if p.ready and not p.auxiliary and p.pace > 0
+                        and now - p.heard_at <= self.peer_timeout and p.excluded_until <= now]
+            measured = [p for p in trainers if p.proven] or trainers
+            self._bootstrap = not any(p.proven for p in trainers)
+            self._typical = ((statistics.median_high(p.pace for p in measured),
+                              statistics.median_high(p.micro_batch for p in measured))
+                             if measured else (0.0, 0))
+        return self._typical
+
+    def rate_bound(self, peer: PeerState) -> float:
+        """The fastest pace ``peer`` counts as having (infinite before anyone's is measured)."""
+        pace, _ = self.typical()
+        if pace <= 0:
+            return math.inf
+        return pace * (MAX_PACE_RATIO if peer.proven or self._bootstrap else PROBATION_PACE_RATIO)
+
+    def sample_bound(self, peer: PeerState, now: float) -> int:
+        """The most samples ``peer`` may have accumulated by ``now``."""
+        rate, (_, micro_batch) = self.rate_bound(peer), self.typical()
+        if math.isinf(rate):
+            return MAX_COUNT
+        elapsed = max(now - peer.accumulating_since, 0.0) + UNREPORTED_SLACK  # (messages wait in queues)
+        return min(math.ceil(TOLERANCE * rate * elapsed) + 2 * micro_batch, MAX_COUNT)
+
+    def cap(self, peer: PeerState, now: float) -> int:
+        """The most samples a round opened ``now`` counts from ``peer``: what its time allows,
+        and what it reported plus what its pace adds since, with two micro-batches to spare
+        (one finished since its report, one under way)."""
+        rate, (_, micro_batch) = self.rate_bound(peer), self.typical()
+        pace = min(max(peer.pace, peer.throughput), rate)
+        slack = 2 * max(micro_batch, peer.micro_batch if math.isinf(rate) else 0)
+        unreported = max(now - peer.reported_at, 0.0) + UNREPORTED_SLACK
+        reported = TOLERANCE * (peer.samples + pace * unreported) + slack
+        return min(self.sample_bound(peer, now), math.ceil(reported), MAX_COUNT)
+
+    def pace(self, peer: PeerState, members: list[PeerState], now: float) -> Pace:
+        """``peer``'s evidence when a round opens ``now``, to judge its claim when it ends."""
+        # A newcomer that has not reported yet still finishes the micro-batch under way;
+        # the same task runs everywhere, so the others' micro-batch size is a fair guess.
+        step = peer.micro_batch or max(p.micro_batch for p in members)
+        rate = self.rate_bound(peer)
+        return Pace(peer.samples, min(max(peer.pace, peer.throughput), rate), step, peer.reported_at,
+                    peer.compute_seconds, peer.accumulating_since, min(peer.best_throughput, rate),
+                    self.cap(peer, now))
+
 
     def report_link(self, peer: PeerState, msg: Progress, now: float) -> None:
         """An auxiliary peer's report: it is alive, and what its link achieves. Its samples
@@ -204,6 +293,10 @@ class Members:
             self._counted[peer.peer_id] = peer.samples
         return self._gathered >= target
 
-    def restart_accumulation(self, peer: PeerState) -> None:
+    def restart_accumulation(self, peer: PeerState, since: float | None = None) -> None:
+        """It starts from zero samples: since ``since`` (when its report that it did arrived),
+        or now."""
+        now = self._clock()
         peer.samples, peer.compute_seconds = 0, 0.0
-        peer.reported_at = peer.heard_at = peer.accumulating_since = self._clock()
+        peer.accumulating_since = min(since, now) if since is not None else now
+        peer.reported_at = peer.heard_at = now

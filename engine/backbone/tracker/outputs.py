@@ -45,6 +45,16 @@ class RecordCredits:
 
 
 @dataclass
+class WithdrawCredits:
+    """A reducer was caught returning a wrong result: the credit it was given for these
+    rounds (those it reduced in since a part of it last passed a check) is withdrawn."""
+
+    peer_id: str
+    round_ids: list[int]
+    why: str
+
+
+@dataclass
 class CollaborationState:
     """The epoch and state the collaboration continues from changed without a step (a
     rewind to a checkpoint, or a fresh start)."""
@@ -53,4 +63,4 @@ class CollaborationState:
     state_sha256: str | None
 
 
-Out = Send | Broadcast | RoundOpened | RecordStep | RecordCredits | CollaborationState
+Out = Send | Broadcast | RoundOpened | RecordStep | RecordCredits | WithdrawCredits | CollaborationState

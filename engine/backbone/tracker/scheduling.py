@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import secrets
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,16 @@ PIECES = 4
 MAX_PIPELINED_PARTS = 256
 
 
+# What a voter says the round's step produced: the state's hash, and its proof that it holds
+# that state (RoundDone.proof). A peer that repeats the broadcast hash without the state
+# cannot give the proof the others give: its vote is for another state.
+Vote = tuple[str, str | None]
+
+
+def vote(outcome: RoundDone) -> Vote | None:
+    return (outcome.state_sha256, outcome.proof) if outcome.ok and outcome.state_sha256 else None
+
+
 @dataclass
 class OpenRound:
     round_id: int
@@ -66,6 +77,7 @@ class OpenRound:
     optional: set[str] = field(default_factory=set)  # on probation: not waited for, no vote
     outcomes: dict[str, RoundDone] = field(default_factory=dict)
     settled_to: str | None = None  # the state hash a majority of members reported
+    settled_vote: Vote | None = None  # ... with the proof they gave
     settled_at: float = 0.0
     first_success_at: float | None = None  # every member had stopped accumulating by then
     recovering: bool = False  # reopened after a restart: settles, credits nobody
@@ -76,6 +88,8 @@ class OpenRound:
     auxiliary: set[str] = field(default_factory=set)  # reduce only: no gradient, no step, no vote
     trial: bool = False  # an unproven auxiliary peer reduces in it (Scheduler.trial_over)
     pieces: int = 1  # parts per member's share (averaging/partition.py)
+    answered_at: dict[str, float] = field(default_factory=dict)  # when each outcome arrived
+    nonce: str = field(default_factory=lambda: secrets.token_hex(32))  # what voters prove the state with
 
     def __post_init__(self) -> None:
         if not self.reducers:
@@ -111,9 +125,17 @@ class OpenRound:
             weights[reducer] += self.share_of(j)
         return weights
 
+    def caps(self) -> list[int]:
+        """Per member, the most samples its parts count for (an auxiliary member sends none)."""
+        return [self.members[p].cap if p in self.members else 0 for p in self.group]
+
     def start(self, timeout: float) -> RoundStart:
         return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,
-                          sorted(self.optional), sorted(self.auxiliary), self.pieces)
+                          sorted(self.optional), sorted(self.auxiliary), self.pieces, self.caps(), self.nonce)
+
+    def holds_settled(self, outcome: RoundDone) -> bool:
+        """Whether ``outcome`` reports the state the round settled on, with its proof."""
+        return self.settled_vote is not None and vote(outcome) == self.settled_vote
 
 
 class Scheduler:
@@ -205,7 +227,7 @@ class Scheduler:
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
-            members={p.peer_id: Pace.of(p, members) for p in members}, optional=optional,
+            members={p.peer_id: self.members.pace(p, members, now) for p in members}, optional=optional,
             auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined else 1,
         )
         log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s in %d "

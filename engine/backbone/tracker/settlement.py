@@ -28,7 +28,7 @@ from engine.averaging.sizes import encoded_size
 from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
-from engine.backbone.tracker.scheduling import OpenRound
+from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.wire.control import AuditDone, RoundDone, Step
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class Settlement:
         if peer.peer_id not in rnd.group or peer.peer_id in rnd.outcomes:
             return []
         rnd.outcomes[peer.peer_id] = msg
+        rnd.answered_at[peer.peer_id] = t.clock()
         if msg.ok and rnd.first_success_at is None and peer.peer_id in rnd.voters:
             rnd.first_success_at = t.clock()
         out: list[Out] = []
@@ -84,7 +85,7 @@ class Settlement:
             return []
         rnd.outcomes[peer.peer_id] = msg
         if rnd.settled_to is not None and t.epoch == rnd.epoch + 1 and t.state_sha256 == rnd.settled_to:
-            if msg.ok and msg.state_sha256 == rnd.settled_to and peer.peer_id in rnd.unproven:
+            if rnd.holds_settled(msg) and peer.peer_id in rnd.unproven:
                 peer.proven = True  # the reducers saw its samples, and now its step agrees
             return self._judge(rnd, peer, msg)
         return t.resync(peer, "the round did not settle") if msg.ok else []
@@ -95,8 +96,7 @@ class Settlement:
         only those that answered -- except in a round replayed after a restart, where every
         voter counts: the first to reconnect must not decide it alone."""
         voters = rnd.voters
-        votes = Counter(o.state_sha256 for p, o in rnd.outcomes.items()
-                        if p in voters and o.ok and o.state_sha256)
+        votes = Counter(v for p, o in rnd.outcomes.items() if p in voters and (v := vote(o)) is not None)
         if not votes:
             return []
         counted = {p for p in voters if p in rnd.outcomes}  # a failure counts: it may be a victim's
@@ -104,19 +104,19 @@ class Settlement:
             counted = set(voters)
         elif not final:
             counted |= {m for m in voters if m in self.t.members.peers}
-        digest, held = votes.most_common(1)[0]
+        majority, held = votes.most_common(1)[0]
         if held * 2 <= len(counted):
             return []
-        return self._verified(rnd, digest)
+        return self._verified(rnd, majority)
 
-    def _verified(self, rnd: OpenRound, digest: str) -> list[Out]:
+    def _verified(self, rnd: OpenRound, majority: Vote) -> list[Out]:
         """Settle now -- or, if parts were drawn for checking (backbone/tracker/audits.py),
         once they check out."""
         audits = self.t.audits
         if rnd.audit is None:
-            rnd.audit = audits.draw(rnd, digest)
+            rnd.audit = audits.draw(rnd, majority)
         out = audits.advance(rnd)
-        return out + self._settle(rnd, digest) if rnd.audit.passed else out
+        return out + self._settle(rnd, majority) if rnd.audit.passed else out
 
     def audit_done(self, peer: PeerState, msg: AuditDone) -> list[Out]:
         rnd = self.t.round
@@ -132,15 +132,16 @@ class Settlement:
         if audit.failed:
             return out + self.close(rnd)
         if audit.passed:
-            return out + self._settle(rnd, audit.digest) + self.close_if_answered()
+            return out + self._settle(rnd, audit.majority) + self.close_if_answered()
         return out
 
-    def _settle(self, rnd: OpenRound, digest: str) -> list[Out]:
+    def _settle(self, rnd: OpenRound, majority: Vote) -> list[Out]:
         t = self.t
         voters = rnd.voters
-        holders = [o for p, o in rnd.outcomes.items() if p in voters and o.ok and o.state_sha256 == digest]
+        digest = majority[0]
+        rnd.settled_to, rnd.settled_vote, rnd.settled_at = digest, majority, t.clock()
+        holders = [o for p, o in rnd.outcomes.items() if p in voters and rnd.holds_settled(o)]
         losses = [o.loss for o in holders if o.loss is not None]
-        rnd.settled_to, rnd.settled_at = digest, t.clock()
         t.epoch, t.state_sha256 = rnd.epoch + 1, digest
         lengths = [o.numel for o in holders if o.numel > 0]
         if lengths:  # what rounds move: the LP's time per byte times this is a round's
@@ -153,7 +154,7 @@ class Settlement:
         out: list[Out] = [RecordStep(step), Broadcast(step)]
         if rnd.checkpoint_by is not None and not rnd.recovering:
             t.expected_checkpoints.add((rnd.checkpoint_by, t.epoch))
-        t.pairs.exchanged(p for p, o in rnd.outcomes.items() if o.ok and o.state_sha256 == digest)
+        t.pairs.exchanged(p for p, o in rnd.outcomes.items() if rnd.holds_settled(o))
         for member, outcome in rnd.outcomes.items():
             peer = t.members.get(member)
             if peer is not None:
@@ -167,6 +168,7 @@ class Settlement:
             peer = t.members.get(aux)
             if peer is not None:  # the voters applied its results: they agree
                 peer.proven, peer.strikes = True, 0
+        t.audits.settled(rnd)
         return out
 
     def _judge(self, rnd: OpenRound, peer: PeerState, msg: RoundDone) -> list[Out]:
@@ -174,9 +176,10 @@ class Settlement:
         t = self.t
         if peer.peer_id in rnd.auxiliary:
             return []
-        if msg.ok and msg.state_sha256 == rnd.settled_to:
+        if rnd.holds_settled(msg):
             peer.ready, peer.epoch, peer.strikes = True, t.epoch, 0
-            t.members.restart_accumulation(peer)
+            # It went on computing once it took its step: its time counts from its report.
+            t.members.restart_accumulation(peer, rnd.answered_at.get(peer.peer_id))
             return []
         if msg.ok:
             log.error("%s: peer %s dissented in round %d", t.project.id, peer.peer_id, rnd.round_id)
@@ -212,6 +215,8 @@ class Settlement:
         if rnd.settled_to is None and not (rnd.audit is not None and rnd.audit.failed):
             out += self._try_settle(rnd, final=True)
         out += t.sources.answer_waiting(patient=False)
+        out += t.audits.withdrawals
+        t.audits.withdrawals = []
         if rnd.settled_to is None:
             why = "the round did not settle"
             if rnd.audit is not None and rnd.audit.failed:
@@ -281,7 +286,7 @@ class Settlement:
                 outcome = rnd.outcomes.get(pid)
                 if outcome is None:
                     rnd.unproven.add(pid)
-                elif outcome.ok and outcome.state_sha256 == rnd.settled_to:
+                elif rnd.holds_settled(outcome):
                     peer.proven = True
         ended = rnd.first_success_at if rnd.first_success_at is not None else rnd.settled_at
         computed = credits(seen, {p: m.claim(ended) for p, m in rnd.members.items()})
@@ -292,7 +297,7 @@ class Settlement:
         sender the reducers saw bring samples. The vector's length is what the voters that
         hold the settled state say it is."""
         lengths = [o.numel for p, o in rnd.outcomes.items()
-                   if p in rnd.voters and o.ok and o.state_sha256 == rnd.settled_to and o.numel > 0]
+                   if p in rnd.voters and rnd.holds_settled(o) and o.numel > 0]
         if not lengths:
             return {}
         sizes = [hi - lo for lo, hi in part_bounds(statistics.median_low(lengths), rnd.shares, rnd.pieces)]

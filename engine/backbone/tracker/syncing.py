@@ -135,6 +135,8 @@ class StateSources:
             return t.resync(peer, f"the collaboration is at epoch {t.epoch}, not {msg.epoch}")
         if t.state_sha256 is not None and msg.state_sha256 != t.state_sha256:
             return t.resync(peer, "your state differs from the collaboration's")
+        if peer.ready and peer.epoch == msg.epoch:
+            return []  # nothing new: its accumulation (and the time it is judged by) goes on
         peer.ready, peer.epoch = True, msg.epoch
         t.members.restart_accumulation(peer)
         return self.answer_waiting(patient=True)  # it may serve those asking

@@ -1,0 +1,109 @@
+"""Punishment belongs to the identity, not to the socket: a peer that reconnects -- with the
+same peer id, from another id of the same account, or from the same address group -- finds
+the strikes, exclusion, probation and demotion it left with.
+
+Keys are what a stranger cannot shed at will: its peer id (reconnecting with the same id
+and token), its account, and, for an expulsion only (harm done on purpose), its address
+group (an IPv4 address, an IPv6 /64: engine/backbone/addresses.py). Strikes and demotions
+do not follow an address: many honest users may share one NAT's. Records expire once
+nothing in them holds any longer and they are an hour old, and the table is swept
+whenever it doubles, so identities that come and go cannot grow it without end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.ratelimit import Sweeps
+
+if TYPE_CHECKING:
+    from engine.backbone.tracker.membership import PeerState
+
+FORGET_AFTER = 3600.0  # a record nothing holds any more is forgotten this long after it was kept
+
+
+@dataclass
+class Record:
+    strikes: int = 0
+    excluded_until: float = 0.0
+    sends_only_until: float = 0.0
+    unshown: int = 0
+    proven: bool = False
+    kept_at: float = 0.0
+
+
+@dataclass
+class Identity:
+    """The keys a peer is known by besides its id."""
+
+    account: int | None = None
+    address_group: str | None = None
+
+    def keys(self, peer_id: str) -> list[str]:
+        keys = [f"peer:{peer_id}"]
+        if self.account is not None:
+            keys.append(f"user:{self.account}")
+        return keys
+
+    def expulsion_keys(self, peer_id: str) -> list[str]:
+        keys = self.keys(peer_id)
+        if self.address_group is not None:
+            keys.append(f"address:{self.address_group}")
+        return keys
+
+
+@dataclass
+class Records:
+    clock: Callable[[], float]
+    identities: dict[str, Identity] = field(default_factory=dict)  # of the peers here now
+    _kept: dict[str, Record] = field(default_factory=dict)
+    _sweeps: Sweeps = field(default_factory=Sweeps)
+
+    def arrived(self, peer: PeerState, identity: Identity) -> None:
+        """A peer joins (or reconnects): it takes up what its identities left with."""
+        self.identities[peer.peer_id] = identity
+        now = self.clock()
+        for key in identity.expulsion_keys(peer.peer_id):
+            record = self._kept.get(key)
+            if record is None:
+                continue
+            peer.excluded_until = max(peer.excluded_until, record.excluded_until)
+            if key.startswith("address:"):
+                continue
+            peer.strikes = max(peer.strikes, record.strikes)
+            peer.sends_only_until = max(peer.sends_only_until, record.sends_only_until)
+            peer.unshown = max(peer.unshown, record.unshown)
+            if key.startswith("peer:") and peer.strikes == 0 and peer.excluded_until <= now:
+                peer.proven = record.proven
+
+    def left(self, peer: PeerState) -> None:
+        """A peer's socket closed: what it is judged by stays with its identities."""
+        identity = self.identities.pop(peer.peer_id, Identity())
+        for key in identity.keys(peer.peer_id):
+            self._keep(key, Record(peer.strikes, peer.excluded_until, peer.sends_only_until, peer.unshown,
+                                   peer.proven and key.startswith("peer:")))
+
+    def expelled(self, peer: PeerState) -> None:
+        """It was caught doing harm on purpose: every identity of it is kept out as long."""
+        identity = self.identities.get(peer.peer_id, Identity())
+        for key in identity.expulsion_keys(peer.peer_id):
+            record = self._kept.get(key, Record())
+            record.excluded_until = max(record.excluded_until, peer.excluded_until)
+            if not key.startswith("address:"):
+                record.strikes = max(record.strikes, peer.strikes)
+            self._keep(key, record)
+
+    def _keep(self, key: str, record: Record) -> None:
+        now = self.clock()
+        record.kept_at = now
+        self._kept[key] = record
+        if self._sweeps.due(len(self._kept)):
+            self._kept = {k: r for k, r in self._kept.items() if not _expired(r, now)}
+            self._sweeps.swept(len(self._kept))
+
+
+def _expired(record: Record, now: float) -> bool:
+    return (now - record.kept_at > FORGET_AFTER and record.excluded_until <= now
+            and record.sends_only_until <= now)

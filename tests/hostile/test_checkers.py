@@ -1,0 +1,122 @@
+"""Members that lie in what they say of others' work or of their own state, in projects that
+check reducers: real peer processes (tests/hostile/dishonest_checker.py) and a stranger
+speaking the protocol, against honest `cotrain peer` processes. Before: in a round of three
+voters a checker that called every part wrong discarded the round and nobody was expelled;
+a member that never answered a check held the round for twice the round's timeout; and a
+stranger holding no state was proven by a late outcome that echoed the broadcast hash."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from engine.backbone.tracker.audits import MIN_CHECK_TIME
+from engine.project import AggregationSpec
+from engine.wire.control import RoundDone, RoundStart, Step
+from tests.hostile.adversary import Adversary, member
+from tests.hostile.collaboration import (
+    Collaboration,
+    assert_unharmed,
+    hostile_project,
+    timed_epochs,
+    under_attack,
+)
+from tests.hostile.cued import cue, start_cued
+from tests.hostile.poisoner import SAMPLES, Poisoner
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+async def with_dishonest_checker(root, honest: int, *args: str, round_timeout: float = 3
+                                 ) -> tuple[Collaboration, list]:
+    checks = AggregationSpec(verify_probability=1.0)
+    project = hostile_project(round_timeout=round_timeout, aggregation=checks)
+    collab = Collaboration(root, project=project, peers=honest)
+    collab.start_backbone()
+    checker = await start_cued(collab, "tests.hostile.dishonest_checker", *args, name="checker")
+    peers = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(honest)]
+    await cue(collab, checker, peers)
+    return collab, peers
+
+
+def backbone_lines(collab: Collaboration, *words: str) -> list[str]:
+    return [line for line in collab.backbone.log.read_text(errors="replace").splitlines()
+            if all(w in line for w in words)]
+
+
+async def test_a_lying_checker_in_rounds_of_three_is_expelled_and_no_round_is_lost_to_it(tmp_path,
+                                                                                         report_figure):
+    collab, honest = await with_dishonest_checker(tmp_path, 2)
+    try:
+        await collab.until(lambda: backbone_lines(collab, "disagreed with the other checkers"), 120,
+                           "the lying checker expelled")
+        window = await timed_epochs(collab, 30, 120)
+    finally:
+        collab.stop()
+    lies = collab.peers[0].log.read_text(errors="replace").count("lied as the checker")
+    discarded = backbone_lines(collab, "did not check out")
+    report_figure(f"a checker that calls every part wrong, among three voters: lied {lies} times, expelled "
+                  f"after it; {len(discarded)} rounds discarded; then {window.rate:.2f} epochs/s")
+    assert lies >= 1 and not discarded
+    assert all(p.epoch >= window.last_epoch for p in honest)
+
+
+async def test_a_silent_checker_holds_a_round_seconds_and_then_sits_out(tmp_path, report_figure):
+    """With demo-lm's round timeout a silent checker held rounds four minutes; now a checker
+    has a few times the round's own duration (at least MIN_CHECK_TIME), and as long again."""
+    collab, honest = await with_dishonest_checker(tmp_path, 3, "--silent", round_timeout=60)
+    try:
+        await collab.until(lambda: len(backbone_lines(collab, "did not check the part")) >= 2, 180,
+                           "the silent checker struck twice")
+        window = await timed_epochs(collab, 30, 120)
+    finally:
+        collab.stop()
+    silences = collab.peers[0].log.read_text(errors="replace").count("kept silent")
+    gaps = [b - a for p in honest for a, b in zip(p.arrivals, p.arrivals[1:], strict=False)]
+    longest = max(gaps)
+    report_figure(f"a checker that never answers, round timeout {collab.project.round_timeout:.0f} s: silent "
+                  f"{silences} times, struck twice; longest wait between epochs {longest:.1f} s (before: "
+                  f"twice the round timeout); median {statistics.median(gaps):.2f} s; then "
+                  f"{window.rate:.2f} epochs/s")
+    assert silences >= 1
+    assert longest < 2 * MIN_CHECK_TIME + 10, longest
+
+
+async def test_an_echoed_state_hash_proves_no_step(tmp_path, report_figure):
+    """A stranger that holds no state sends parts that pass (a gradient of the initial
+    model), then reports each round late with the hash the Step broadcast named: without
+    the round's proof its outcome is a dissent, never a proof, and it stays on probation."""
+    collab = Collaboration(tmp_path, project=hostile_project())
+    collab.start()
+    try:
+        async with Adversary(collab.url, collab.project.id) as adversary:
+            echo = await adversary.join("echo")
+            Poisoner(adversary, echo, lambda honest: (honest * SAMPLES, SAMPLES), collab.initial_gradient())
+            starts: dict[int, RoundStart] = {}
+            previous = echo.on_message
+
+            def echo_the_step(msg) -> None:
+                if previous is not None:
+                    previous(msg)
+                if isinstance(msg, RoundStart) and echo.peer_id in msg.group:
+                    starts[msg.epoch] = msg
+                if isinstance(msg, Step) and msg.epoch - 1 in starts:
+                    start = starts.pop(msg.epoch - 1)
+                    echo.later(RoundDone(start.round_id, start.epoch, True, msg.state_sha256,
+                                         samples=msg.samples, proof="e" * 64))
+
+            echo.on_message = echo_the_step
+            verdict = await under_attack(collab, lambda: member(echo, samples=SAMPLES))
+            rounds = echo.rounds()
+            on_probation = sum(echo.peer_id in r.optional for r in rounds)
+            report_figure(f"{verdict.figure()}; in {len(rounds)} rounds, on probation in {on_probation}")
+            assert rounds and on_probation == len(rounds)
+            assert backbone_lines(collab, echo.peer_id, "dissented") or backbone_lines(
+                collab, "leaving", echo.peer_id, "out of rounds")
+            # Its parts passed as a member's (a real gradient, replayed): it may earn what its
+            # claims allow, never more than it claimed.
+            assert_unharmed(collab, verdict, adversary.peer_ids, may_earn=True)
+            assert collab.credited(adversary.peer_ids) <= SAMPLES * len(rounds)
+    finally:
+        collab.stop()

@@ -1,0 +1,175 @@
+"""Every number a peer reports is a claim: the tracker counts it only as far as the time the
+peer has been accumulating allows at a plausible pace, and every sum of claims stays a valid
+count. Driven directly, with the tracker's clock in the test's hands."""
+
+import math
+
+from engine.backbone.tracker import Identity, Tracker
+from engine.backbone.tracker.membership import MAX_PACE_RATIO, UNREPORTED_SLACK
+from engine.wire import control
+from engine.wire.codec import encode_text
+from engine.wire.control import Progress, Ready, SyncRequest
+from engine.wire.types import MAX_COUNT, MAX_RATE
+from tests.unit.test_tracker import Clock, done, open_round, project
+
+PEERS = ("a", "b", "c")
+
+
+def honest_collaboration(clock, epochs=2, **kw):
+    """Three honest peers that settled ``epochs`` rounds, each computing 32 samples a
+    second: proven, with measured paces."""
+    t = Tracker(project(target_batch_size=96, **kw), clock=clock, state_sha256="h0")
+    for p in PEERS:
+        t.join(p, p)
+        t.handle(p, SyncRequest())
+        t.handle(p, Ready(0, "h0"))
+    for epoch in range(epochs):
+        start = open_round(t, {p: 32 for p in PEERS})
+        for p in PEERS:
+            t.handle(p, done(start, digest=f"h{epoch + 1}"))
+        assert t.epoch == epoch + 1
+    assert all(t.peers[p].proven for p in PEERS)
+    return t
+
+
+def stranger(t, name="mallory", **identity):
+    t.join(name, name, identity=Identity(**identity) if identity else None)
+    t.handle(name, SyncRequest())
+    t.handle(name, Ready(t.epoch, t.state_sha256))
+    return t.peers[name]
+
+
+def test_ready_then_progress_forges_no_pace_and_no_samples():
+    """Before: a Ready reset the peer's tally, and a Progress a microsecond later gave it a
+    pace of samples per microsecond: 720,049 samples credited in 4 rounds."""
+    clock = Clock()
+    t = honest_collaboration(clock)
+    mallory = stranger(t)
+    for _ in range(20):
+        t.handle("mallory", Ready(t.epoch, t.state_sha256))  # resets nothing now
+        clock.now += 1e-6
+        t.handle("mallory", Progress(t.epoch, 10**6, 1e6, compute_seconds=0.0))
+    typical = t.members.typical()[0]
+    assert typical < 100
+    slack = 2 * t.members.typical()[1] + math.ceil(1.5 * typical * UNREPORTED_SLACK) + 1
+    assert mallory.samples <= slack  # no time has passed: no more than the slack
+    assert mallory.rate <= typical  # on probation: at most the typical pace
+    clock.now += 2.0
+    t.handle("mallory", Progress(t.epoch, 10**6, 1e6))
+    assert mallory.samples <= math.ceil(1.5 * typical * 2.0) + slack
+
+
+def test_a_proven_peer_counts_as_at_most_sixteen_times_the_typical_member():
+    clock = Clock()
+    t = honest_collaboration(clock)
+    fast = t.peers["a"]
+    clock.now += 1.0
+    t.handle("a", Progress(t.epoch, 10**9, 1e9))
+    typical = t.members.typical()[0]
+    elapsed = 1.0 + UNREPORTED_SLACK
+    assert fast.samples <= math.ceil(1.5 * MAX_PACE_RATIO * typical * elapsed) + 2 * t.members.typical()[1]
+
+
+def test_a_rounds_caps_let_honest_peers_whole_and_bound_a_stranger():
+    clock = Clock()
+    t = honest_collaboration(clock)
+    stranger(t)
+    start = open_round(t, {"mallory": 10**12, "a": 32, "b": 32, "c": 32})
+    caps = dict(zip(start.group, start.caps, strict=True))
+    assert all(caps[p] >= 32 for p in PEERS), caps
+    assert caps["mallory"] <= 2 * max(caps[p] for p in PEERS), caps
+    assert start.nonce and len(start.nonce) == 64
+
+
+def test_sums_of_valid_claims_stay_valid_counts():
+    """Before: two Sybils reporting 10^15 samples each made the status a message the peers'
+    own codec refused, and GET /api/projects a body the app could not read."""
+    clock = Clock()
+    t = Tracker(project(target_batch_size=10**15), clock=clock, state_sha256="h0")
+    for name in ("s1", "s2", "s3"):
+        stranger(t, name)
+        clock.now += 1.0
+        t.handle(name, Progress(0, 10**15, 1e15))
+    status = t.status()
+    assert status.samples <= MAX_COUNT and status.samples_per_second <= MAX_RATE
+    assert control.from_backbone.decode(encode_text(status)) == status
+
+
+def test_a_repeated_ready_does_not_restart_the_clock_its_claims_are_judged_by():
+    clock = Clock()
+    t = honest_collaboration(clock)
+    since = t.peers["a"].accumulating_since
+    clock.now += 5
+    t.handle("a", Ready(t.epoch, t.state_sha256))
+    assert t.peers["a"].accumulating_since == since
+
+
+def test_punishment_outlives_a_reconnect_of_the_same_peer_account_or_address():
+    """Before: a peer that reconnected with the same id and token got a fresh member state:
+    an hour of exclusion and its strikes, gone."""
+    clock = Clock()
+    t = honest_collaboration(clock)
+    liar = stranger(t, "liar", account=7, address_group="2001:db8:1:2::/64")
+    t.members.expel(liar, "caught")
+    t.leave("liar")
+    again = stranger(t, "liar")
+    assert again.excluded_until > clock.now + 3000 and again.strikes == 1
+    t.leave("liar")
+    same_user = stranger(t, "liar-2", account=7)
+    same_net = stranger(t, "liar-3", address_group="2001:db8:1:2::/64")
+    assert same_user.excluded_until > clock.now + 3000 and same_user.strikes == 1
+    assert same_net.excluded_until > clock.now + 3000 and same_net.strikes == 0
+    other = stranger(t, "neighbour", address_group="2001:db8:1:3::/64")
+    assert other.excluded_until == 0
+
+
+def test_strikes_and_probation_survive_a_reconnect_but_not_another_users_address():
+    clock = Clock()
+    t = honest_collaboration(clock)
+    peer = stranger(t, "flaky", account=3, address_group="198.51.100.7")
+    t.members.strike(peer, "missed a round")
+    t.members.strike(peer, "missed another")
+    t.members.reduce_nothing(peer, "hid its inputs")
+    t.leave("flaky")
+    back = stranger(t, "flaky", account=3, address_group="198.51.100.7")
+    assert back.strikes == 2 and back.excluded_until > clock.now and back.sends_only_until > clock.now
+    assert not back.proven
+    neighbour = stranger(t, "neighbour", address_group="198.51.100.7")  # one NAT, many users
+    assert neighbour.strikes == 0 and neighbour.excluded_until == 0
+
+
+def test_a_proven_peer_that_reconnects_stays_proven():
+    clock = Clock()
+    t = honest_collaboration(clock)
+    t.leave("a")
+    t.join("a", "a")
+    assert t.peers["a"].proven
+
+
+def test_a_late_outcome_that_echoes_the_broadcast_hash_proves_nothing():
+    """Before: a member on probation became proven by a late RoundDone that repeated the hash
+    of the Step broadcast, holding no state. The proof is over values of the state that the
+    round's nonce picks."""
+    clock = Clock()
+    t = honest_collaboration(clock)
+    stranger(t)
+    start = open_round(t, {"mallory": 32, "a": 32, "b": 32, "c": 32})
+    assert "mallory" in start.optional
+    for p in PEERS:
+        t.handle(p, done(start, digest="h3", proof="p" * 64,
+                         received={"a": 32, "b": 32, "c": 32, "mallory": 32}))
+    assert t.epoch == 3
+    t.handle("mallory", done(start, digest="h3", proof="e" * 64))
+    assert not t.peers["mallory"].proven
+    assert t.peers["mallory"].strikes == 1  # it reported a state it does not hold
+
+
+def test_a_voter_without_the_proof_votes_for_another_state():
+    clock = Clock()
+    t = honest_collaboration(clock)
+    start = open_round(t, {p: 32 for p in PEERS})
+    t.handle("a", done(start, digest="h3", proof="p" * 64))
+    t.handle("b", done(start, digest="h3", proof="x" * 64))
+    assert t.epoch == 2, "two voters of three do not agree on one state and proof"
+    t.handle("c", done(start, digest="h3", proof="p" * 64))
+    assert t.epoch == 3 and t.peers["b"].strikes == 1
