@@ -8,9 +8,9 @@ from engine.backbone.tracker import Identity, Tracker
 from engine.backbone.tracker.membership import MAX_PACE_RATIO, UNREPORTED_SLACK
 from engine.wire import control
 from engine.wire.codec import encode_text
-from engine.wire.control import Progress, Ready, SyncRequest
+from engine.wire.control import Progress, Ready, Resync, SyncRequest
 from engine.wire.types import MAX_COUNT, MAX_RATE
-from tests.unit.test_tracker import Clock, done, open_round, project
+from tests.unit.test_tracker import Clock, done, open_round, project, sent
 
 PEERS = ("a", "b", "c")
 
@@ -173,3 +173,22 @@ def test_a_voter_without_the_proof_votes_for_another_state():
     assert t.epoch == 2, "two voters of three do not agree on one state and proof"
     t.handle("c", done(start, digest="h3", proof="p" * 64))
     assert t.epoch == 3 and t.peers["b"].strikes == 1
+
+
+def test_a_peer_back_at_its_kept_state_keeps_the_time_it_accumulated_over():
+    """After a round is discarded, members go back to the state they kept, with the gradient
+    they brought still in their accumulator: their claims are judged over the time they
+    computed it, not from their Ready (CI saw honest peers' parts left out as lies)."""
+    clock = Clock()
+    t = honest_collaboration(clock)
+    since = t.peers["a"].accumulating_since
+    start = open_round(t, {p: 32 for p in PEERS})
+    resynced = []
+    for p in PEERS:  # three different states: no majority, the round is discarded
+        resynced += sent(t.handle(p, done(start, digest=f"h-{p}")), Resync)
+    assert t.round is None and "a" in {to for to, _ in resynced}
+    clock.now += 2
+    t.handle("a", Ready(t.epoch, t.state_sha256))
+    assert t.peers["a"].accumulating_since == since
+    t.handle("a", Progress(t.epoch, 64, 32.0))
+    assert t.peers["a"].samples == 64

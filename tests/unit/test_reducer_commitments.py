@@ -163,3 +163,28 @@ def test_a_wrong_reducer_is_caught_at_the_stated_probability():  # (about 10 s)
     spread = math.sqrt((1 - p) / p**2 / trials)  # the standard error of the mean
     assert abs(mean - expected) < 4 * spread, (mean, expected)
     assert sum(e >= 40 for e in escaped) <= trials * ((1 - p) ** 40 + 4 * math.sqrt(0.015 / trials))
+
+
+def test_checks_start_once_every_voter_still_here_has_reported():
+    """What each sender was shown decides a reducer's own part, and every voter may be a
+    checker: in a round of three, a liar that reported early must not be the only checker
+    at hand (CI saw it call every part wrong with the third voter yet to report, and each
+    round discarded)."""
+    clock = Clock()
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    t.project.aggregation.verify_probability = 1.0
+    start = open_round(t, {p: 40 for p in "abc"})
+    results = [f"{j}" * 64 for j in range(3)]
+
+    def report(member):
+        inputs = [Committed(sender=s, samples=40, sha256="p" * 64) for s in start.group]
+        commitment = Commitment(sent=["p" * 64] * 3, results=results,
+                                reduced=[PartInputs(index=start.group.index(member), inputs=inputs)])
+        return t.handle(member, done(start, commitment=commitment))
+
+    assert not sent(report("a") + report("b"), Audit)
+    outs = report("c")
+    audits = [a for _, a in sent(outs, Audit)]
+    assert {a.index for a in audits} == {0, 1, 2}
+    pass_every_check(t, start, outs)
+    assert t.epoch == 1

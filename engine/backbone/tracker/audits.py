@@ -70,6 +70,7 @@ class PartCheck:
     asked_until: float = 0.0
     verdicts: dict[str, bool] = field(default_factory=dict)
     unanswered: list[str] = field(default_factory=list)  # checkers that got no inputs
+    silent: set[str] = field(default_factory=set)  # checkers that let their time lapse
     passed: bool | None = None
     why: str = ""
 
@@ -244,7 +245,7 @@ class Auditor:
         audit = rnd.audit
         part = next((p for p in audit.parts if p.index == msg.index), None) if audit else None
         if (part is None or part.audit is None or part.audit.checker != checker or checker in part.verdicts
-                or checker in part.unanswered):
+                or checker in part.unanswered or checker in part.silent):
             return []
         if not msg.ok and msg.unanswered:
             return self._unanswered(rnd, part, checker, msg.reason)
@@ -279,7 +280,9 @@ class Auditor:
         for part in audit.parts if audit else []:
             if part.passed is None and part.audit is not None and now > part.asked_until:
                 checker = part.audit.checker
-                if checker not in part.verdicts:
+                answered = checker in part.verdicts or checker in part.unanswered
+                if not answered and checker not in part.silent:
+                    part.silent.add(checker)
                     peer = self.t.members.get(checker)
                     if peer is not None:
                         self.t.members.strike(peer, "it did not check the part it was asked to")

@@ -137,6 +137,9 @@ class StateSources:
             return t.resync(peer, "your state differs from the collaboration's")
         if peer.ready and peer.epoch == msg.epoch:
             return []  # nothing new: its accumulation (and the time it is judged by) goes on
+        if peer.epoch != msg.epoch:
+            t.members.restart_accumulation(peer)
+        # (Else it is back at the state it kept from before a step that did not settle, with
+        # the gradient it brought to that step: it accumulated since the time it had.)
         peer.ready, peer.epoch = True, msg.epoch
-        t.members.restart_accumulation(peer)
         return self.answer_waiting(patient=True)  # it may serve those asking
