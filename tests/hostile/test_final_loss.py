@@ -20,7 +20,7 @@ from engine.project import AggregationSpec, ProjectSpec
 from tests.hostile.adversary import Adversary, member
 from tests.hostile.collaboration import Collaboration, hostile_project
 from tests.hostile.cued import cue, start_cued
-from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, inflated, left_out, nan, noise
+from tests.hostile.poisoner import SAMPLES, Poisoner, flipped, left_out, nan, noise, scaled
 from tests.hostile.wrong_reducer import lied
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -85,6 +85,10 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
         collab.stop()
 
 
+# The negated average said to come from 10^12 samples, values scaled to match (it passed
+# every check before claims were capped: the stranger won 469 of 536 steps under mean).
+SCALED = "10^12 samples claimed, values scaled"
+
 # Wrong reducers: real peer processes whose reducer lies.
 LIARS = {"a wrong reducer": "tests.hostile.wrong_reducer", "a wrong reducer that hides its inputs":
          "tests.hostile.hiding_reducer", "a wrong reducer that reconnects after each lie":
@@ -93,7 +97,7 @@ LIARS = {"a wrong reducer": "tests.hostile.wrong_reducer", "a wrong reducer that
 
 
 POISONS = {"NaN parts": nan, "parts x(-1e4)": flipped, "noise 100x an honest gradient's length": noise(100.0),
-           "10^12 samples claimed": inflated}
+           SCALED: scaled(10**12)}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +113,17 @@ async def test_with_centered_clip_one_hostile_peer_moves_the_final_loss_less_tha
     lies = f" (lied in {len(attacked.lies)} rounds)" if attack == "a wrong reducer" else ""
     report_figure(f"{attack}{lies}, centered_clip, epoch {EPOCHS}: held-out loss {attacked.loss:.4f} "
                   f"({attacked.loss / baseline - 1:+.1%} against three honest peers alone: {baseline:.4f})")
+    assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
+
+
+async def test_under_mean_a_claim_of_a_trillion_samples_scaled_to_match_moves_nothing(
+        tmp_path, baseline, report_figure):
+    attacked = await run(tmp_path, project("mean"), SCALED)
+    report_figure(f"{SCALED}, mean, epoch {EPOCHS}: held-out loss {attacked.loss:.4f} "
+                  f"({attacked.loss / baseline - 1:+.1%}); {attacked.poisoned} parts sent, "
+                  f"{attacked.left_out} left out, {attacked.credited} samples credited (its "
+                  f"{attacked.harmless} rounds of honest-looking parts claimed {SAMPLES} each)")
+    assert attacked.left_out > 0 and attacked.credited <= attacked.harmless * SAMPLES
     assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
 
 

@@ -19,7 +19,7 @@ import pytest
 from engine.project import AggregationSpec, LocalSpec, ProjectSpec
 from tests.hostile.collaboration import hostile_project
 from tests.hostile.poisoner import SAMPLES
-from tests.hostile.test_final_loss import run
+from tests.hostile.test_final_loss import SCALED, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -29,11 +29,11 @@ OUTER_STEPS = 15
 MARGIN = 0.10
 
 
-def project() -> ProjectSpec:
+def project(method: str = "centered_clip") -> ProjectSpec:
     # Four inner steps of 16 samples per peer between outer steps.
     return hostile_project(mode="local", target_batch_size=3 * 4 * 16, checkpoint_every=OUTER_STEPS,
                            local=LocalSpec(inner_batch_size=16),
-                           aggregation=AggregationSpec(method="centered_clip", verify_probability=0.5))
+                           aggregation=AggregationSpec(method=method, verify_probability=0.5))
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +41,15 @@ def baseline(tmp_path_factory) -> float:
     return asyncio.run(run(tmp_path_factory.mktemp("honest-local"), project())).loss
 
 
-@pytest.mark.parametrize("attack", ["NaN parts", "parts x(-1e4)"])
+@pytest.mark.parametrize("attack, method", [
+    ("NaN parts", "centered_clip"), ("parts x(-1e4)", "centered_clip"), (SCALED, "centered_clip"),
+    (SCALED, "mean")])
 async def test_a_poisoner_moves_the_outer_steps_less_than_five_percent(tmp_path, baseline, report_figure,
-                                                                       attack):
-    attacked = await run(tmp_path, project(), attack)
-    report_figure(f"local mode, {attack}, centered_clip, outer step {OUTER_STEPS}: held-out loss "
+                                                                       attack, method):
+    """(``mean`` as demo-lm-home aggregates: against the same honest peers under
+    ``centered_clip``, which averages honest inputs to within 0.3% of their mean.)"""
+    attacked = await run(tmp_path, project(method), attack)
+    report_figure(f"local mode, {attack}, {method}, outer step {OUTER_STEPS}: held-out loss "
                   f"{attacked.loss:.4f} ({attacked.loss / baseline - 1:+.1%} against three honest peers "
                   f"alone: {baseline:.4f})")
     report_figure(f"local mode, {attack}: {attacked.poisoned} poisoned parts sent, {attacked.left_out} "
