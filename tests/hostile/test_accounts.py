@@ -21,6 +21,7 @@ from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, hash_password
 from engine.backbone.limits import LimitsConfig
 from tests.hostile.adversary import new_address
 from tests.hostile.collaboration import Collaboration
+from tests.unit.test_store_schema import SCHEMA_5
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -238,7 +239,8 @@ async def test_a_password_hashed_with_old_parameters_is_hashed_anew_at_login(tmp
         path = tmp_path / "backbone" / "backbone.sqlite3"
         salt, digest = hash_password(PASSWORD, params=LEGACY_HASH)
         with sqlite3.connect(path) as db:  # the file as an older backbone left it
-            db.execute("ALTER TABLE users DROP COLUMN kdf")
+            for table, column in (("users", "kdf"), *SCHEMA_5):
+                db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
             db.execute("INSERT INTO users (username, salt, password_hash, created_at) VALUES (?,?,?,?)",
                        ("veteran", salt, digest, time.time()))
             db.execute("UPDATE meta SET value='3' WHERE key='schema'")

@@ -97,7 +97,7 @@ LIARS = {"a wrong reducer": "tests.hostile.wrong_reducer", "a wrong reducer that
 
 
 POISONS = {"NaN parts": nan, "parts x(-1e4)": flipped, "noise 100x an honest gradient's length": noise(100.0),
-           SCALED: scaled(10**12)}
+           SCALED: scaled(10**12), "10^15 samples claimed, values scaled": scaled(10**15)}
 
 
 @pytest.fixture(scope="module")
