@@ -76,9 +76,9 @@ def committed_done(start, results, inputs=(), member=None):
     return done(start, commitment=commitment)
 
 
-def run_round(t, results=None):
+def run_round(t, results=None, samples=30):
     """Open a round and have every member report the same state; returns the round start."""
-    start = open_round(t, {p: 30 for p in PEERS})
+    start = open_round(t, {p: samples for p in PEERS})
     results = results or [f"{j}" * 64 for j in range(len(start.group))]
     outs = []
     for member in start.group:
@@ -162,11 +162,11 @@ def test_a_reducer_that_shows_no_checker_its_inputs_reduces_nothing_for_a_while_
     start, outs = run_round(t)
     pass_all_but_the_first_part(t, start, outs)
     first = first_audit(outs, 0)
-    clock.now += t.project.round_timeout + 0.5  # the checker waited its whole timeout: not silent
+    clock.now += first.timeout + 0.5  # the checker waited its whole time for the inputs: not silent
     assert not sent(t.tick(), Audit)
     second = first_audit(t.handle(first.checker, got_nothing(start, 0)), 0)
     assert second.checker not in (first.checker, first.reducer)  # no verdict yet: another is asked
-    clock.now += t.project.round_timeout + 0.5
+    clock.now += second.timeout + 0.5
     assert not sent(t.tick(), Audit)
     outs = t.handle(second.checker, got_nothing(start, 0))
     assert t.epoch == 0 and t.round is None

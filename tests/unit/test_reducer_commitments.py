@@ -188,3 +188,27 @@ def test_checks_start_once_every_voter_still_here_has_reported():
     assert {a.index for a in audits} == {0, 1, 2}
     pass_every_check(t, start, outs)
     assert t.epoch == 1
+
+
+def test_a_checker_that_let_a_check_lapse_is_asked_to_check_nothing_for_a_while():
+    """Each lapse held the round for the checker's whole time, and its strikes were forgiven at
+    its next agreeing step: CI saw it asked again and again, a round every 20 s."""
+    t, clock = checked_tracker()
+    start, outs = run_round(t)
+    lapsed = first_audit(outs, 0)
+    for _, audit in sent(outs, Audit):  # every other check is answered in time
+        if audit.checker not in (lapsed.checker, "-"):
+            t.handle(audit.checker, AuditDone(round_id=start.round_id, index=audit.index, ok=True))
+    clock.now += 2 * lapsed.timeout + 0.5
+    outs = t.tick()  # (it may have been asked about more than one part: each goes to another)
+    assert {a.checker for _, a in sent(outs, Audit)}.isdisjoint({lapsed.checker})
+    assert t.members.get(lapsed.checker).checks_nothing_until > clock.now
+    pass_every_check(t, start, outs)
+    assert t.epoch == 1
+    asked = []
+    for _ in range(4):  # proven again after a round or two, and still never asked for a while
+        start, outs = run_round(t, samples=40)  # (the three others alone reach the target)
+        asked += [a.checker for _, a in sent(outs, Audit)]
+        pass_every_check(t, start, outs)
+        assert t.round is None
+    assert t.members.get(lapsed.checker).proven and lapsed.checker not in asked

@@ -58,7 +58,7 @@ MAX_UNCHECKED = 10_000
 # A checker waits for a reducer's inputs this many times as long as the round took so far,
 # at least MIN_CHECK_TIME, at most the round's timeout; then has as long again to answer.
 CHECK_TIME_FACTOR = 4
-MIN_CHECK_TIME = 10.0
+MIN_CHECK_TIME = 5.0
 
 
 @dataclass
@@ -216,8 +216,10 @@ class Auditor:
     def _ask_next(self, rnd: OpenRound, part: PartCheck) -> list[Out]:
         """Ask a member that holds the majority state and was not asked yet, at random."""
         assert part.audit is not None and rnd.audit is not None
+        now = self.t.clock()
         candidates = sorted(p for p in _holders(rnd, rnd.audit.majority)
-                            if p != part.reducer and p not in part.asked and p in self.t.members.peers)
+                            if p != part.reducer and p not in part.asked and p in self.t.members.peers
+                            and self.t.members.peers[p].checks_nothing_until <= now)
         if not candidates:
             agree = sum(part.verdicts.values())
             if agree and agree * 2 == len(part.verdicts):
@@ -286,6 +288,7 @@ class Auditor:
                     peer = self.t.members.get(checker)
                     if peer is not None:
                         self.t.members.strike(peer, "it did not check the part it was asked to")
+                        self.t.members.check_nothing(peer)
                 out += self._ask_next(rnd, part)
         return out
 

@@ -83,6 +83,10 @@ class PeerState:
     # cannot be checked, so until then it sends its gradient but reduces nothing.
     sends_only_until: float = 0.0
     unshown: int = 0  # times that happened
+    # It let a check it was asked for lapse: until then nobody asks it to check (each check it
+    # would hold a round for its whole time), doubling with each lapse.
+    checks_nothing_until: float = 0.0
+    lapsed: int = 0  # checks it let lapse
     # An auxiliary peer: no state, no gradient; it reduces parts of rounds. Proven once a
     # round it reduced a part of settled (until then it reduces only in trial rounds).
     auxiliary: bool = False
@@ -170,6 +174,14 @@ class Members:
         pause = min(EXCLUSION * 2 ** (peer.unshown - 1), MAX_EXCLUSION)
         peer.sends_only_until = self._clock() + pause
         log.warning("%s reduces no part for %.0f s: %s (%d times)", peer.peer_id, pause, why, peer.unshown)
+
+    def check_nothing(self, peer: PeerState) -> None:
+        """It let a check lapse: it is not asked to check for a time that doubles each time."""
+        peer.lapsed += 1
+        pause = min(EXCLUSION * 2 ** (peer.lapsed - 1), MAX_EXCLUSION)
+        peer.checks_nothing_until = self._clock() + pause
+        log.warning("%s is asked to check nothing for %.0f s: it let a check lapse (%d times)", peer.peer_id,
+                    pause, peer.lapsed)
 
     def sends_only(self) -> set[str]:
         """Peers that reduce no part now: those reachable only through a relay, and those

@@ -31,6 +31,8 @@ class Record:
     sends_only_until: float = 0.0
     unshown: int = 0
     proven: bool = False
+    checks_nothing_until: float = 0.0
+    lapsed: int = 0
     kept_at: float = 0.0
 
 
@@ -75,6 +77,8 @@ class Records:
             peer.strikes = max(peer.strikes, record.strikes)
             peer.sends_only_until = max(peer.sends_only_until, record.sends_only_until)
             peer.unshown = max(peer.unshown, record.unshown)
+            peer.checks_nothing_until = max(peer.checks_nothing_until, record.checks_nothing_until)
+            peer.lapsed = max(peer.lapsed, record.lapsed)
             if key.startswith("peer:") and peer.strikes == 0 and peer.excluded_until <= now:
                 peer.proven = record.proven
 
@@ -83,7 +87,8 @@ class Records:
         identity = self.identities.pop(peer.peer_id, Identity())
         for key in identity.keys(peer.peer_id):
             self._keep(key, Record(peer.strikes, peer.excluded_until, peer.sends_only_until, peer.unshown,
-                                   peer.proven and key.startswith("peer:")))
+                                   peer.proven and key.startswith("peer:"), peer.checks_nothing_until,
+                                   peer.lapsed))
 
     def expelled(self, peer: PeerState) -> None:
         """It was caught doing harm on purpose: every identity of it is kept out as long."""
@@ -106,4 +111,4 @@ class Records:
 
 def _expired(record: Record, now: float) -> bool:
     return (now - record.kept_at > FORGET_AFTER and record.excluded_until <= now
-            and record.sends_only_until <= now)
+            and record.sends_only_until <= now and record.checks_nothing_until <= now)
