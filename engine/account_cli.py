@@ -1,4 +1,4 @@
-"""``cotrain login | register | logout``: prompts, and telling the user where the token went."""
+"""cotrain login | register | logout: prompts, and telling the user where the token went."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from engine.credentials import CredentialsError, CredentialStore
 from engine.login import AccountError, log_in, log_out, register
+from engine.wire.api import check_username
 
 
 def stored_token(backbone: str) -> str | None:
@@ -30,6 +31,8 @@ async def run_account_command(args: argparse.Namespace) -> int:
         if args.command == "logout":
             return await _logout(store, args.backbone)
         username = args.username or _ask("username: ")
+        if args.command == "register":
+            check_username(username)  # before the password is asked for
         password = getpass.getpass("password: ")
         if args.command == "register":
             if getpass.getpass("password again: ") != password:

@@ -11,12 +11,12 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import keyring
 import keyring.errors
 
 from engine.paths import user_data_dir
+from engine.urls import backbone_key
 
 log = logging.getLogger(__name__)
 SERVICE = "cotrain"
@@ -30,15 +30,6 @@ class Login:
 
 class CredentialsError(RuntimeError):
     """The keyring refused (locked, denied); the message says what to do."""
-
-
-def backbone_key(url: str) -> str:
-    """One spelling per backbone: scheme://host:port, lowercase, no path."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not a backbone URL: {url!r} (expected http://host:port)")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{parts.hostname.lower()}:{port}"
 
 
 class CredentialStore:

@@ -37,6 +37,23 @@ def human(n: float) -> str:
     return f"{n / 1e6:.1f} MB = {n / 2**20:.1f} MiB"
 
 
+def maintainer() -> str:
+    """Who answers for this package, as Debian's tools ask (DEBFULLNAME, DEBEMAIL), else the
+    builder's git identity: whoever builds a .deb for others is its maintainer."""
+    name, email = os.environ.get("DEBFULLNAME"), os.environ.get("DEBEMAIL")
+    for key, value in (("user.name", name), ("user.email", email)):
+        if not value:
+            found = subprocess.run(["git", "config", key], capture_output=True, text=True, cwd=ROOT)
+            if key == "user.name":
+                name = found.stdout.strip()
+            else:
+                email = found.stdout.strip()
+    if not name or not email:
+        raise SystemExit("say who maintains this package: set DEBFULLNAME and DEBEMAIL "
+                         "(or git's user.name and user.email)")
+    return f"{name} <{email}>"
+
+
 def tree_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
@@ -154,7 +171,7 @@ def build_deb(bundle: Path) -> Path:
     installed_kb = tree_size(stage) // 1024
     (control / "control").write_text(
         f"Package: cotrain\nVersion: {__version__}\nArchitecture: {arch}\n"
-        "Maintainer: Cotrain developers <dev@cotrain.invalid>\n"
+        f"Maintainer: {maintainer()}\n"
         f"Installed-Size: {installed_kb}\nSection: science\nPriority: optional\n"
         f"Depends: {', '.join(depends)}\n"
         "Homepage: https://github.com/cotrain/cotrain\n"

@@ -39,6 +39,12 @@ STATE_SHA256_HEADER = "X-State-SHA256"
 USERNAME_PATTERN = "^[A-Za-z0-9_.-]{3,32}$"
 MIN_PASSWORD, MAX_PASSWORD = 8, 1024
 _USERNAME = re.compile(USERNAME_PATTERN)
+
+
+def check_username(username: str) -> None:
+    """The policy for new usernames; ValueError with it."""
+    if not _USERNAME.match(username):
+        raise ValueError("a username is 3-32 letters, digits, '.', '_' or '-'")
 Token = Annotated[str, Meta(max_length=256)]
 Timestamp = Annotated[float, Meta(ge=0, le=1e11)]  # UNIX time
 
@@ -71,8 +77,7 @@ class RegisterRequest(Struct):
     password: Annotated[str, Meta(extra_json_schema={"minLength": MIN_PASSWORD, "maxLength": MAX_PASSWORD})]
 
     def __post_init__(self) -> None:
-        if not _USERNAME.match(self.username):
-            raise ValueError("username must be 3-32 letters, digits, '.', '_' or '-'")
+        check_username(self.username)
         if not MIN_PASSWORD <= len(self.password) <= MAX_PASSWORD:
             raise ValueError(f"password must be {MIN_PASSWORD} to {MAX_PASSWORD} characters")
 

@@ -54,8 +54,9 @@ def built():
     reason = _why_not()
     if reason:
         pytest.skip(f"installer test: {reason}")
+    maintainer = {"DEBFULLNAME": "Cotrain test build", "DEBEMAIL": "tests@localhost"}
     done = subprocess.run([sys.executable, "installers/build.py"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)
+                          text=True, timeout=1200, env={**os.environ, **maintainer})
     print(done.stdout)
     assert done.returncode == 0, done.stderr[-4000:]
     out = ROOT / "build" / "installers"
@@ -93,6 +94,9 @@ def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninsta
     _, deb, _ = built
     depends = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True,
                              check=True).stdout.strip().split(", ")
+    maintainer = subprocess.run(["dpkg-deb", "-f", str(deb), "Maintainer"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    assert maintainer == "Cotrain test build <tests@localhost>"  # whoever built it, as Debian's tools ask
     libc = next(d for d in depends if d.startswith("libc6 "))
     needed = re.fullmatch(r"libc6 \(>= (2\.\d+)\)", libc)
     assert needed, depends

@@ -7,7 +7,8 @@ import pytest
 from keyring.backend import KeyringBackend
 from keyring.backends import null
 
-from engine.credentials import CredentialStore, Login, backbone_key
+from engine.credentials import CredentialStore, Login
+from engine.urls import backbone_key
 
 
 def memory_keyring() -> KeyringBackend:
