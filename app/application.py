@@ -56,11 +56,11 @@ class CotrainApp(QObject):
         self._signals.start()
         if self._tray_available():
             self._dock(greet=not first_run)
-            if first_run:
-                self.open_page("dashboard")
-            return
-        self._looking.start()
-        if first_run or not self._background:
+        else:
+            self._looking.start()
+        if first_run:
+            self.window.show_welcome()  # nothing trains before the user says how
+        elif not self.has_tray and not self._background:
             self.open_page("dashboard")  # the window is the app until a tray comes up
 
     def _look_for_tray(self) -> None:

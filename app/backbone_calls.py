@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
-from engine.credentials import CredentialStore, Login, backbone_key
+from engine.credentials import CredentialStore, Login
 from engine.login import log_in, log_out, register
+from engine.problems import unreachable, where
+from engine.urls import backbone_key
 from engine.wire import ProtocolError
 from engine.wire.api import (
     MAX_REPLY,
@@ -79,10 +81,11 @@ def get(url: str, answer: type[T], token: str | None = None) -> T:
             reason = f"the backbone answered {exc.code}"
         raise BackboneUnavailable(reason) from None
     except (urllib.error.URLError, OSError) as exc:
-        why = getattr(exc, "reason", exc)
-        raise BackboneUnavailable(f"cannot reach {url}: {why}") from None
+        log.info("GET %s failed: %r", url, exc)
+        raise BackboneUnavailable(unreachable(url, exc)) from None
     except ProtocolError as exc:
-        raise BackboneUnavailable(f"{url} did not answer as a Cotrain backbone does: {exc}") from None
+        log.info("GET %s: %s", url, exc)
+        raise BackboneUnavailable(f"{where(url)} did not answer as a Cotrain backbone does.") from None
 
 
 class BackboneCalls(QObject):

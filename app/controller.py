@@ -16,7 +16,7 @@ from PySide6.QtCore import QObject, Signal
 from app import autostart
 from app.backbone_calls import BackboneCalls
 from app.manager import WorkerManager
-from app.settings_store import Current, SettingsStore
+from app.settings_store import DEFAULT_PROJECT, Current, SettingsStore
 from engine.credentials import Login
 from engine.governor.limits import Limits
 from engine.governor.policy import GovernorState
@@ -39,9 +39,11 @@ class TrayKind(StrEnum):
 
 class AppPhase(StrEnum):
     STARTING = "starting"  # the worker has not spoken yet
+    WELCOME = "welcome"  # the first run: nothing trains before the user says how
     JOINING = "joining"
     NO_PROJECT = "no_project"  # the user left every project
     GOVERNED = "governed"  # in a project: the governor's state says the rest
+    RETRYING = "retrying"  # something may pass (a backbone away): the worker tries again by itself
     ERROR = "error"
 
 
@@ -77,6 +79,7 @@ class Controller(QObject):
     notice = Signal(str, str, str)  # title, message, kind (info, error)
     login_changed = Signal(object, str, bool)  # Login or None, where it is kept, uses a keyring
     backbones_changed = Signal()
+    welcomed = Signal()  # the first run's choices are made: the app goes on to the dashboard
 
     def __init__(self, store: SettingsStore | None = None, manager: WorkerManager | None = None,
                  client: BackboneCalls | None = None, parent: QObject | None = None) -> None:
@@ -90,7 +93,10 @@ class Controller(QObject):
         self.last_stats: p.Stats | None = None
         self._worker_state: p.GovernorDecided | None = None
         self._error = ""
+        self._retrying = ""  # what the worker waits out, saying when it tries again
+        self.hosting_problem = ""  # why this computer's backbone is not running, if it is not
         self._joined = False
+        self._welcoming = False
         self._milestone: int | None = None  # the highest reached, once the first stats arrive
         self.manager.received.connect(self._on_event)
         self.manager.crashed.connect(self._on_crash)
@@ -106,12 +112,21 @@ class Controller(QObject):
             self.manager.send(p.Pause())
         current = self.store.current()
         if self.store.first_run:
-            self.store.set_current(current)
-        if current is not None:
+            self._welcoming = True
+            self._set(kind=TrayKind.PAUSED, reason="Choose how Cotrain may use this computer, then start",
+                      phase=AppPhase.WELCOME)
+        elif current is not None:
             self.join(current)
         else:
             self._set(reason="Not contributing to any project: choose one in Projects",
                       phase=AppPhase.NO_PROJECT)
+
+    def begin(self, limits: Limits) -> None:
+        """The first run's choices: these limits, and demo-lm on this computer."""
+        self._welcoming = False
+        self.set_limits(limits)
+        self.join(Current(p.LOCAL_BACKBONE, DEFAULT_PROJECT))
+        self.welcomed.emit()
 
     def quit(self) -> None:
         self.manager.stop()
@@ -226,6 +241,7 @@ class Controller(QObject):
         elif isinstance(event, EpochCompleted):
             self.epoch.emit(event)
         elif isinstance(event, p.Hosting):
+            self.hosting_problem = ""
             self.local_url = event.url
             self.store.local_url = event.url
             current = self.store.current()
@@ -233,7 +249,7 @@ class Controller(QObject):
                 self._set(backbone=event.url)
                 self.refresh_login()
         elif isinstance(event, p.ProjectJoined):
-            self._joined, self._error = True, ""
+            self._joined, self._error, self._retrying = True, "", ""
             self._set(project=event.title, project_id=event.project, backbone=event.backbone,
                       username=event.username)
             self._refresh()
@@ -243,10 +259,22 @@ class Controller(QObject):
             self._joined = False
             if self.store.current() is None:
                 self._refresh()
+        elif isinstance(event, p.ConnectionChanged):
+            self._retrying = "" if event.connected else event.message
+            self._refresh()
         elif isinstance(event, p.Problem):
+            if event.hosting:
+                self.hosting_problem = event.message
+                self.backbones_changed.emit()
             if event.fatal:
                 self._error = event.message
                 self._refresh()
+            elif event.retry_in is not None:
+                first = not self._retrying
+                self._retrying = event.message
+                self._refresh()
+                if not first:
+                    return  # said once; the state shows the rest
             self.notice.emit("Cotrain: a problem", event.message, "error" if event.fatal else "info")
 
     def _on_crash(self, message: str, delay: int) -> None:
@@ -257,8 +285,12 @@ class Controller(QObject):
 
     def _refresh(self) -> None:
         """Derive the tray's state from the worker's last word and what we know."""
+        if self._welcoming:
+            return
         if self._error:
             self._set(kind=TrayKind.ERROR, reason=self._error, phase=AppPhase.ERROR, governor=None)
+        elif self._retrying and self.store.current() is not None:
+            self._set(kind=TrayKind.ERROR, reason=self._retrying, phase=AppPhase.RETRYING)
         elif self.store.current() is None:
             self._set(kind=TrayKind.PAUSED, reason="Not contributing to any project: choose one in Projects",
                       phase=AppPhase.NO_PROJECT, governor=None)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QSettings
 
-from engine.governor.limits import Limits
+from engine.governor.limits import Limits, default_limits
 from engine.paths import user_data_dir
 from engine.worker.protocol import LOCAL_BACKBONE
 
@@ -43,7 +43,7 @@ class SettingsStore:
                 return Limits.from_json(str(raw))
             except ValueError as exc:
                 log.warning("ignoring saved limits: %s", exc)
-        return Limits()
+        return default_limits()
 
     def set_limits(self, limits: Limits) -> None:
         self.qsettings.setValue("limits", limits.to_json())

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.controller import AppState, Controller, TrayKind
 from app.icons import icon
+from engine.problems import short
 
 SNOOZE_SECONDS = 3600
 
@@ -66,7 +67,7 @@ class TrayIcon(QSystemTrayIcon):
             self.kind = state.kind
             self.setIcon(icon(f"tray-{state.kind}"))
         self.setToolTip(state.tooltip)
-        self.status_action.setText(state.reason)
+        self.status_action.setText(short(state.reason))  # (the whole of it in the tooltip)
         self.pause_action.setText("Resume" if state.user_paused else "Pause")
         self.idle_action.blockSignals(True)
         self.idle_action.setChecked(state.limits.only_when_idle)

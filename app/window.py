@@ -21,6 +21,7 @@ from app.views.dashboard import DashboardPage
 from app.views.leaderboard import LeaderboardPage
 from app.views.projects import ProjectsPage
 from app.views.settings import SettingsPage
+from app.views.welcome import WelcomePage
 
 PAGES = (("dashboard", "Dashboard"), ("projects", "Projects"), ("leaderboard", "Leaderboard"),
          ("account", "Account"), ("settings", "Settings"))
@@ -55,9 +56,12 @@ class MainWindow(QMainWindow):
             self.stack.addWidget(self.pages[key])
             shortcut = QShortcut(QKeySequence(f"Ctrl+{i + 1}"), self)
             shortcut.activated.connect(lambda k=key: self.show_page(k))
+        self.welcome = WelcomePage(controller)
+        self.stack.addWidget(self.welcome)  # the first run's screen: no page beside it
         self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
         self.nav.currentRowChanged.connect(self._titled)
         self.nav.setCurrentRow(0)
+        controller.welcomed.connect(self._welcomed)
         QShortcut(QKeySequence(QKeySequence.StandardKey.Quit), self, self.quit_requested.emit)
         body = QWidget()
         layout = QHBoxLayout(body)
@@ -65,19 +69,36 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(body)
 
+    def show_welcome(self) -> None:
+        self.nav.hide()
+        self.stack.setCurrentWidget(self.welcome)
+        self.setWindowTitle("Welcome — Cotrain")
+        self.showNormal()
+        self.raise_()
+        self.activateWindow()
+
+    def _welcomed(self) -> None:
+        self.nav.show()
+        self.show_page("dashboard")
+
     def _titled(self, row: int) -> None:
         """The page in the title, as the taskbar and window switchers show it."""
         if row >= 0:
             self.setWindowTitle(f"{PAGES[row][1]} — Cotrain")
 
     def show_page(self, key: str) -> None:
-        self.nav.setCurrentRow([k for k, _ in PAGES].index(key))
+        row = [k for k, _ in PAGES].index(key)
+        self.nav.setCurrentRow(row)
+        self.stack.setCurrentIndex(row)  # (the row may not have changed: after the first run's screen)
+        self._titled(row)
         self.showNormal()
         self.raise_()
         self.activateWindow()
 
     @property
     def current_page(self) -> str:
+        if self.stack.currentWidget() is self.welcome:
+            return "welcome"
         return PAGES[self.stack.currentIndex()][0]
 
     def ask_keep_running(self) -> str:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, TypeVar
 
 import aiohttp
 
 from engine.credentials import Login
+from engine.problems import unreachable, where
 from engine.wire import ProtocolError
 from engine.wire.api import ErrorReply, LoginReply, LoginRequest, RegisterRequest, Revoked, reply_codec
 from engine.wire.codec import Codec, encode
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 _session: Codec[LoginReply] = reply_codec(LoginReply)
 _revoked: Codec[Revoked] = reply_codec(Revoked)
@@ -37,10 +41,12 @@ async def _call(method: str, url: str, reply: Codec[T], body: Any = None, token:
                     reason = f"the backbone answered {resp.status}"
                 raise AccountError(reason)
             return reply.decode(raw)
-    except aiohttp.ClientError as exc:
-        raise AccountError(f"cannot reach the backbone: {exc}") from None
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        log.info("%s %s failed: %r", method, url, exc)
+        raise AccountError(unreachable(url, exc)) from None
     except ProtocolError as exc:
-        raise AccountError(f"the backbone's answer makes no sense: {exc}") from None
+        log.info("%s %s: %s", method, url, exc)
+        raise AccountError(f"{where(url)} did not answer as a Cotrain backbone does.") from None
 
 
 async def register(backbone: str, username: str, password: str) -> Login:

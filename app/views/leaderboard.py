@@ -77,6 +77,7 @@ class LeaderboardPage(QWidget):
         self._latest = 0
         controller.state_changed.connect(self._state)
         controller.login_changed.connect(lambda *_: self._draw())
+        controller.stats.connect(self._stats)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
@@ -132,7 +133,20 @@ class LeaderboardPage(QWidget):
 
     def _draw(self) -> None:
         me = self.my_username
-        self.table.setRowCount(len(self.entries))
+        anonymous = self._anonymous_row() if me is None else None
+        self.table.setRowCount(len(self.entries) + (anonymous is not None))
+        if anonymous is not None:
+            # Most first-time users contribute without an account: their own work shows here
+            # too, from this computer's count, though the backbone ranks only accounts.
+            for column, text in enumerate(anonymous):
+                item = QTableWidgetItem(text)
+                item.setBackground(QBrush(MINE))
+                font = QFont(item.font())
+                font.setItalic(True)
+                item.setFont(font)
+                item.setToolTip("Your contribution from this computer. Log in on the Account page to be "
+                                "ranked among the volunteers.")
+                self.table.setItem(len(self.entries), column, item)
         for row, entry in enumerate(self.entries):
             samples = count(entry.samples)
             if entry.withdrawn:  # taken back: a peer of the user was caught returning wrong results
@@ -155,10 +169,21 @@ class LeaderboardPage(QWidget):
         if self.entries:
             self.page.setText(f"{first}–{self.offset + len(self.entries)}")
         else:
-            self.page.setText("Nobody has been credited yet." if me else
-                              "Nobody has been credited yet: log in on the Account page to be the first.")
+            self.page.setText("No volunteer with an account has been credited yet." if anonymous else
+                              "Nobody has been credited yet.")
         self.previous.setEnabled(self.offset > 0)
         self.next.setEnabled(len(self.entries) == self.page_size)
+
+    def _stats(self, _stats: object) -> None:
+        if self.isVisible() and self.my_username is None:
+            self._draw()  # this computer's own line follows its count
+
+    def _anonymous_row(self) -> tuple[str, ...] | None:
+        """This computer's line while the user is not logged in, if it has contributed."""
+        stats = self.controller.last_stats
+        if stats is None or self.by is not Ranking.SAMPLES:
+            return None
+        return ("–", "This computer (not logged in)", count(stats.my_samples_total), "", "", "", "yes")
 
     def my_row(self) -> int | None:
         me = self.my_username

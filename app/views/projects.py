@@ -115,7 +115,8 @@ class ProjectsPage(QWidget):
         for backbone in self.backbones():
             url = self.controller.url_of(backbone)
             if not url:
-                self.rows[backbone] = BackboneRow(error="starting…")
+                problem = self.controller.hosting_problem if backbone == LOCAL_BACKBONE else ""
+                self.rows[backbone] = BackboneRow(error=problem or "starting…")
                 continue
             if not force and now < self._retry_at.get(backbone, 0.0):
                 continue

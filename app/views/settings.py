@@ -11,8 +11,8 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
-    QFormLayout,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QScrollArea,
     QSpinBox,
@@ -83,8 +83,6 @@ class SettingsPage(QWidget):
         self.error = message("error")
         self.applied = message("ok")
 
-        form = QFormLayout()
-        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         rows = [
             ("Processor cores", self.threads,
              "How many processor cores Cotrain may use at once. Fewer cores leave more room for "
@@ -113,28 +111,34 @@ class SettingsPage(QWidget):
              "When Cotrain may work, for example \"mon-fri 18:00-08:00, weekends\" (evenings, nights and "
              "weekends). Leave it empty or write \"always\" for any time."),
             ("Priority", self.low_priority,
-             "Cotrain runs at the lowest priority, so anything you start gets the processor first. Turning "
-             "this off takes effect the next time Cotrain starts."),
+             "Cotrain runs at the lowest priority, so anything you start gets the processor first. "
+             "Turning this off takes effect the next time Cotrain starts: a program may lower its own "
+             "priority, but only the system raises it again."),
             ("Start at login", self.start_at_login,
              "Open Cotrain quietly in the tray when you log in to this computer."),
         ]
         self.device = help_text("")
-        for label, widget, text in rows:
-            box = QVBoxLayout()
-            box.setSpacing(2)
-            box.addWidget(widget)
-            box.addWidget(help_text(text))
-            if widget is self.use_gpu:
-                box.addWidget(self.device)
-            form.addRow(f"<b>{label}</b>", box)
-
         inner = QWidget()
         layout = QVBoxLayout(inner)
         layout.addWidget(heading("Settings"))
-        layout.addWidget(help_text("Changes apply at once, without restarting anything."))
-        layout.addLayout(form)
-        layout.addWidget(self.error)
+        layout.addWidget(help_text("Changes apply at once, without restarting Cotrain (but for raising "
+                                   "its priority again, below)."))
         layout.addWidget(self.applied)
+        # Each setting is a title, its control and its explanation, one under the other: a
+        # form's second column clipped wrapped explanations, and a mistake's message sits
+        # right under the control it is about.
+        for label, widget, text in rows:
+            box = QVBoxLayout()
+            box.setSpacing(2)
+            box.addWidget(QLabel(f"<b>{label}</b>"))
+            box.addWidget(widget)
+            if widget is self.schedule:
+                box.addWidget(self.error)
+            box.addWidget(help_text(text))
+            if widget is self.use_gpu:
+                box.addWidget(self.device)
+            layout.addLayout(box)
+            layout.addSpacing(8)
         layout.addStretch(1)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)

@@ -3,6 +3,7 @@ to its worker and kept in the app's settings."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct
@@ -71,3 +72,9 @@ class Limits(Struct, kw_only=True):
 
 
 _codec: Codec[Limits] = Codec(Limits, "limits", 64 * 1024)
+
+
+def default_limits() -> Limits:
+    """What a new volunteer starts with: half the processor cores (the other half stays the
+    owner's), at the lowest priority, at any time."""
+    return Limits(threads=max(1, (os.cpu_count() or 2) // 2))

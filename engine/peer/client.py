@@ -14,6 +14,7 @@ import aiohttp
 
 from engine import __version__
 from engine.backoff import Backoff
+from engine.problems import unreachable, where
 from engine.transport.shaping import RateLimiter
 from engine.wire import WIRE_VERSION, ProtocolError
 from engine.wire.api import (
@@ -43,6 +44,13 @@ log = logging.getLogger(__name__)
 RECONNECT_FIRST = 1.0  # seconds: the first pause is 0.5-1 s
 RECONNECT_CAP = 60.0
 STABLE = 30.0  # a connection that lasted this long forgives the failures before it
+# Every request gives up when the backbone stays silent this long between bytes (one that
+# accepts a connection and never answers held a peer for minutes), and the control socket's
+# handshake within HANDSHAKE_TIMEOUT; the open socket is watched by heartbeats instead.
+READ_TIMEOUT = 15.0
+REQUEST = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=READ_TIMEOUT)
+HANDSHAKE_TIMEOUT = 15.0
+KEEP_IDLE = 5.0  # seconds an idle HTTP connection is kept for reuse
 DownloadProgress = Callable[[int, int], None]
 T = TypeVar("T")
 _join_reply: Codec[JoinReply] = reply_codec(JoinReply)
@@ -91,15 +99,19 @@ class ControlClient:
     async def join(self, role: PeerRole = PeerRole.TRAINER) -> JoinReply:
         if self._http is None:
             local = (self.local_address, 0) if self.local_address else None
-            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=local),
+            # The backbone closes a connection idle for 10 s: never reuse one idle longer.
+            connector = aiohttp.TCPConnector(local_addr=local, keepalive_timeout=KEEP_IDLE)
+            self._http = aiohttp.ClientSession(connector=connector,
                                                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         url = f"{self.base_url}/api/projects/{self.project_id}/peers"
         request = JoinRequest(name=self.name, version=__version__, wire=WIRE_VERSION, role=role)
         try:
-            async with self._http.post(url, data=encode(request), headers=self._headers()) as resp:
+            async with self._http.post(url, data=encode(request), headers=self._headers(),
+                                       timeout=REQUEST) as resp:
                 reply = await _answer(resp, _join_reply)
-        except aiohttp.ClientError as exc:
-            raise BackboneError(f"cannot reach the backbone at {self.base_url}: {exc}") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.info("join failed: %r", exc)
+            raise BackboneError(unreachable(self.base_url, exc)) from None
         if reply.wire_version != WIRE_VERSION:
             raise BackboneError(version_mismatch(peer=WIRE_VERSION, backbone=reply.wire_version), fatal=True)
         self.join_reply = reply
@@ -112,27 +124,33 @@ class ControlClient:
         url = f"{self.base_url}/api/projects/{self.project_id}/peers/{self.join_reply.peer_id}/ws"
         self.connect_attempts += 1
         try:
-            self._ws = await self._http.ws_connect(url, headers=self._headers(), heartbeat=15,
-                                                   max_msg_size=1 << 20)
+            # A backbone that accepts the connection and never answers must not hold us.
+            self._ws = await asyncio.wait_for(self._http.ws_connect(
+                url, headers=self._headers(), heartbeat=15, max_msg_size=1 << 20), HANDSHAKE_TIMEOUT)
             self._connected_at = time.monotonic()
         except aiohttp.WSServerHandshakeError as exc:
             raise BackboneError(f"the backbone refused the control connection ({exc.status}: "
                                 f"{exc.message})", fatal=exc.status in (401, 403, 404)) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise BackboneError(f"cannot open the control connection: {exc}") from None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.info("control connection failed: %r", exc)
+            raise BackboneError(unreachable(self.base_url, exc)) from None
 
-    async def reconnect(self, stopping: asyncio.Event, give_up_after: float) -> None:
+    async def reconnect(self, stopping: asyncio.Event, give_up_after: float,
+                        waiting: Callable[[float, str], None] | None = None) -> None:
         """Reopen the control socket after it closed, with growing, jittered pauses (a
         backbone that restarts is not stormed by its peers). The pauses start over only
         once a connection has lasted STABLE seconds: one refused just after it opened
-        keeps backing off."""
+        keeps backing off. ``waiting(seconds, why)`` hears of each pause."""
         if time.monotonic() - self._connected_at > STABLE:
             self.backoff.reset()
         deadline = time.monotonic() + give_up_after
+        why = f"Lost the backbone at {where(self.base_url)}."
         while True:
             delay = self.backoff.next()
             if time.monotonic() + delay > deadline:
                 raise BackboneError(f"the backbone stayed unreachable for {give_up_after:.0f} s")
+            if waiting is not None:
+                waiting(delay, why)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stopping.wait(), delay)
             if stopping.is_set():
@@ -143,6 +161,7 @@ class ControlClient:
             except BackboneError as exc:
                 if exc.fatal:
                     raise
+                why = str(exc)
                 log.info("backbone unreachable (%s); trying again", exc)
 
     @property
@@ -192,7 +211,7 @@ class ControlClient:
                 await self.upload.acquire(len(piece))
                 yield piece
 
-        async with self._http.put(url, data=chunks(), headers=headers) as resp:
+        async with self._http.put(url, data=chunks(), headers=headers, timeout=REQUEST) as resp:
             await _answer(resp, _checkpoint)
 
     async def download_checkpoint(self, info: CheckpointInfo,
@@ -204,7 +223,7 @@ class ControlClient:
         url = f"{self.base_url}{info.url}" if info.url.startswith("/") else info.url
         buffer = bytearray()
         digest = hashlib.sha256()
-        async with self._http.get(url, headers=self._headers()) as resp:
+        async with self._http.get(url, headers=self._headers(), timeout=REQUEST) as resp:
             if resp.status != 200:
                 await _answer(resp, _error)
             async for chunk in resp.content.iter_chunked(1 << 16):
@@ -236,7 +255,7 @@ class ControlClient:
                 yield block
 
         try:
-            async with self._http.post(url, data=chunks(), headers=headers) as resp:
+            async with self._http.post(url, data=chunks(), headers=headers, timeout=REQUEST) as resp:
                 reply = await _answer(resp, _probe)
         except aiohttp.ClientError as exc:
             raise BackboneError(f"link probe failed: {exc}") from None
@@ -248,7 +267,7 @@ class ControlClient:
         url = f"{self.base_url}/api/projects/{self.project_id}/probe?bytes={PROBE_BYTES}"
         received, first = 0, None
         try:
-            async with self._http.get(url, headers=self._headers()) as resp:
+            async with self._http.get(url, headers=self._headers(), timeout=REQUEST) as resp:
                 if resp.status != 200:
                     await _answer(resp, _error)
                 async for chunk in resp.content.iter_chunked(1 << 16):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from engine.peer.client import BackboneError
 from engine.peer.events import Connection, StatusChanged
+from engine.problems import retrying, where
 from engine.transport.ice import ice_configuration
 from engine.wire.control import (
     Audit,
@@ -46,9 +47,13 @@ class ControlLoop:
                 return
             reason = client.close_reason
             log.warning("lost the backbone (%s); reconnecting", reason)
-            peer.emit(Connection(False, f"lost the backbone ({reason}); reconnecting"))
+            peer.emit(Connection(False, f"Lost the backbone at {where(client.base_url)}: reconnecting."))
+
+            def waiting(delay: float, why: str) -> None:
+                peer.emit(Connection(False, retrying(why, delay)))
+
             try:
-                await client.reconnect(peer.stopping_event, peer.options.reconnect_for)
+                await client.reconnect(peer.stopping_event, peer.options.reconnect_for, waiting)
             except BackboneError as exc:
                 peer.stop(f"lost the backbone: {exc}")
                 return

@@ -1,4 +1,4 @@
-"""The app <-> worker protocol, version 2: one JSON object per line.
+"""The app <-> worker protocol, version 3: one JSON object per line.
 
 The desktop app starts ``cotrain worker`` as a child process and talks to it over its
 stdin (commands) and stdout (events); the worker logs to stderr only. Every line is
@@ -30,7 +30,12 @@ Events (worker -> app):
 - ``epoch {step, my_samples, my_batches, paths}`` a global step this peer took part in
   (engine.peer.events.EpochCompleted).
 - ``left {reason}`` the project was left (asked for, or the peer stopped by itself).
-- ``problem {message, fatal}`` something the user should know; fatal ones end the project.
+- ``connection {connected, message}`` the line to the backbone was lost (the worker keeps
+  trying, and says how) or is back.
+- ``problem {message, fatal, retry_in, hosting}`` something the user should know, in words
+  for people (engine/problems.py); fatal ones end the project; ``retry_in``: the worker
+  tries again by itself in that many seconds; ``hosting``: it is about this computer's
+  own backbone.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from engine.project import ProjectMode
 from engine.wire.codec import Codec, encode
 from engine.wire.types import Count, EpochNumber, Loss, Name, ProjectId, Rate, Seconds, Text, Url
 
-VERSION: Final = 2
+VERSION: Final = 3
 MAX_LINE = 1 << 20
 LOCAL_BACKBONE: Final = "local"  # ``start``'s backbone: the one the worker hosts on this computer
 
@@ -152,11 +157,21 @@ class ProjectLeft(Message, tag="left"):
 class Problem(Message, tag="problem"):
     message: Text
     fatal: bool = False
+    retry_in: Seconds | None = None  # the worker tries again by itself, so long from now
+    hosting: bool = False  # about this computer's backbone (``start`` with LOCAL_BACKBONE)
+
+
+class ConnectionChanged(Message, tag="connection"):
+    """The line to the backbone was lost (``message`` says what the worker does about it) or
+    is back."""
+
+    connected: bool
+    message: Text
 
 
 Command = Start | Leave | SetLimits | Pause | Resume | RunNow | Snooze | Stop
 WorkerEvent = (Hello | Hosting | ProjectJoined | GovernorDecided | Stats | EpochCompleted | ProjectLeft
-               | Problem)
+               | Problem | ConnectionChanged)
 
 commands: Codec[Command] = Codec(Command, "command", MAX_LINE)
 events: Codec[WorkerEvent] = Codec(WorkerEvent, "event", MAX_LINE)

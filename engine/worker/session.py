@@ -1,6 +1,12 @@
 """What the worker does, whatever front end drives it: an optional embedded backbone, one
 project at a time (a ``Peer``), and one ``Governor`` that outlives projects, so a pause or
 snooze survives switching projects. Everything it has to say goes out as protocol events.
+
+A desktop app is started at login, before the network is up, beside backbones that restart:
+whatever may pass -- a backbone that cannot be reached or does not answer, this computer's
+backbone that cannot start -- is tried again after a growing pause, saying so, until the
+user leaves the project. Only what cannot pass by waiting (a refused login, another
+version) ends it.
 """
 
 from __future__ import annotations
@@ -11,28 +17,34 @@ import json
 import logging
 import math
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from engine.backbone.server import Backbone, BackboneConfig
-from engine.credentials import backbone_key
+from engine.backoff import Backoff
 from engine.governor.governor import Governor
 from engine.governor.limits import Limits
 from engine.governor.policy import Decision
 from engine.governor.throttle import lower_priority
 from engine.paths import user_data_dir
 from engine.peer.client import BackboneError
-from engine.peer.events import EpochCompleted, Joined, PeerEvent
+from engine.peer.events import Connection, EpochCompleted, Joined, PeerEvent
 from engine.peer.runner import Peer, PeerOptions
+from engine.problems import retrying
 from engine.project import load_catalog
 from engine.resources import default_catalog
+from engine.urls import backbone_key
 from engine.worker import protocol as p
 
 log = logging.getLogger(__name__)
 LOCAL_PORT = 8470
 STATS_INTERVAL = 1.0
+RETRY_FIRST = 4.0  # seconds before trying again (2-4 s), doubling up to RETRY_CAP
+RETRY_CAP = 300.0
+STABLE = 60.0  # a project that ran this long forgives the failures before it
 
 
 class Tally:
@@ -75,9 +87,12 @@ class Session:
         self._on_peer_event = on_peer_event or (lambda event: None)
         self._peer_task: asyncio.Task | None = None
         self._leaving = False
+        self._left = asyncio.Event()  # set when the project is left: ends a pause before a retry
         self._key = ""
         self._backbone_url = ""
         self._target = 0
+        self._shown = (0, 0)  # the session's and the total samples last shown: they never go down
+        self._earlier = 0  # samples of this project's earlier peers in this session (before a retry)
         self._lowered = False
         self._switch = asyncio.Lock()
 
@@ -120,7 +135,7 @@ class Session:
             g.snooze(datetime.fromtimestamp(command.until))
 
     async def host(self) -> str:
-        """The embedded backbone's URL, starting it on first use."""
+        """The embedded backbone's URL, starting it on first use (OSError if it cannot)."""
         if self.backbone is None:
             projects = load_catalog(self.catalog)
             for port in (LOCAL_PORT, 0):
@@ -135,7 +150,7 @@ class Session:
                 self.backbone = backbone
                 break
             else:
-                raise OSError("cannot start the local backbone")
+                raise OSError("no port to listen on")
             log.info("local backbone on %s", self.backbone.url)
             self.emit(p.Hosting(self.backbone.url))
         return self.backbone.url
@@ -143,54 +158,95 @@ class Session:
     async def start(self, command: p.Start) -> None:
         async with self._switch:
             await self._leave("switching projects")
-            try:
-                local = command.backbone == p.LOCAL_BACKBONE
-                url = await self.host() if local else command.backbone
-                key = p.LOCAL_BACKBONE if local else backbone_key(url)
-            except (OSError, ValueError) as exc:
-                self.emit(p.Problem(message=str(exc), fatal=True))
-                return
-            self._key, self._backbone_url = f"{key} {command.project}", url
-            options = PeerOptions(backbone_url=url, project_id=command.project, name=command.name,
-                                  user_token=command.token, limits=self.governor.limits)
-            peer = Peer(options, self._peer_event)
-            decision = self.governor.decision
-            if decision is not None and not decision.run:
-                peer.set_running(False, decision.reason)
-            self.peer, self._leaving = peer, False
-            self._peer_task = asyncio.ensure_future(self._run_peer(peer))
+            self._leaving = False
+            self._left = asyncio.Event()
+            self._peer_task = asyncio.ensure_future(self._contribute(command))
 
     async def leave(self, reason: str) -> None:
         async with self._switch:
             await self._leave(reason)
 
     async def _leave(self, reason: str) -> None:
-        if self.peer is None or self._peer_task is None:
+        if self._peer_task is None:
             return
         self._leaving = True
-        self.peer.stop(reason)
+        self._left.set()
+        if self.peer is not None:
+            self.peer.stop(reason)
         await asyncio.gather(self._peer_task, return_exceptions=True)
+        self._peer_task = None
 
-    async def _run_peer(self, peer: Peer) -> None:
+    async def _contribute(self, command: p.Start) -> None:
+        """Host if asked, join, train; try again after what may pass, until left."""
+        backoff = Backoff(RETRY_FIRST, RETRY_CAP)
+        local = command.backbone == p.LOCAL_BACKBONE
+        reason = "you left the project"
+        while not self._leaving:
+            try:
+                url = await self.host() if local else command.backbone
+                key = p.LOCAL_BACKBONE if local else backbone_key(url)
+            except ValueError as exc:  # an address no retry will mend
+                reason = str(exc)
+                self.emit(p.Problem(message=reason, fatal=True))
+                break
+            except (OSError, sqlite3.Error, RuntimeError) as exc:  # (a data folder it cannot use)
+                log.warning("cannot start this computer's backbone: %s", exc)
+                await self._retry_later(backoff, f"This computer's backbone could not start ({exc})",
+                                        hosting=True)
+                continue
+            if self._key != f"{key} {command.project}":
+                self._shown, self._earlier = (0, 0), 0
+            self._key, self._backbone_url = f"{key} {command.project}", url
+            options = PeerOptions(backbone_url=url, project_id=command.project, name=command.name,
+                                  user_token=command.token, limits=self.governor.limits,
+                                  reconnect_for=math.inf)
+            peer = Peer(options, self._peer_event)
+            decision = self.governor.decision
+            if decision is not None and not decision.run:
+                peer.set_running(False, decision.reason)
+            self.peer = peer
+            began = time.monotonic()
+            reason, failure = await self._run_peer(peer)
+            if self._leaving or reason.startswith("reached epoch"):
+                break
+            if isinstance(failure, BackboneError) and failure.fatal:
+                self.emit(p.Problem(message=reason, fatal=True))
+                break
+            if time.monotonic() - began > STABLE:
+                backoff.reset()
+            await self._retry_later(backoff, reason)
+        self.emit(p.ProjectLeft(reason=reason))
+
+    async def _retry_later(self, backoff: Backoff, sentence: str, hosting: bool = False) -> None:
+        """Say what failed and when it is tried again; wait that long (or until left)."""
+        wait = backoff.next()
+        self.emit(p.Problem(message=retrying(sentence, wait)[:4000], retry_in=wait, hosting=hosting))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._left.wait(), wait)
+
+    async def _run_peer(self, peer: Peer) -> tuple[str, BaseException | None]:
+        """Why the peer stopped, and the failure that stopped it, if one did."""
         ticker = asyncio.ensure_future(self._stats_loop(peer))
+        failure: BaseException | None = None
         try:
             reason = await peer.run()
-        except (BackboneError, ValueError, OSError) as exc:
-            reason = str(exc)
+        except (BackboneError, ValueError, OSError, asyncio.TimeoutError) as exc:
+            reason, failure = str(exc) or type(exc).__name__, exc
         except Exception as exc:  # a bug in the engine must not take the worker (and hosting) down
             log.exception("the peer failed")
-            reason = f"internal error: {exc}"
+            reason, failure = f"internal error: {exc}", exc
         finally:
             ticker.cancel()
+            self._earlier += sum(r.my_samples for r in peer.history)
             if self.peer is peer:
                 self.peer = None
-        if not self._leaving and not reason.startswith("reached epoch"):
-            self.emit(p.Problem(message=reason, fatal=True))
-        self.emit(p.ProjectLeft(reason=reason))
+        return reason, failure
 
     def _peer_event(self, event: PeerEvent) -> None:
         self._on_peer_event(event)
-        if isinstance(event, Joined):
+        if isinstance(event, Connection):
+            self.emit(p.ConnectionChanged(connected=event.connected, message=event.message))
+        elif isinstance(event, Joined):
             self._target = event.project.target_batch_size
             self.emit(p.ProjectJoined(backbone=self._backbone_url, project=event.project.id,
                                       title=event.project.title, peer_id=event.peer_id,
@@ -220,7 +276,12 @@ class Session:
             return None
         opt = peer.optimizer
         acc = opt.accumulator
-        session = sum(r.my_samples for r in peer.history) + acc.samples
+        # While a round runs, what it took is neither in the accumulator nor, yet, in the
+        # history: the running totals shown hold their highest (a chart that dipped at every
+        # round looked like lost work).
+        session = max(self._earlier + sum(r.my_samples for r in peer.history) + acc.samples, self._shown[0])
+        total = max(self.tally.get(self._key) + acc.samples, self._shown[1])
+        self._shown = (session, total)
         status = peer.status
         current = acc.loss_sum / acc.samples if acc.samples else None
         loss = peer.history[-1].step.loss if peer.history else current
@@ -229,7 +290,7 @@ class Session:
         return p.Stats(
             samples_per_second=_finite(opt.throughput.rate()),
             my_samples_session=session,
-            my_samples_total=self.tally.get(self._key) + acc.samples,
+            my_samples_total=total,
             collab_samples=status.samples if status else acc.samples,
             collab_target=status.target if status else self._target,
             eta_seconds=None if eta is None or not math.isfinite(eta) else eta,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from engine import aio
 from engine.console import bar
 from engine.credentials import CredentialStore
-from engine.governor.limits import Limits
+from engine.governor.limits import Limits, default_limits
 from engine.peer.events import PeerEvent, StatusChanged
 from engine.peer.report import ConsoleReporter
 from engine.worker import protocol as p
@@ -27,7 +27,7 @@ DEFAULT_PROJECT = "demo-lm"
 class Choices:
     """What the user chose in the app, as far as the terminal honours it."""
 
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = field(default_factory=default_limits)
     backbone: str = p.LOCAL_BACKBONE
     project: str = DEFAULT_PROJECT
     note: str = ""

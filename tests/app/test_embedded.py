@@ -1,6 +1,7 @@
-"""The embedded default: a user with nothing configured gets a local backbone hosting demo-lm
-and trains it at once — in the app (numbers move on the dashboard) and, with no display,
-in the terminal."""
+"""The embedded default: a user with nothing configured is asked how Cotrain may use the
+computer (one screen), then gets a local backbone hosting demo-lm and trains it — in the app
+(numbers move on the dashboard) and, with no display, in the terminal (with the same
+defaults: half the processor cores)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from PySide6.QtCore import QSettings
 
 from app.application import CotrainApp
 from app.settings_store import SettingsStore
-from engine.governor.limits import Limits
+from engine.governor.limits import Limits, default_limits
 from engine.paths import engine_command
 from tests.app.conftest import WORKER_START, stop_app, wait_until
+from tests.app.test_xvfb import ARTIFACTS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +43,17 @@ def test_first_run_hosts_demo_lm_and_trains_it(qtbot, monkeypatch, tmp_path):
     app.controller.notice.connect(lambda title, text, kind: notices.append(text))
     app.start()
     try:
-        assert app.window.isVisible()  # the first run opens the dashboard
+        # The first run opens its one screen, and nothing trains before Start.
+        assert app.window.isVisible() and app.window.current_page == "welcome"
+        welcome = app.window.welcome
+        assert welcome.cores.value() == default_limits().threads and welcome.always.isChecked()
+        wait_until(lambda: app.controller.state.limits == default_limits(), WORKER_START, "the worker")
+        assert app.controller.state.phase == "welcome" and "project" not in app.controller.manager._replay
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        assert app.window.grab().save(str(ARTIFACTS / "first-run.png"))
+        welcome.start_button.click()
+        assert app.window.current_page == "dashboard"
+        assert app.controller.store.limits().threads == default_limits().threads
         dashboard = app.window.pages["dashboard"]
         wait_until(lambda: tile(app, "session") > 0, WORKER_START, "my first samples")
         first = tile(app, "session")
@@ -94,7 +106,7 @@ async def test_without_a_display_cotrain_trains_in_the_terminal(tmp_path):
     text = "\n".join(lines)
     counts = session_counts(lines)
     assert "No display: contributing from the terminal" in text
-    assert "limits from the app's Settings: all cores" in text
+    assert f"limits from the app's Settings: {default_limits().describe()}" in text
     assert "hosting the local backbone on this computer at http://127.0.0.1:" in text
     assert "joined 'Demo language model'" in text
     assert counts == sorted(counts) and counts[-1] > 0

@@ -15,8 +15,9 @@ from app.application import CotrainApp
 from app.controller import Controller
 from app.settings_store import Current, SettingsStore
 from app.views.leaderboard import COLUMNS
-from engine.credentials import SERVICE, backbone_key
+from engine.credentials import SERVICE
 from engine.governor.policy import GovernorState
+from engine.urls import backbone_key
 from engine.wire.api import Ranking
 from tests.app.conftest import (
     TEST_LIMITS,
@@ -96,6 +97,11 @@ def test_the_dashboard_numbers_move(qtbot, running):
     assert d.progress.maximum() == 64
     wait_until(lambda: points(d.loss_line) >= 1, 10)
     assert points(d.mine_line) >= 2
+    # A running total across rounds: a round in flight holds what it took, and the chart
+    # never dips (it did, 380 -> 270, while each round ran).
+    first = int(d.tiles["epoch"].text().replace(",", ""))
+    wait_until(lambda: int(d.tiles["epoch"].text().replace(",", "")) >= first + 3, 30, "three more steps")
+    assert d._mine_n == sorted(d._mine_n), d._mine_n
     assert not any(hint.isVisible() for hint in d.hints.values())  # "appears after the first step"
     assert "Tiny LM" in d.project.text() and "anonymously" in d.project.text()
     # The link was probed against the backbone on joining: the tiles say what it achieves.
@@ -260,6 +266,14 @@ def test_the_leaderboard_shows_the_backbone_entries_with_my_row_highlighted(qtbo
     assert board.table.item(0, COLUMNS.index("Share")).text() == "100.0 %"
     assert "aggregated by auxiliary peers" in board.subtitle.text()
     board.ranking.setCurrentIndex(board.ranking.findData(Ranking.SAMPLES))
+    # Credit withdrawn (a peer of bobby's caught returning wrong results) says so.
+    withdrawn = _withdraw(bb, "bobby")
+    assert withdrawn > 0
+    wait_until(lambda: board.refresh_button.isEnabled(), 30, "the samples ranking to load")
+    board.refresh_button.click()
+    wait_until(lambda: any(e.withdrawn for e in board.entries), 30, "bobby's withdrawn credit")
+    bobby = next(i for i, e in enumerate(board.entries) if e.username == "bobby")
+    assert board.table.item(bobby, COLUMNS.index("Samples")).text().endswith(f"({withdrawn:,} withdrawn)")
     wait_until(lambda: contributing(running), 30)
 
 
@@ -278,6 +292,17 @@ def _aggregated(bb: ThreadedBackbone) -> int:
         return bb.backbone.store.leaderboard("tiny-lm", 1, 0)[0][1]
 
     return bb.call(total())
+
+
+def _withdraw(bb: ThreadedBackbone, username: str) -> int:
+    """Take back every credit of ``username``'s peers, as the backbone does for a caught liar."""
+    async def withdraw() -> int:
+        store = bb.backbone.store
+        rows = store.db.execute("SELECT c.peer_id, c.round_id FROM contributions c JOIN users u ON "
+                                "u.id = c.user_id WHERE u.username=?", (username,)).fetchall()
+        return sum(store.withdraw_credits("tiny-lm", peer, [round_id], "a test") for peer, round_id in rows)
+
+    return bb.call(withdraw())
 
 
 def _credited(bb: ThreadedBackbone) -> set[str]:
