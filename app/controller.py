@@ -79,6 +79,7 @@ class Controller(QObject):
     notice = Signal(str, str, str)  # title, message, kind (info, error)
     login_changed = Signal(object, str, bool)  # Login or None, where it is kept, uses a keyring
     backbones_changed = Signal()
+    downloading = Signal(object)  # protocol.Downloading
     welcomed = Signal()  # the first run's choices are made: the app goes on to the dashboard
 
     def __init__(self, store: SettingsStore | None = None, manager: WorkerManager | None = None,
@@ -91,6 +92,8 @@ class Controller(QObject):
         self.local_url = self.store.local_url
         self.login: Login | None = None
         self.last_stats: p.Stats | None = None
+        # This computer's samples/s per (backbone URL, project), as measured while in it.
+        self.measured_rates: dict[tuple[str, str], float] = {}
         self._worker_state: p.GovernorDecided | None = None
         self._error = ""
         self._retrying = ""  # what the worker waits out, saying when it tries again
@@ -236,10 +239,14 @@ class Controller(QObject):
             self._refresh()
         elif isinstance(event, p.Stats):
             self.last_stats = event
+            if event.samples_per_second > 0 and self.state.project_id:
+                self.measured_rates[(self.state.backbone, self.state.project_id)] = event.samples_per_second
             self.stats.emit(event)
             self._milestones(event.my_samples_total)
         elif isinstance(event, EpochCompleted):
             self.epoch.emit(event)
+        elif isinstance(event, p.Downloading):
+            self.downloading.emit(event)
         elif isinstance(event, p.Hosting):
             self.hosting_problem = ""
             self.local_url = event.url

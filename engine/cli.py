@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine import __version__, aio
+from engine.authoring.commands import add_project_parser, run_project_command
+from engine.governor.limits import DEFAULT_DISK_GB
 from engine.paths import user_data_dir
 
 if TYPE_CHECKING:
@@ -66,6 +68,16 @@ def minutes(text: str) -> float:
     return value
 
 
+def gigabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of gigabytes") from None
+    if not 0.1 <= value <= 10**6:
+        raise argparse.ArgumentTypeError(f"must be from 0.1 to 1000000 GB, not {text}")
+    return value
+
+
 def schedule(text: str) -> str:
     from engine.governor.schedule import WeeklySchedule
 
@@ -85,6 +97,9 @@ def _add_limit_options(parser: argparse.ArgumentParser) -> None:
                         help="compute P%% of the time and rest the remainder (default 100)")
     limits.add_argument("--max-memory", type=whole(64), default=None, metavar="MB",
                         help="pause while the worker uses more memory than this")
+    limits.add_argument("--max-disk", type=gigabytes, default=DEFAULT_DISK_GB, metavar="GB",
+                        help="disk space for projects' data; the least recently used shards go first "
+                             f"(default: {DEFAULT_DISK_GB:g})")
     limits.add_argument("--max-upload", type=whole(1), default=None, metavar="KBPS",
                         help="upload at most this many kilobytes per second")
     limits.add_argument("--max-download", type=whole(1), default=None, metavar="KBPS",
@@ -105,6 +120,7 @@ def limits_from_args(args: argparse.Namespace) -> Limits:
 
     return Limits.checked(
         threads=args.threads, cpu_percent=args.cpu_percent, max_memory_mb=args.max_memory,
+        max_disk_gb=args.max_disk,
         max_upload_kbps=args.max_upload, max_download_kbps=args.max_download,
         run_on_battery=not args.no_battery, only_when_idle=args.only_when_idle is not None,
         idle_minutes=args.only_when_idle if args.only_when_idle is not None else 5.0,
@@ -128,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--data-dir", type=Path, default=None,
                     help="where the database and checkpoints live")
     bb.add_argument("--catalog", type=Path, default=None, help="projects JSON file")
+    bb.add_argument("--projects", type=Path, default=None, metavar="DIR",
+                    help="serve the project folders in DIR too (one folder per project, with its "
+                         "project.json, tokenizer and shards; see `cotrain project new`)")
     bb.add_argument("--peer-timeout", type=float, default=15.0,
                     help="seconds of silence after which a peer is left out of rounds")
     bb.add_argument("--stun", action="append", default=[], metavar="URL",
@@ -194,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--catalog", type=Path, default=None, help=argparse.SUPPRESS)
     _add_logging(demo)
 
+    add_project_parser(sub, _add_logging)
+
     worker = sub.add_parser("worker", help="the desktop app's engine process (JSON lines on stdin/stdout)")
     worker.add_argument("--catalog", type=Path, default=None, help="projects of the local backbone")
     _add_logging(worker)
@@ -226,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             from engine.demo import run_demo
 
             return _run(run_demo(args.peers, args.epochs, args.data, args.catalog))
+        if args.command == "project":
+            return run_project_command(args)
         if args.command == "worker":
             from engine.worker.main import run as run_worker
 
@@ -307,6 +330,7 @@ async def _backbone(args: argparse.Namespace) -> int:
                             equal_shares=args.equal_shares, ipv6_prefix=args.ipv6_prefix)
     if args.catalog:
         config.catalog = args.catalog
+    config.projects_dir = args.projects
     try:
         await serve(config)
     except (OSError, ValueError) as exc:

@@ -13,7 +13,7 @@ from msgspec import Meta, Struct, field
 
 from engine.wire import ProtocolError
 from engine.wire.codec import convert, decode_json
-from engine.wire.types import Name, ProjectId, Text
+from engine.wire.types import Name, ProjectId, Sha256, Text
 
 OptimizerName = Literal["sgd", "adam", "adamw"]
 ScheduleType = Literal["constant", "linear", "cosine"]
@@ -24,8 +24,55 @@ CompressionMethod = Literal["none", "fp16", "uint8"]
 # outer steps, for links too slow to move a gradient per batch.
 ProjectMode = Literal["sync", "local"]
 Fraction = Annotated[float, Meta(ge=0, lt=1)]
-# A task's parameters are flat: names to numbers, flags or short strings.
-TaskParams = Annotated[dict[Name, int | float | bool | Name | None], Meta(max_length=64)]
+# A task's parameters: names to numbers, flags, short strings, short lists of them, and
+# one level of such tables (a model's configuration). Each task family reads them with its
+# own schema (engine/tasks/).
+Scalar = int | float | bool | Name | None
+Values = Annotated[list[int | float | Name], Meta(max_length=64)]
+ParamTable = Annotated[dict[Name, Scalar | Values], Meta(max_length=128)]
+TaskParams = Annotated[dict[Name, Scalar | Values | ParamTable], Meta(max_length=64)]
+Precision = Literal["fp32", "bf16"]
+MAX_FILE_BYTES = 2**40
+# A project's files are listed, hashed and sized in its manifest; the join reply carries it.
+MAX_SHARDS = 4096
+# A file's place: a path inside the project's folder on its backbone, or an http(s) URL.
+FilePlace = Annotated[str, Meta(min_length=1, max_length=1024, pattern=r"^(https?://\S+|[A-Za-z0-9_.-][A-Za-z0-9_./-]*)$")]
+
+
+class FileRef(Struct, frozen=True):
+    """One file a peer fetches and checks before using it."""
+
+    path: FilePlace
+    sha256: Sha256
+    bytes: Annotated[int, Meta(ge=1, le=MAX_FILE_BYTES)]
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith(("http://", "https://")) and (
+                ".." in self.path.split("/") or self.path.endswith("/")):
+            raise ValueError(f"file {self.path!r} leaves the project's folder")
+
+
+class ProjectNeeds(Struct, kw_only=True):
+    """What one peer needs for the model, as `cotrain project check` measured it: shown before
+    Join (each peer still checks its own limits itself)."""
+
+    parameters: Annotated[int, Meta(ge=0, le=10**13)]
+    memory_mb: Annotated[int, Meta(ge=0, le=10**9)]
+
+
+class DataSpec(Struct, kw_only=True):
+    """What a project trains on: shards each peer draws in its own seeded order, a held-out
+    set every peer scores the same way, and the tokenizer (for text families)."""
+
+    shards: Annotated[list[FileRef], Meta(min_length=1, max_length=MAX_SHARDS)]
+    heldout: Annotated[list[FileRef], Meta(max_length=64)] = field(default_factory=list)
+    tokenizer: FileRef | None = None
+
+    def files(self) -> list[FileRef]:
+        return [*self.shards, *self.heldout, *([self.tokenizer] if self.tokenizer else [])]
+
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files())
 
 
 class OptimizerSpec(Struct, kw_only=True):
@@ -86,6 +133,10 @@ class ProjectSpec(Struct, kw_only=True):
     task: Name
     description: Text = ""
     task_params: TaskParams = field(default_factory=dict)
+    data: DataSpec | None = None
+    # Autocast for the forward and backward passes; gradients, averaging and the step stay fp32.
+    precision: Precision = "fp32"
+    needs: ProjectNeeds | None = None
     # The collaboration's samples per step: per averaged gradient in ``sync`` mode, per
     # outer step in ``local`` mode.
     target_batch_size: Annotated[int, Meta(ge=1, le=10**9)] = 128

@@ -20,6 +20,7 @@ from app.controller import AppPhase, AppState, Controller, TrayKind
 from app.icons import icon
 from app.trayicon import SNOOZE_SECONDS
 from app.views.common import Tile, count, duration, heading, help_text, rate
+from engine.console import megabytes
 from engine.peer.events import EpochCompleted
 from engine.wire.api import Curve
 from engine.worker import protocol as p
@@ -44,6 +45,7 @@ class DashboardPage(QWidget):
         self.reason.setWordWrap(True)
         self.project = help_text("")
         self.device = help_text("")
+        self.download = help_text("")  # a download the peer waits for or runs ahead
         self.contribute = QPushButton("Contribute now")
         self.contribute.clicked.connect(controller.contribute_now)
         self.pause = QPushButton("Pause")
@@ -54,7 +56,7 @@ class DashboardPage(QWidget):
         head = QHBoxLayout()
         head.addWidget(self.state_icon)
         words = QVBoxLayout()
-        for widget in (self.title, self.reason, self.project, self.device):
+        for widget in (self.title, self.reason, self.project, self.device, self.download):
             words.addWidget(widget)
         head.addLayout(words, 1)
         for button in (self.contribute, self.pause, self.snooze):
@@ -116,6 +118,7 @@ class DashboardPage(QWidget):
         controller.state_changed.connect(self.show_state)
         controller.stats.connect(self.show_stats)
         controller.epoch.connect(self.add_epoch)
+        controller.downloading.connect(self.show_download)
         self.show_state(controller.state)
 
     def show_state(self, state: AppState) -> None:
@@ -134,6 +137,12 @@ class DashboardPage(QWidget):
             self._curve_for = f"{state.backbone} {state.project_id}"
             self._loss.clear()
             self.controller.client.curve(state.backbone, state.project_id, self._curve_loaded, lambda m: None)
+
+    def show_download(self, d: p.Downloading) -> None:
+        done = d.total and d.received >= d.total
+        share = f"{100 * d.received // d.total}% of {megabytes(d.total)}" if d.total \
+            else megabytes(d.received)
+        self.download.setText("" if done else f"Downloading {d.what}: {share}")
 
     def _pause_or_resume(self) -> None:
         if self.controller.state.user_paused:

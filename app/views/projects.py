@@ -22,6 +22,7 @@ from app.controller import Controller
 from app.settings_store import Current
 from app.views.common import count, duration, heading, help_text, message, show_message
 from engine.backoff import Backoff
+from engine.console import megabytes
 from engine.credentials import Login
 from engine.lan.records import LanBackbone
 from engine.wire.api import Me, ProjectSummary, ProjectTotals
@@ -206,7 +207,9 @@ class ProjectsPage(QWidget):
             contribution = f"{count(self.controller.last_stats.my_samples_total)} samples (this computer)"
         else:
             contribution = "log in to see" if backbone != LOCAL_BACKBONE or not joined else "–"
-        item = QTreeWidgetItem([f"{spec.title}\n{spec.description}", str(spec.peers), progress, contribution])
+        takes = self._takes(backbone, spec)
+        item = QTreeWidgetItem([f"{spec.title}\n{spec.description}" + (f"\nTakes {takes}" if takes else ""),
+                                str(spec.peers), progress, contribution])
         item.setToolTip(0, spec.description)
         item.setData(0, Qt.ItemDataRole.UserRole, (backbone, spec.id))
         self.tree.addTopLevelItem(item)
@@ -217,6 +220,18 @@ class ProjectsPage(QWidget):
             choice = Current(backbone, spec.id)
             button.clicked.connect(lambda _=False: self.join(choice))
         self.tree.setItemWidget(item, 4, button)
+
+    def _takes(self, backbone: str, spec: ProjectSummary) -> str:
+        """What the project will take on this computer, as far as is known before joining."""
+        parts = []
+        if spec.data is not None:
+            parts.append(f"{megabytes(spec.data.total_bytes())} to download and keep")
+        if spec.needs is not None:
+            parts.append(f"about {spec.needs.memory_mb:,} MB of memory")
+        rate = self.controller.measured_rates.get((self.controller.url_of(backbone), spec.id))
+        if rate:
+            parts.append(f"{rate:.1f} samples/s here")
+        return ", ".join(parts)
 
     def join(self, current: Current) -> None:
         self.controller.join(current)

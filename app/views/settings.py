@@ -67,6 +67,10 @@ class SettingsPage(QWidget):
         self.cpu_percent.setRange(1, 100)
         self.cpu_percent.setSuffix(" %")
         self.max_memory = OptionalNumber("Limit to", 64, 1 << 20, " MB", 2048)
+        self.max_disk = QDoubleSpinBox()
+        self.max_disk.setRange(0.1, 10**6)
+        self.max_disk.setDecimals(1)
+        self.max_disk.setSuffix(" GB")
         self.max_upload = OptionalNumber("Limit to", 1, 10**7, " kB/s", 1000)
         self.max_download = OptionalNumber("Limit to", 1, 10**7, " kB/s", 5000)
         self.use_gpu = QCheckBox("Use the graphics card when possible")
@@ -92,6 +96,9 @@ class SettingsPage(QWidget):
              "cooler and quieter. 100 % means no rests."),
             ("Memory", self.max_memory,
              "Pause whenever Cotrain itself uses more memory than this, and continue once it uses less."),
+            ("Disk space", self.max_disk,
+             "Projects' data (their shards) kept on this computer. Past this, what was used least "
+             "recently is deleted; a project whose single file is larger cannot be joined."),
             ("Upload speed", self.max_upload,
              "How fast Cotrain may send data to other volunteers, so your own internet stays quick. "
              "1000 kB/s is about 8 Mbit/s."),
@@ -152,8 +159,8 @@ class SettingsPage(QWidget):
         self._pending: Limits | None = None
         self.load(controller.store.limits())
         self.start_at_login.setChecked(controller.store.start_at_login)
-        for spin in (self.threads, self.cpu_percent, self.max_memory.spin, self.max_upload.spin,
-                     self.max_download.spin, self.idle_minutes):
+        for spin in (self.threads, self.cpu_percent, self.max_memory.spin, self.max_disk,
+                     self.max_upload.spin, self.max_download.spin, self.idle_minutes):
             spin.valueChanged.connect(self._changed)
         for check in (self.max_memory.check, self.max_upload.check, self.max_download.check, self.use_gpu,
                       self.run_on_battery, self.only_when_idle, self.low_priority):
@@ -166,7 +173,7 @@ class SettingsPage(QWidget):
             self._stats(controller.last_stats)
 
     def load(self, limits: Limits) -> None:
-        widgets = (self.threads, self.cpu_percent, self.max_memory.check, self.max_memory.spin,
+        widgets = (self.threads, self.cpu_percent, self.max_memory.check, self.max_memory.spin, self.max_disk,
                    self.max_upload.check, self.max_upload.spin, self.max_download.check,
                    self.max_download.spin, self.use_gpu, self.run_on_battery, self.only_when_idle,
                    self.idle_minutes, self.schedule, self.low_priority)
@@ -175,6 +182,7 @@ class SettingsPage(QWidget):
         self.threads.setValue(limits.threads or 0)
         self.cpu_percent.setValue(limits.cpu_percent)
         self.max_memory.set_value(limits.max_memory_mb)
+        self.max_disk.setValue(limits.max_disk_gb)
         self.max_upload.set_value(limits.max_upload_kbps)
         self.max_download.set_value(limits.max_download_kbps)
         self.use_gpu.setChecked(limits.use_gpu)
@@ -191,7 +199,8 @@ class SettingsPage(QWidget):
         """The limits the form shows; raises ValueError naming what is wrong."""
         return Limits.checked(
             threads=self.threads.value() or None, cpu_percent=self.cpu_percent.value(),
-            max_memory_mb=self.max_memory.value(), max_upload_kbps=self.max_upload.value(),
+            max_memory_mb=self.max_memory.value(), max_disk_gb=self.max_disk.value(),
+            max_upload_kbps=self.max_upload.value(),
             max_download_kbps=self.max_download.value(), use_gpu=self.use_gpu.isChecked(),
             run_on_battery=self.run_on_battery.isChecked(), only_when_idle=self.only_when_idle.isChecked(),
             idle_minutes=self.idle_minutes.value(), schedule=self.schedule.text().strip() or "always",

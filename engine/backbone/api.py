@@ -13,7 +13,7 @@ from enum import Enum
 from aiohttp import web
 
 from engine import __version__
-from engine.backbone import api_accounts, api_checkpoints, api_probe, api_projects, openapi
+from engine.backbone import api_accounts, api_checkpoints, api_files, api_probe, api_projects, openapi
 from engine.backbone.api_projects import BY, LIMIT, OFFSET, QueryInt, QueryRanking
 from engine.backbone.http import Handler, json_reply
 from engine.backbone.openapi import RawBody
@@ -115,6 +115,11 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{_PROJECT}/leaderboard", api_projects.leaderboard,
           "Credited samples (or bytes aggregated) per user, best first",
           {200: Leaderboard, 400: ErrorReply, 404: ErrorReply}, query=(LIMIT, OFFSET, BY)),
+    Route("GET", f"{_PROJECT}/files/{{path:.+}}", api_files.project_file,
+          "A file the project's manifest names (a shard, the tokenizer); Range requests resume",
+          {200: RawBody("application/octet-stream", "the file"),
+           206: RawBody("application/octet-stream", "a range of it"),
+           401: ErrorReply, 404: ErrorReply, 416: ErrorReply}, auth=Auth.OPTIONAL_USER),
     Route("GET", f"{_PROJECT}/checkpoints", api_checkpoints.list_checkpoints, "Stored checkpoints",
           {200: CheckpointList, 404: ErrorReply}),
     Route("GET", f"{_PROJECT}/checkpoints/{{epoch}}", api_checkpoints.get_checkpoint,

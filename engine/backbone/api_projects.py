@@ -51,7 +51,7 @@ async def get_project(request: web.Request) -> web.Response:
     return json_reply(backbone_of(request).project_summary(project_of(request)))
 
 
-def _member(request: web.Request, spec: ProjectSpec) -> User | None:
+def member_of(request: web.Request, spec: ProjectSpec) -> User | None:
     user = optional_user(request)
     if user is None and spec.require_account:
         raise web.HTTPUnauthorized(
@@ -67,7 +67,7 @@ def _too_many(wait: float, what: str) -> web.HTTPTooManyRequests:
 
 async def join(request: web.Request) -> web.Response:
     spec = project_of(request)
-    user = _member(request, spec)
+    user = member_of(request, spec)
     body = await read_json(request, _join)
     if body.wire != WIRE_VERSION:
         raise web.HTTPBadRequest(text=version_mismatch(peer=body.wire, backbone=WIRE_VERSION))
@@ -101,7 +101,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     peer_id = request.match_info["peer"]
     known = authenticate_peer(request, spec, peer_id)
     name, owner = known.name, known.user_id
-    user = _member(request, spec)
+    user = member_of(request, spec)
     if owner is not None and (user is None or user.id != owner):
         raise web.HTTPUnauthorized(text="this peer belongs to another account")
     if peer_id in backbone.sessions:

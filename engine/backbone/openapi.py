@@ -21,6 +21,7 @@ PATH_PARAMETERS: dict[str, dict[str, Any]] = {
     "peer": {"type": "string", "maxLength": 64},
     "epoch": {"type": "integer", "minimum": 0},
     "session": {"type": "integer", "minimum": 1, "description": "the id of one of my log-ins"},
+    "path": {"type": "string", "maxLength": 1024, "description": "a file's path in the project's manifest"},
 }
 SECURITY: dict[str, list[dict[str, list[str]]]] = {
     "user": [{"bearer": []}],
@@ -37,6 +38,11 @@ class RawBody:
     description: str
 
 
+def published_path(path: str) -> str:
+    """A route's path as OpenAPI writes it: ``{path:.+}`` (aiohttp's, matching slashes too) is ``{path}``."""
+    return re.sub(r"{(\w+):[^}]*}", r"{\1}", path)
+
+
 def spec(routes: tuple[Route, ...]) -> dict[str, Any]:
     structs = sorted({t for r in routes for t in [*r.replies.values(), r.body] if isinstance(t, type)},
                      key=lambda t: t.__name__)
@@ -44,7 +50,7 @@ def spec(routes: tuple[Route, ...]) -> dict[str, Any]:
     ref = dict(zip(structs, schemas, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, ref)
+        paths.setdefault(published_path(route.path), {})[route.method.lower()] = _operation(route, ref)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Cotrain backbone", "version": __version__,
@@ -70,7 +76,7 @@ def _operation(route: Route, ref: dict[type, dict]) -> dict[str, Any]:
                       for status, answer in route.replies.items()},
     }
     parameters = [{"name": name, "in": "path", "required": True, "schema": PATH_PARAMETERS[name]}
-                  for name in re.findall(r"{(\w+)}", route.path)]
+                  for name in re.findall(r"{(\w+)}", published_path(route.path))]
     parameters += [{"name": q.name, "in": "query", "required": False, "description": q.description,
                     "schema": q.schema()} for q in route.query]
     if parameters:

@@ -37,6 +37,7 @@ from engine.backbone.tracker import (
     WithdrawCredits,
 )
 from engine.project import ProjectSpec, load_catalog
+from engine.project_folders import ProjectFolder, load_project_folders
 from engine.resources import default_catalog
 from engine.wire.api import ProjectSummary
 from engine.wire.codec import encode_text
@@ -54,6 +55,8 @@ class BackboneConfig:
     host: str = "127.0.0.1"
     port: int = 0
     catalog: Path = field(default_factory=default_catalog)
+    projects_dir: Path | None = None  # project folders (engine/project_folders.py), besides the catalog
+    builtin_projects: bool = True  # with the default catalog, its projects with data (engine/catalog_data/)
     ice: IceConfig = field(default_factory=IceConfig)
     peer_timeout: float = 15.0
     recovery: float = 60.0  # after a restart, how long the peers get to come back (their backoff's cap)
@@ -79,24 +82,20 @@ class Backbone:
         self._prune_peers()
         self.files = CheckpointFiles(config.data_dir / "checkpoints")
         self.files.tidy()
-        specs = projects if projects is not None else load_catalog(config.catalog)
-        self.projects = {p.id: p for p in specs}
+        self.projects: dict[str, ProjectSpec] = {}
+        self.folders: dict[str, ProjectFolder] = {}
         self.trackers: dict[str, Tracker] = {}
         # Rounds that opened but were never recorded (the backbone died mid-round) used ids
         # past the last recorded one, and peers ignore frames of rounds they have seen: so
         # continue from the clock, never from a number a previous run may have handed out.
-        last_round = max(self.store.last_round_id(), int(time.time() * 1000))
-        for spec in specs:
-            if self.store.migrated_hashes:
-                self._rehash_checkpoints(spec.id)
-            epoch, digest = self.store.collaboration(spec.id)
-            saved = self.store.checkpoints(spec.id)
-            self.trackers[spec.id] = Tracker(
-                spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
-                peer_timeout=config.peer_timeout, last_round_id=last_round,
-                unsettled=self.store.unsettled_round(spec.id), recovery=config.recovery,
-                equal_shares=config.equal_shares,
-            )
+        self._last_round = max(self.store.last_round_id(), int(time.time() * 1000))
+        for spec in projects if projects is not None else load_catalog(config.catalog):
+            self.add_project(spec)
+        for folder in load_project_folders(config.projects_dir) if config.projects_dir else []:
+            self.add_project(folder.spec, folder)
+        # The default catalog's projects with data are written from what is installed, off
+        # the loop: each is offered once its folder is ready (engine/catalog_data/).
+        self._builtin = projects is None and config.catalog == default_catalog() and config.builtin_projects
         self.sessions: dict[str, PeerSession] = {}
         self.throttle = Throttle(config.limits)
         self.logins = LoginLimits(config.limits)
@@ -107,6 +106,37 @@ class Backbone:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._ticker: asyncio.Task | None = None
+        self._building: asyncio.Future | None = None
+
+    def add_project(self, spec: ProjectSpec, folder: ProjectFolder | None = None) -> None:
+        if spec.id in self.projects:
+            raise ValueError(f"two projects have the id {spec.id!r}")
+        if self.store.migrated_hashes:
+            self._rehash_checkpoints(spec.id)
+        epoch, digest = self.store.collaboration(spec.id)
+        saved = self.store.checkpoints(spec.id)
+        self.trackers[spec.id] = Tracker(
+            spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
+            peer_timeout=self.config.peer_timeout, last_round_id=self._last_round,
+            unsettled=self.store.unsettled_round(spec.id), recovery=self.config.recovery,
+            equal_shares=self.config.equal_shares,
+        )
+        if folder is not None:
+            self.folders[spec.id] = folder
+        self.projects[spec.id] = spec
+
+    async def _offer_builtin_projects(self) -> None:
+        from engine.catalog_data import BUILDERS, builtin_folder
+
+        for name in BUILDERS:
+            folder = await asyncio.to_thread(builtin_folder, self.config.data_dir / "projects", name)
+            if folder is not None and folder.spec.id not in self.projects:
+                self.add_project(folder.spec, folder)
+                log.info("offering %s (%s)", folder.spec.id, folder.spec.title)
+
+    async def projects_ready(self) -> None:
+        if self._building is not None:
+            await asyncio.gather(self._building, return_exceptions=True)
 
     def _rehash_checkpoints(self, project: str) -> None:
         """After an upgrade from parameter hashes to state hashes: the stored checkpoints'
@@ -141,9 +171,12 @@ class Backbone:
         host, port = self._listener.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self._ticker = asyncio.ensure_future(self._tick_forever())
+        if self._builtin:
+            self._building = asyncio.ensure_future(self._offer_builtin_projects())
         return self.url
 
     async def stop(self) -> None:
+        await self.projects_ready()  # a thread writing a folder cannot be cut short
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -285,6 +318,7 @@ async def serve(config: BackboneConfig, ready_message: bool = True) -> None:
     if config.advertise:
         from engine.lan.advertise import Advertiser
 
+        await backbone.projects_ready()  # announced with the catalog's projects that carry data
         port = int(url.rsplit(":", 1)[1])
         advertiser = Advertiser(config.host, port, {p.id: p.title for p in backbone.projects.values()})
         await advertiser.start()

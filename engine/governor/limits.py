@@ -12,6 +12,7 @@ from engine.governor.schedule import WeeklySchedule
 from engine.wire.codec import Codec, convert, encode_text
 
 KilobytesPerSecond = Annotated[int, Meta(ge=1, le=10**9)]
+DEFAULT_DISK_GB = 10.0
 
 
 class Limits(Struct, kw_only=True):
@@ -20,6 +21,7 @@ class Limits(Struct, kw_only=True):
     max_memory_mb: Annotated[int, Meta(ge=64, le=10**8)] | None = None  # pause when the worker uses more
     max_upload_kbps: KilobytesPerSecond | None = None  # None: unlimited
     max_download_kbps: KilobytesPerSecond | None = None
+    max_disk_gb: Annotated[float, Meta(ge=0.1, le=10**6)] = DEFAULT_DISK_GB  # projects' data kept here
     use_gpu: bool = True  # when CUDA is present
     run_on_battery: bool = True
     only_when_idle: bool = False
@@ -58,6 +60,8 @@ class Limits(Struct, kw_only=True):
             parts.append(f"upload at most {self.max_upload_kbps} KB/s")
         if self.max_download_kbps:
             parts.append(f"download at most {self.max_download_kbps} KB/s")
+        if self.max_disk_gb != DEFAULT_DISK_GB:
+            parts.append(f"at most {self.max_disk_gb:g} GB of data")
         if not self.use_gpu:
             parts.append("no graphics card")
         if not self.run_on_battery:

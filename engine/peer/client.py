@@ -96,6 +96,10 @@ class ControlClient:
             headers[PEER_ID_HEADER] = self.join_reply.peer_id
         return headers
 
+    def file_headers(self) -> dict[str, str]:
+        """What a download of the project's files presents (it may require an account)."""
+        return {k: v for k, v in self._headers().items() if k != "Content-Type"}
+
     async def join(self, role: PeerRole = PeerRole.TRAINER) -> JoinReply:
         if self._http is None:
             local = (self.local_address, 0) if self.local_address else None

@@ -50,6 +50,14 @@ class SyncProgress(Struct):
     total: int
 
 
+class FileProgress(Struct):
+    """Downloading one of the project's files (a shard, the tokenizer)."""
+
+    path: str
+    received: int
+    total: int
+
+
 class Synced(Struct):
     epoch: int
     source: str
@@ -97,5 +105,5 @@ class Stopped(Struct):
     reason: str
 
 
-PeerEvent = (Joined | Connection | Governed | ComputingOn | SyncProgress | Synced | EpochCompleted
-             | Aggregated | RoundFailed | StatusChanged | Stopped)
+PeerEvent = (Joined | Connection | Governed | ComputingOn | SyncProgress | FileProgress | Synced
+             | EpochCompleted | Aggregated | RoundFailed | StatusChanged | Stopped)

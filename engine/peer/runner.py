@@ -28,11 +28,13 @@ from engine.peer.bandwidth import PROBE_SECONDS, REPROBE_EVERY, Bandwidth
 from engine.peer.client import BackboneError, ControlClient
 from engine.peer.control import ControlLoop
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
+from engine.peer.project_data import project_task
 from engine.peer.rounds import Rounds
 from engine.peer.state_sync import StateSync
 from engine.peer.training import heartbeat_loop, training_loop
 from engine.project import ProjectSpec
-from engine.tasks import Task, create_task, initial_model
+from engine.shards.files import FetchedFiles
+from engine.tasks import Task, initial_model
 from engine.training.device import Placement, choose_device
 from engine.training.local import LocalSteps
 from engine.training.optimizer import CollaborativeOptimizer
@@ -96,6 +98,7 @@ class Peer:
         self._opt: CollaborativeOptimizer | None = None
         self._sync: StateSync | None = None
         self._task: Task | None = None
+        self._files: FetchedFiles | None = None
         self._running = True
         # (epoch, hash) the backbone told us to resync to while paused: done on resume
         self._resync_on_resume: tuple[int, str | None] | None = None
@@ -228,8 +231,10 @@ class Peer:
         project = reply.project
         log.info("joined %s as %s", project.id, self.peer_id)
         self.emit(Joined(self.peer_id, project, reply.username))
-        self._task = await asyncio.to_thread(create_task, project.task, dict(project.task_params),
-                                             opts.data_dir)
+        files_url = f"{self.client.base_url}/api/projects/{project.id}/files"
+        self._task, self._files = await asyncio.to_thread(
+            project_task, project, files_url, self.client.file_headers, opts.limits, opts.data_dir,
+            asyncio.get_running_loop(), self.emit, self.download)
         # Off the loop: the first optimizer imports torch's compiler stack, seconds of CPU on a
         # busy machine that would otherwise starve this peer's sockets and links.
         model, optimizer = await asyncio.to_thread(self._build_model, project)
@@ -316,6 +321,8 @@ class Peer:
         if self._mesh is not None:
             await self._mesh.close()
         await self.client.close()
+        if self._files is not None:
+            await self._files.close()  # a micro-batch waiting for a shard gives up
         if self._opt is not None:
             self.gate.abandon(True)  # a long micro-batch (a small CPU share) must not delay exit
             self._opt.executor.shutdown(wait=True, cancel_futures=True)

@@ -7,6 +7,8 @@ import asyncio
 import itertools
 from typing import TYPE_CHECKING
 
+from engine.training.precision import autocast
+
 if TYPE_CHECKING:
     from engine.peer.runner import Peer
 
@@ -14,12 +16,13 @@ HEARTBEAT = 5.0  # well inside the backbone's peer timeout (15 s by default)
 
 
 async def training_loop(peer: Peer) -> None:
-    opts, task, opt = peer.options, peer.task, peer.optimizer
+    opts, task, opt, precision = peer.options, peer.task, peer.optimizer, peer.project.precision
     seed = opts.data_seed if opts.data_seed is not None else int(peer.peer_id[:15], 16)
     for index in itertools.count():
         def micro_batch(index: int = index) -> tuple[int, float]:
             batch = task.batch(seed, index).to(opt.compute_device)
-            loss_sum = task.loss(opt.compute_model, batch) * batch.size
+            with autocast(precision, opt.compute_device):
+                loss_sum = task.loss(opt.compute_model, batch).float() * batch.size
             loss_sum.backward()
             return batch.size, float(loss_sum.detach())
 

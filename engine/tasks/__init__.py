@@ -1,21 +1,23 @@
-"""Built-in tasks. A project names one and its parameters; no code is ever downloaded."""
+"""Task families. A project names one and its parameters; no code is ever downloaded."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.tasks.base import Batch, Task
+from engine.tasks.base import Batch, Task, TaskData
 from engine.tasks.demo_lm import DemoLM
+from engine.tasks.images import ImageClassification
+from engine.tasks.language_models import CausalLM, MaskedLM
 
-TASKS: dict[str, type[Task]] = {DemoLM.name: DemoLM}
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (DemoLM, MaskedLM, CausalLM, ImageClassification)}
 
 
-def create_task(name: str, params: dict, data_dir: str | None = None) -> Task:
+def create_task(name: str, params: dict, data: TaskData | None = None) -> Task:
     """Build the task ``name``; raises ValueError for unknown tasks or bad parameters."""
     cls = TASKS.get(name)
     if cls is None:
         raise ValueError(f"unknown task {name!r}; this Cotrain knows {', '.join(sorted(TASKS))}")
-    return cls.create(params, data_dir)
+    return cls.create(params, data or TaskData())
 
 
 def initial_model(task: Task, seed: int) -> torch.nn.Module:
@@ -25,4 +27,4 @@ def initial_model(task: Task, seed: int) -> torch.nn.Module:
         return task.build_model()
 
 
-__all__ = ["TASKS", "Batch", "Task", "create_task", "initial_model"]
+__all__ = ["TASKS", "Batch", "Task", "TaskData", "create_task", "initial_model"]

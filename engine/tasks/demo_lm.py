@@ -14,7 +14,7 @@ import torch
 from msgspec import Meta, Struct
 from torch import nn
 
-from engine.tasks.base import Batch, Task
+from engine.tasks.base import Batch, Task, TaskData
 from engine.tasks.corpus import corpus_bytes_limit, load_corpus
 from engine.wire.codec import convert
 
@@ -81,9 +81,9 @@ class DemoLM(Task):
         self.corpus = corpus
 
     @classmethod
-    def create(cls, params: dict, data_dir: str | None) -> DemoLM:
+    def create(cls, params: dict, data: TaskData) -> DemoLM:
         p = convert(params, DemoLMParams, "demo-lm parameters")
-        return cls(p, load_corpus(data_dir, corpus_bytes_limit()))
+        return cls(p, load_corpus(data.corpus_dir, corpus_bytes_limit()))
 
     def build_model(self) -> nn.Module:
         return SharedLayerLM(self.params)
@@ -95,8 +95,8 @@ class DemoLM(Task):
         starts = torch.randint(0, self.corpus.numel() - length - 1, (self.params.micro_batch,),
                                generator=generator)
         windows = self.corpus[starts[:, None] + torch.arange(length + 1)].long()
-        return Batch(seed, index, windows[:, :-1], windows[:, 1:])
+        return Batch(seed, index, {"tokens": windows[:, :-1], "targets": windows[:, 1:]})
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        logits = model(batch.inputs)
-        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch.targets.reshape(-1))
+        logits = model(batch.tensors["tokens"])
+        return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch.tensors["targets"].reshape(-1))

@@ -51,7 +51,7 @@ from engine.project import ProjectMode
 from engine.wire.codec import Codec, encode
 from engine.wire.types import Count, EpochNumber, Loss, Name, ProjectId, Rate, Seconds, Text, Url
 
-VERSION: Final = 3
+VERSION: Final = 4
 MAX_LINE = 1 << 20
 LOCAL_BACKBONE: Final = "local"  # ``start``'s backbone: the one the worker hosts on this computer
 
@@ -169,9 +169,18 @@ class ConnectionChanged(Message, tag="connection"):
     message: Text
 
 
+class Downloading(Message, tag="downloading"):
+    """A download the peer waits for or runs ahead: the collaboration's state, or one of the
+    project's files (``what`` says which, in words). Sent a few times a second at most."""
+
+    what: Text
+    received: Count
+    total: Count
+
+
 Command = Start | Leave | SetLimits | Pause | Resume | RunNow | Snooze | Stop
 WorkerEvent = (Hello | Hosting | ProjectJoined | GovernorDecided | Stats | EpochCompleted | ProjectLeft
-               | Problem | ConnectionChanged)
+               | Problem | ConnectionChanged | Downloading)
 
 commands: Codec[Command] = Codec(Command, "command", MAX_LINE)
 events: Codec[WorkerEvent] = Codec(WorkerEvent, "event", MAX_LINE)

@@ -31,7 +31,7 @@ from engine.governor.policy import Decision
 from engine.governor.throttle import lower_priority
 from engine.paths import user_data_dir
 from engine.peer.client import BackboneError
-from engine.peer.events import Connection, EpochCompleted, Joined, PeerEvent
+from engine.peer.events import Connection, EpochCompleted, FileProgress, Joined, PeerEvent, SyncProgress
 from engine.peer.runner import Peer, PeerOptions
 from engine.problems import retrying
 from engine.project import load_catalog
@@ -95,6 +95,7 @@ class Session:
         self._earlier = 0  # samples of this project's earlier peers in this session (before a retry)
         self._lowered = False
         self._switch = asyncio.Lock()
+        self._download_shown = 0.0
 
     # --- the governor's target ----------------------------------------------------------
 
@@ -209,7 +210,7 @@ class Session:
             reason, failure = await self._run_peer(peer)
             if self._leaving or reason.startswith("reached epoch"):
                 break
-            if isinstance(failure, BackboneError) and failure.fatal:
+            if getattr(failure, "fatal", False):  # a refused login, a project this computer cannot take
                 self.emit(p.Problem(message=reason, fatal=True))
                 break
             if time.monotonic() - began > STABLE:
@@ -254,6 +255,17 @@ class Session:
         elif isinstance(event, EpochCompleted):
             self.tally.add(self._key, event.my_samples)
             self.emit(event)
+        elif isinstance(event, (FileProgress, SyncProgress)):
+            self._downloading(event)
+
+    def _downloading(self, event: FileProgress | SyncProgress) -> None:
+        """Forward a download's progress: its first and last word, and at most 4 a second between."""
+        what = f"the project's {event.path}" if isinstance(event, FileProgress) else \
+            f"the collaboration's state from {event.source}"
+        now = time.monotonic()
+        if event.received in (0, event.total) or now - self._download_shown >= 0.25:
+            self._download_shown = now
+            self.emit(p.Downloading(what=what[:4000], received=event.received, total=event.total))
 
     # --- stats --------------------------------------------------------------------------
 

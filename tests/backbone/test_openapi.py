@@ -14,9 +14,11 @@ from jsonschema import Draft202012Validator
 
 from engine.backbone import server as server_module
 from engine.backbone.api import ROUTES
+from engine.backbone.openapi import published_path
 from engine.wire import WIRE_VERSION
 from engine.wire.api import PEER_ID_HEADER, PEER_TOKEN_HEADER
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+from tests.projects import albert_folder
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +35,7 @@ def exchanges(monkeypatch):
         body = await request.read() if json_body else b""  # a handler reading it gets it again
         response = await handler(request)
         resource = request.match_info.route.resource
-        route = resource.canonical if resource else "?"
+        route = published_path(resource.canonical) if resource else "?"
         raw = isinstance(response, web.Response) and isinstance(response.body, bytes)
         answer = response.body if raw else b""
         seen.append((request.method, route, response.status, body, answer, response.content_type))
@@ -57,7 +59,9 @@ def validator(doc: dict, schema: dict) -> Draft202012Validator:
 
 async def test_every_request_and_answer_matches_the_published_api(tmp_path, exchanges):
     project = tiny_project(checkpoint_every=1, keep_checkpoints=2)
-    async with running_backbone(tmp_path, project) as bb, aiohttp.ClientSession() as http:
+    albert = albert_folder(tmp_path / "projects")  # a project with files
+    async with running_backbone(tmp_path / "bb", project, projects_dir=albert.root.parent) as bb, \
+            aiohttp.ClientSession() as http:
         url = bb.url
 
         async def call(method, path, body=None, headers=None, raw=None):
@@ -93,6 +97,11 @@ async def test_every_request_and_answer_matches_the_published_api(tmp_path, exch
         await call("POST", "/api/projects/nope/peers", {"wire": WIRE_VERSION})  # 404
         identity = json.loads(joined)
         peer_headers = {PEER_ID_HEADER: identity["peer_id"], PEER_TOKEN_HEADER: identity["token"]}
+        shard = f"/api/projects/albert-mini/files/{albert.spec.data.shards[0].path}"
+        assert (await call("GET", shard))[0] == 200
+        whole = (albert.root / albert.spec.data.shards[0].path).read_bytes()
+        assert (await call("GET", shard, headers={"Range": "bytes=5-9"})) == (206, whole[5:10])
+        await call("GET", "/api/projects/albert-mini/files/project.json")  # 404: not in its manifest
         await call("GET", f"/api/projects/{project.id}/curve")
         await call("GET", f"/api/projects/{project.id}/leaderboard?limit=10&offset=0")
         await call("GET", f"/api/projects/{project.id}/leaderboard?limit=0")  # 400
@@ -117,8 +126,8 @@ async def test_every_request_and_answer_matches_the_published_api(tmp_path, exch
         await call("DELETE", "/api/sessions", headers=token)
         await call("DELETE", "/api/sessions")  # 401
 
-    declared = {(r.method, r.path) for r in ROUTES}
-    assert set(doc["paths"]) == {r.path for r in ROUTES}
+    declared = {(r.method, published_path(r.path)) for r in ROUTES}
+    assert set(doc["paths"]) == {published_path(r.path) for r in ROUTES}
     assert {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops} == declared
     exercised = {(method, route) for method, route, *_ in exchanges}
     assert exercised >= declared, f"not exercised: {declared - exercised}"

@@ -1,5 +1,6 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
-same model (demo-lm as shipped), micro-batch and target batch, alternating runs.
+same model, micro-batch and target batch, alternating runs: demo-lm as shipped, and the
+catalog's albert-mini (a transformers ALBERT on its shards, served by the backbone).
 
     python -m tests.bench.compute [--quick]
 """
@@ -7,6 +8,7 @@ same model (demo-lm as shipped), micro-batch and target batch, alternating runs.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -17,23 +19,28 @@ import torch
 from msgspec.structs import replace
 
 from engine.backbone.server import Backbone, BackboneConfig
+from engine.catalog_data import builtin_folder
 from engine.peer.events import EpochCompleted, Synced
 from engine.peer.runner import Peer, PeerOptions
-from engine.project import load_catalog
+from engine.project import ProjectSpec, load_catalog
+from engine.project_folders import ProjectFolder
 from engine.resources import default_catalog
-from engine.tasks import create_task, initial_model
+from engine.shards.files import FolderFiles
+from engine.tasks import TaskData, create_task, initial_model
 from engine.training.schedule import build_optimizer, lr_at
 
 
-def _project():
-    (spec,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
-    return spec
+def workloads(root: Path) -> list[tuple[ProjectSpec, ProjectFolder | None]]:
+    (demo,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
+    albert = builtin_folder(root, "albert-mini")
+    assert albert is not None
+    return [(demo, None), (albert.spec, albert)]
 
 
-def plain_loop(epochs: int) -> float:
+def plain_loop(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:
     """Samples/s of the textbook loop: accumulate micro-batches, step every target batch."""
-    spec = _project()
-    task = create_task(spec.task, spec.task_params)
+    files = FolderFiles(folder.root) if folder else None
+    task = create_task(spec.task, spec.task_params, TaskData(spec.data, files))
     model = initial_model(task, spec.seed)
     optimizer = build_optimizer(spec.optimizer, model.parameters())
     micro = spec.task_params["micro_batch"]
@@ -52,13 +59,17 @@ def plain_loop(epochs: int) -> float:
     return samples / (time.perf_counter() - began)
 
 
-def collaborative(epochs: int) -> float:
+def collaborative(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:
     """Samples/s of a solo Cotrain peer, from the moment it is in sync to its last step."""
-    spec = replace(_project(), checkpoint_every=10**6)
+    spec = replace(spec, checkpoint_every=10**6)
+    if folder is not None:  # the backbone serves the folder's files, with this spec
+        folder = ProjectFolder(spec, folder.root)
 
     async def run() -> float:
         with tempfile.TemporaryDirectory() as tmp:
-            backbone = Backbone(BackboneConfig(data_dir=Path(tmp)), [spec])
+            backbone = Backbone(BackboneConfig(data_dir=Path(tmp)), [] if folder else [spec])
+            if folder is not None:
+                backbone.add_project(spec, folder)
             url = await backbone.start()
             synced_at: list[float] = []
             stepped_at: list[float] = []
@@ -82,18 +93,20 @@ def collaborative(epochs: int) -> float:
 def main(quick: bool = False) -> None:
     torch.set_num_threads(1)
     epochs, trials = (2, 1) if quick else (4, 3)
-    spec = _project()
-    print(f"\n== Compute overhead: demo-lm ({spec.task_params['d_model']} wide), micro-batch "
-          f"{spec.task_params['micro_batch']}, target batch {spec.target_batch_size}, 1 thread, "
-          f"{epochs} steps per run, {trials} alternating runs each", flush=True)
-    plain, ours = [], []
-    for _ in range(trials):
-        plain.append(plain_loop(epochs))
-        ours.append(collaborative(epochs))
-    p, c = statistics.median(plain), statistics.median(ours)
-    print(f"plain PyTorch loop   {p:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in plain)}")
-    print(f"collaborative peer   {c:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in ours)}")
-    print(f"ratio collaborative / plain: {c / p:.3f} (target >= 0.95)", flush=True)
+    with tempfile.TemporaryDirectory() as root:
+        os.environ["COTRAIN_HOME"] = root  # the peer's shard cache
+        for spec, folder in workloads(Path(root)):
+            print(f"\n== Compute overhead: {spec.id} ({spec.task}), micro-batch "
+                  f"{spec.task_params['micro_batch']}, target batch {spec.target_batch_size}, 1 thread, "
+                  f"{epochs} steps per run, {trials} alternating runs each", flush=True)
+            plain, ours = [], []
+            for _ in range(trials):
+                plain.append(plain_loop(spec, folder, epochs))
+                ours.append(collaborative(spec, folder, epochs))
+            p, c = statistics.median(plain), statistics.median(ours)
+            print(f"plain PyTorch loop   {p:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in plain)}")
+            print(f"collaborative peer   {c:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in ours)}")
+            print(f"ratio collaborative / plain: {c / p:.3f} (target >= 0.95)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,27 @@
 """Synchronous large-batch training: peers end up exactly where one machine would."""
 
+import msgspec
 import pytest
 import torch
 
 from engine.project import OptimizerSpec
-from engine.tasks import create_task, initial_model
+from engine.shards.files import FolderFiles
+from engine.tasks import TaskData, create_task, initial_model
 from engine.training.schedule import build_optimizer, lr_at
+from engine.wire.codec import encode
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+from tests.projects import albert_folder
 
 pytestmark = pytest.mark.slow
 
 
-def reference_run(project, contributions):
+def reference_run(project, contributions, folder=None):
     """One process taking the same large-batch steps on the same samples.
 
     ``contributions[e]`` lists the (seed, batch index) pairs every peer used in epoch e.
     """
-    task = create_task(project.task, project.task_params)
+    files = FolderFiles(folder.root) if folder else None
+    task = create_task(project.task, project.task_params, TaskData(project.data, files))
     model = initial_model(task, project.seed)
     optimizer = build_optimizer(project.optimizer, model.parameters())
     for epoch, batches in enumerate(contributions):
@@ -32,13 +37,37 @@ def reference_run(project, contributions):
     return model
 
 
-async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path):
-    # SGD with momentum: Adam divides by sqrt(v), which turns fp32 rounding noise on
-    # parameters whose true gradient is zero (attention key biases) into full-size steps,
-    # so even two single-process runs summing in different orders differ by ~lr there.
-    project = tiny_project(optimizer=OptimizerSpec(name="sgd", lr=0.05, momentum=0.9, clip_grad_norm=1.0))
+# SGD with momentum: Adam divides by sqrt(v), which turns fp32 rounding noise on parameters
+# whose true gradient is zero (attention key biases) into full-size steps, so even two
+# single-process runs summing in different orders differ by ~lr there.
+SGD = OptimizerSpec(name="sgd", lr=0.05, momentum=0.9, clip_grad_norm=1.0)
+
+
+def albert_project(root):
+    """The catalog's albert-mini (a transformers model on its shards), smaller and without
+    dropout: a dropped unit is drawn from each process's own random stream."""
+    folder = albert_folder(root, target_batch_size=48, task_params={
+        "seq_len": 64, "micro_batch": 8,
+        "config": {"vocab_size": 8000, "embedding_size": 32, "hidden_size": 64, "num_hidden_layers": 2,
+                   "num_attention_heads": 2, "intermediate_size": 128, "max_position_embeddings": 64,
+                   "classifier_dropout_prob": 0.0, "pad_token_id": 0}})
+    spec = msgspec.structs.replace(folder.spec, optimizer=SGD, schedule=tiny_project().schedule,
+                                   round_timeout=20.0)
+    (folder.root / "project.json").write_bytes(encode(spec))
+    return spec, folder
+
+
+@pytest.mark.parametrize("family", ["demo-lm", "hf-masked-lm"])
+async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path, monkeypatch, family):
+    monkeypatch.setenv("COTRAIN_HOME", str(tmp_path / "home"))  # the peers' shard cache
+    if family == "demo-lm":
+        project, folder, where = tiny_project(optimizer=SGD), None, {}
+    else:
+        project, folder = albert_project(tmp_path / "projects")
+        where = {"projects_dir": folder.root.parent}
+    catalog = [project] if folder is None else []
     epochs = 5
-    async with running_backbone(tmp_path, project) as backbone:
+    async with running_backbone(tmp_path / "bb", *catalog, **where) as backbone:
         peers = [start_peer(backbone.url, project.id, f"p{i}", data_seed=100 + i, max_epochs=epochs)
                  for i in range(3)]
         try:
@@ -74,7 +103,7 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
         (samples,) = {r.step.samples for p in peers for r in p.history if r.step.epoch == epoch}
         assert len(batches) * project.task_params["micro_batch"] == samples >= project.target_batch_size
         contributions.append(batches)
-    reference = reference_run(project, contributions)
+    reference = reference_run(project, contributions, folder)
     for p in peers:
         for (name, mine), (_, theirs) in zip(p.peer.optimizer.model.state_dict().items(),
                                              reference.state_dict().items(), strict=True):

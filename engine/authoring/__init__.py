@@ -1,0 +1,1 @@
+"""``cotrain project``: writing, sharding, tokenizing and checking a project folder."""

@@ -1,0 +1,118 @@
+"""``cotrain project new|shard|tokenizer|check``: from a folder of texts to a project folder
+that ``cotrain backbone --projects`` serves."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.authoring.manifest import SHARDS, TOKENIZER, read_project, update_manifest, write_project
+from engine.authoring.presets import PRESETS
+
+TEXT_TASKS = {"hf-masked-lm", "hf-causal-lm"}
+IMAGE_TASK = "image-classification"
+
+
+def add_project_parser(sub, add_logging) -> None:
+    project = sub.add_parser("project", help="write, shard, tokenize and check a project folder")
+    commands = project.add_subparsers(dest="project_command", required=True)
+    new = commands.add_parser("new", help="a project folder to edit, from a preset")
+    new.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    new.add_argument("--id", default=None, help="the project's id (default: the folder's name)")
+    new.add_argument("folder", type=Path)
+    shard = commands.add_parser("shard", help="cut texts (.txt, .jsonl, .parquet), or a folder of class "
+                                              "folders of images, into the project's shards")
+    shard.add_argument("inputs", type=Path, nargs="+", metavar="FILE_OR_FOLDER")
+    shard.add_argument("--out", type=Path, required=True, metavar="FOLDER", help="the project folder")
+    shard.add_argument("--shard-mb", type=float, default=64.0, help="about this many MB a shard (default 64)")
+    shard.add_argument("--heldout-every", type=int, default=50, metavar="N",
+                       help="every N-th document goes to the held-out set (default 50)")
+    tokenizer = commands.add_parser("tokenizer", help="train the project's tokenizer on its shards")
+    tokenizer.add_argument("folder", type=Path)
+    tokenizer.add_argument("--vocab", type=int, default=None, help="tokens (default: the model's vocab_size)")
+    check = commands.add_parser("check", help="check all a peer will need")
+    check.add_argument("folder", type=Path)
+    for command in (new, shard, tokenizer, check):
+        add_logging(command)
+
+
+def run_project_command(args: argparse.Namespace) -> int:
+    try:
+        if args.project_command == "new":
+            return _new(args.folder, args.preset, args.id)
+        if args.project_command == "shard":
+            return _shard(args)
+        if args.project_command == "tokenizer":
+            return _tokenizer(args.folder, args.vocab)
+        return _check(args.folder)
+    except (ValueError, OSError) as exc:
+        print(f"cotrain project {args.project_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check(folder: Path) -> int:
+    from engine.authoring.check import check_project, measure_needs
+
+    if not check_project(folder, print):
+        return 1
+    project = read_project(folder)
+    project["needs"] = measure_needs(folder)
+    write_project(folder, project)
+    print(f"recorded what a peer needs in {folder / 'project.json'}: it is shown before Join")
+    return 0
+
+
+def _new(folder: Path, preset: str, project_id: str | None) -> int:
+    if (folder / "project.json").exists():
+        raise ValueError(f"{folder} holds a project already")
+    folder.mkdir(parents=True, exist_ok=True)
+    project = {"id": project_id or folder.resolve().name.lower(), **json.loads(json.dumps(PRESETS[preset]))}
+    write_project(folder, project)
+    inputs = "YOUR_CLASS_FOLDERS" if project.get("task") == IMAGE_TASK else "YOUR_TEXTS"
+    print(f"wrote {folder / 'project.json'} ({preset}); next: "
+          f"cotrain project shard {inputs} --out {folder}")
+    return 0
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from engine.authoring.text_shards import cut_text
+
+    project = read_project(args.out)
+    if project.get("task") == IMAGE_TASK:
+        return _shard_images(args, project)
+    if project.get("task") not in TEXT_TASKS:
+        raise ValueError(f"{args.out} is a {project.get('task')!r} project; this cuts text")
+    count, held = cut_text(args.inputs, args.out, int(args.shard_mb * 2**20), max(2, args.heldout_every))
+    data = update_manifest(args.out)
+    print(f"{count} documents: {len(data['shards'])} shards in {args.out / SHARDS}, {held} held out")
+    if not (args.out / TOKENIZER).exists():
+        return _tokenizer(args.out, None)
+    return 0
+
+
+def _shard_images(args: argparse.Namespace, project: dict) -> int:
+    """One folder with a subfolder of images per class; the class count becomes num_classes."""
+    from engine.authoring.image_shards import cut_images
+
+    if len(args.inputs) != 1:
+        raise ValueError("an image project is cut from one folder, with a subfolder of images per class")
+    count, held, names = cut_images(args.inputs[0], args.out, int(args.shard_mb * 2**20),
+                                    max(2, args.heldout_every))
+    project.setdefault("task_params", {})["num_classes"] = len(names)
+    write_project(args.out, project)
+    data = update_manifest(args.out)
+    shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+    print(f"{count} images of {len(names)} classes ({shown}): {len(data['shards'])} shards in "
+          f"{args.out / SHARDS}, {held} held out")
+    return 0
+
+
+def _tokenizer(folder: Path, vocab: int | None) -> int:
+    from engine.authoring.tokenizer import tokenize_project
+
+    print(f"training a tokenizer on the shards in {folder / SHARDS}")
+    size = tokenize_project(folder, vocab)
+    print(f"wrote {folder / TOKENIZER}: {size} tokens (the model's vocab_size is set to match)")
+    return 0

@@ -1,0 +1,48 @@
+"""A project folder's manifest: the ``data`` of its project.json, written from the files in
+``shards/``, ``heldout/`` and ``tokenizer.json`` (their sizes and sha256)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.project_folders import PROJECT_FILE
+from engine.shards.download import hash_file
+
+SHARDS, HELDOUT, TOKENIZER = "shards", "heldout", "tokenizer.json"
+
+
+def file_entry(root: Path, path: Path) -> dict[str, Any]:
+    return {"path": path.relative_to(root).as_posix(), "sha256": hash_file(path).hexdigest(),
+            "bytes": path.stat().st_size}
+
+
+def read_project(root: Path) -> dict[str, Any]:
+    try:
+        project = json.loads((root / PROJECT_FILE).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{root} has no {PROJECT_FILE}: start with `cotrain project new`") from None
+    except ValueError as exc:
+        raise ValueError(f"{root / PROJECT_FILE} is not valid JSON: {exc}") from None
+    if not isinstance(project, dict):
+        raise ValueError(f"{root / PROJECT_FILE} is not a JSON object")
+    return project
+
+
+def write_project(root: Path, project: dict[str, Any]) -> None:
+    (root / PROJECT_FILE).write_text(json.dumps(project, indent=2) + "\n")
+
+
+def update_manifest(root: Path) -> dict[str, Any]:
+    """Rewrite the project's ``data`` from the files in its folder; returns it."""
+    project = read_project(root)
+    data: dict[str, Any] = {
+        "shards": [file_entry(root, p) for p in sorted((root / SHARDS).glob("*")) if p.is_file()],
+        "heldout": [file_entry(root, p) for p in sorted((root / HELDOUT).glob("*")) if p.is_file()],
+    }
+    if (root / TOKENIZER).is_file():
+        data["tokenizer"] = file_entry(root, root / TOKENIZER)
+    project["data"] = data
+    write_project(root, project)
+    return data

@@ -1,0 +1,94 @@
+"""Models that transformers builds from a configuration alone, from the installed library.
+
+A project names a ``model_type`` and its configuration; the allow-list is what the installed
+transformers registers for the task's head. Nothing is downloaded and no project code runs:
+``trust_remote_code`` and ``auto_map`` are refused, as is anything that would name a file.
+The model's size is known on the meta device before a byte of it is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+Head = Literal["masked-lm", "causal-lm", "pretraining", "image-classification"]
+# Keys of a configuration that would load code or files, or that are transformers' own.
+REFUSED_KEYS = {"trust_remote_code", "auto_map", "name_or_path", "_name_or_path", "transformers_version",
+                "quantization_config", "pretrained_model_name_or_path", "custom_pipelines"}
+MAX_PARAMETERS = 20 * 10**9
+
+
+class ModelError(ValueError):
+    pass
+
+
+def _classes(head: Head) -> dict[str, str]:
+    """Model type -> the transformers class with this head, as the installed library lists them."""
+    from transformers.models.auto import modeling_auto as auto
+
+    heads: dict[str, dict[str, str]] = {
+        "masked-lm": dict(auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+        "causal-lm": dict(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        "pretraining": {"albert": "AlbertForPreTraining"},  # ALBERT's masked LM with sentence order
+        # Some image models list several classes (with and without a teacher): the first is the plain one.
+        "image-classification": {t: c if isinstance(c, str) else c[0]
+                                 for t, c in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.items()},
+    }
+    classes = heads[head]
+    return {t: c for t, c in classes.items() if t != "timm_wrapper"}  # it fetches its model from the Hub
+
+
+def allowed_model_types(head: Head) -> set[str]:
+    return set(_classes(head))
+
+
+def model_config(head: Head, model_type: str, config: dict):
+    """transformers' configuration object for the project's model; ModelError says what is wrong."""
+    allowed = allowed_model_types(head)
+    if model_type not in allowed:
+        raise ModelError(f"model type {model_type!r} is not one this Cotrain builds for a {head} "
+                         f"task (it builds {len(allowed)}: {', '.join(sorted(allowed)[:12])}, ...)")
+    refused = sorted(k for k in config if k in REFUSED_KEYS or k.startswith("_"))
+    if refused:
+        raise ModelError(f"the model's configuration asks for {', '.join(refused)}: a project sends data, "
+                         "never code, and Cotrain runs only the model code it ships")
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.for_model(model_type, **config)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ModelError(f"transformers cannot configure a {model_type!r} model from the project: "
+                         f"{exc}") from None
+
+
+def model_class(head: Head, cfg) -> type[nn.Module]:
+    import transformers
+
+    return getattr(transformers, _classes(head)[cfg.model_type])
+
+
+def count_parameters(head: Head, cfg) -> int:
+    """The model's parameters, counted on the meta device (nothing allocated)."""
+    try:
+        with torch.device("meta"):
+            model = model_class(head, cfg)(cfg)
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        raise ModelError(f"transformers cannot build this {cfg.model_type!r} model: {exc}") from None
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(head: Head, cfg) -> nn.Module:
+    count = count_parameters(head, cfg)
+    if count > MAX_PARAMETERS:
+        raise ModelError(f"the model has {count:,} parameters; Cotrain trains at most {MAX_PARAMETERS:,}")
+    return model_class(head, cfg)(cfg)
+
+
+def training_memory(parameters: int, optimizer_states: int = 2) -> int:
+    """Bytes a peer holds for the model besides activations: fp32 parameters, gradients, the
+    accumulated gradient and the optimizer's states."""
+    return 4 * parameters * (3 + optimizer_states)

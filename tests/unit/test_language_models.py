@@ -1,0 +1,124 @@
+"""The text families on the catalog's albert-mini: the batches a peer draws, the masking,
+sentence order, and what a broken project is told."""
+
+import json
+
+import pytest
+import torch
+
+from engine.governor.limits import Limits
+from engine.peer.project_data import ProjectRefused, check_fits
+from engine.project_folders import load_project_folder
+from engine.shards.files import FolderFiles
+from engine.tasks import TaskData, create_task, initial_model
+from engine.tasks.hf_models import ModelError
+from engine.tasks.masking import IGNORE, mask_tokens
+from tests.projects import albert_folder
+
+
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+    return albert_folder(tmp_path_factory.mktemp("projects"))
+
+
+def task_of(folder, params=None, task=None):
+    spec = folder.spec
+    return create_task(task or spec.task, params or dict(spec.task_params),
+                       TaskData(spec.data, FolderFiles(folder.root)))
+
+
+def test_a_micro_batch_is_the_same_whoever_draws_it_and_peers_draw_different_ones(albert):
+    task = task_of(albert)
+    first, again = task.batch(7, 3), task_of(albert).batch(7, 3)
+    assert all(torch.equal(first.tensors[k], again.tensors[k]) for k in first.tensors)
+    other = task.batch(8, 3)
+    assert not torch.equal(first.tensors["input_ids"], other.tensors["input_ids"])
+    assert first.size == albert.spec.task_params["micro_batch"]
+
+
+def test_sentence_order_pairs_come_both_ways_and_albert_learns_both_heads(albert):
+    task = task_of(albert)
+    labels = torch.cat([task.batch(1, i).tensors["sentence_order_label"] for i in range(8)])
+    assert 0.2 < labels.float().mean() < 0.8
+    model = initial_model(task, 1)
+    assert type(model).__name__ == "AlbertForPreTraining"
+    loss = task.loss(model, task.batch(1, 0))
+    loss.backward()
+    assert model.sop_classifier.classifier.weight.grad.abs().sum() > 0  # the sentence-order head learns
+
+
+def test_whole_word_masking_masks_every_piece_of_a_chosen_word():
+    ids = torch.arange(100, 120).reshape(2, 10)
+    words = torch.tensor([[-1, 0, 0, 0, 1, 2, 2, 3, 3, -1], [-1, 0, 1, 1, 1, 2, 3, 4, 4, -1]])
+    for trial in range(20):
+        _, labels = mask_tokens(ids, words, 0.5, True, mask_id=4, vocab_size=200,
+                                generator=torch.Generator().manual_seed(trial))
+        chosen = labels != IGNORE
+        assert not chosen[words < 0].any()  # [CLS] and [SEP] are never chosen
+        for row in range(2):
+            for word in words[row].unique().tolist():
+                if word >= 0:
+                    picked = chosen[row][words[row] == word]
+                    assert picked.all() or not picked.any()  # a word is chosen whole or not at all
+        assert torch.equal(labels[chosen], ids[chosen])
+
+
+def test_the_held_out_set_is_scored_the_same_way_every_time(albert):
+    task = task_of(albert)
+    model = initial_model(task, 1).eval()
+    with torch.no_grad():
+        scores = [sum(task.metrics(model, b)["loss"] for b in task_of(albert).heldout()) for _ in range(2)]
+    assert scores[0] == scores[1] > 0
+
+
+def bad(albert, tmp_path, **changes):
+    project = json.loads((albert.root / "project.json").read_text())
+    project["task_params"].update(changes)
+    return project
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"model_type": "not-a-model"}, "model type 'not-a-model' is not one this Cotrain builds"),
+    ({"config": {"trust_remote_code": True, "vocab_size": 8000}},
+     "asks for trust_remote_code: a project sends data"),
+    ({"config": {"auto_map": "evil.Model"}}, "asks for auto_map"),
+    ({"config": {"auto_map": {"AutoModel": "evil.Model"}}}, r"got `object` - at `\$.config\[...\]`"),
+    ({"seq_len": 4096}, "seq_len is 4096 but the model has 128 positions"),
+    ({"surprise": 1}, "unknown field `surprise`"),
+])
+def test_a_project_asking_for_what_cotrain_does_not_build_gets_a_clear_error(albert, changes, message):
+    params = {**albert.spec.task_params, **changes}
+    with pytest.raises(ValueError, match=message):
+        task_of(albert, params)
+
+
+def test_a_tokenizer_smaller_than_the_models_vocabulary_is_refused(albert):
+    params = json.loads(json.dumps(albert.spec.task_params))
+    params["config"]["vocab_size"] = 30000
+    with pytest.raises(ModelError, match="the tokenizer has 8000 tokens, the model's vocabulary 30000"):
+        task_of(albert, params).batch(0, 0)
+    params["config"]["vocab_size"] = 4000
+    with pytest.raises(ModelError, match="vocabulary only 4000"):
+        task_of(albert, params).batch(0, 0)
+
+
+def test_a_model_over_the_memory_limit_is_refused_before_a_byte_is_downloaded(albert, tmp_path):
+    params = json.loads(json.dumps(albert.spec.task_params))
+    params["config"].update(hidden_size=2048, intermediate_size=8192, num_attention_heads=16)
+    spec = albert.spec
+    task = create_task(spec.task, params, TaskData(spec.data, FolderFiles(tmp_path / "nothing-here")))
+    with pytest.raises(ProjectRefused, match=r"needs about [\d,]+ MB of memory .* lets Cotrain use 512 MB"):
+        check_fits(spec, task, Limits(max_memory_mb=512))
+
+
+def test_a_malformed_project_file_names_the_field(albert, tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    project = json.loads((albert.root / "project.json").read_text())
+    project["target_batch_size"] = "many"
+    (folder / "project.json").write_text(json.dumps(project))
+    with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$.target_batch_size`"):
+        load_project_folder(folder)
+    (folder / "project.json").write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        load_project_folder(folder)
