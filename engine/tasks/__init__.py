@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from engine.tasks.base import Batch, Task, TaskData
@@ -9,6 +11,7 @@ from engine.tasks.demo_lm import DemoLM
 from engine.tasks.images import ImageClassification
 from engine.tasks.language_models import CausalLM, MaskedLM
 
+_BUILDING = threading.Lock()
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (DemoLM, MaskedLM, CausalLM, ImageClassification)}
 
 
@@ -21,8 +24,10 @@ def create_task(name: str, params: dict, data: TaskData | None = None) -> Task:
 
 
 def initial_model(task: Task, seed: int) -> torch.nn.Module:
-    """The project's starting model: the same bits on every peer, from the project's seed."""
-    with torch.random.fork_rng(devices=[]):
+    """The project's starting model: the same bits on every peer, from the project's seed.
+    Built under a lock: torch's random stream is the process's, and another thread drawing
+    from it meanwhile (a second peer in one process) would change the bits."""
+    with _BUILDING, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return task.build_model()
 

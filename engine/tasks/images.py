@@ -180,9 +180,8 @@ class ImageClassification(Task):
         return builder(weights=None, num_classes=p.num_classes)
 
     def build_model(self) -> nn.Module:
-        if self.cfg is None:
-            return self._torchvision_model()
-        return build_model(HEAD, self.cfg)
+        model = self._torchvision_model() if self.cfg is None else build_model(HEAD, self.cfg)
+        return batch_statistics(model)
 
     def parameters(self) -> int:
         if self.cfg is not None:
@@ -294,3 +293,15 @@ class ImageClassification(Task):
         labels = batch.tensors["labels"]
         return {"loss": float(F.cross_entropy(logits, labels, reduction="sum")),
                 "accuracy": float((logits.argmax(-1) == labels).sum())}
+
+
+def batch_statistics(model: nn.Module) -> nn.Module:
+    """Batch norm layers normalize by each batch's own statistics, in training and evaluation
+    alike. Running statistics would be each peer's own (a peer sees only its micro-batches),
+    so peers would hold different states after every step; without them every peer applies
+    the same bits, as the collaboration requires."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            module.track_running_stats = False
+            module.running_mean = module.running_var = module.num_batches_tracked = None
+    return model

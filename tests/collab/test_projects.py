@@ -1,12 +1,16 @@
-"""Projects with data, as volunteers run them: `cotrain peer` processes fetching the
-catalog's albert-mini from the backbone that serves its folder."""
+"""Projects with data, as volunteers run them: peers fetching the catalog's albert-mini and
+digits from the backbone that serves their folders."""
 
 import statistics
 
 import pytest
 
-from tests.collab.harness import running_backbone
+from engine.project_folders import load_project_folder
+from engine.shards.files import FolderFiles
+from engine.tasks import TaskData, create_task, initial_model
+from tests.collab.harness import running_backbone, start_peer, stop_all
 from tests.collab.processes import spawn_peer, terminate
+from tests.collab.test_digits import digits_folder, heldout_accuracy
 from tests.projects import albert_folder
 
 pytestmark = pytest.mark.slow
@@ -40,3 +44,30 @@ async def test_three_peers_train_albert_mini_with_one_state_at_every_step(tmp_pa
     assert last < first - 0.5
     for i in range(3):  # each peer fetched the shards it drew, into its own cache
         assert any((tmp_path / f"home{i}" / "shards").iterdir())
+
+
+async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_path, monkeypatch,
+                                                                           report_figure):
+    monkeypatch.setenv("COTRAIN_HOME", str(tmp_path / "home"))  # the peers' shard cache
+    folder = load_project_folder(digits_folder(tmp_path / "projects"))
+    epochs = 60
+    async with running_backbone(tmp_path / "bb", projects_dir=folder.root.parent) as backbone:
+        peers = [start_peer(backbone.url, "digits", f"p{i}", max_epochs=epochs, threads=1) for i in range(2)]
+        try:
+            for p in peers:
+                assert await p.finish(timeout=300) == f"reached epoch {epochs}"
+        finally:
+            await stop_all(*peers)
+    hashes: dict[int, set[str]] = {}
+    for p in peers:
+        for r in p.history:
+            hashes.setdefault(r.step.epoch, set()).add(r.step.state_sha256)
+    assert all(len(found) == 1 for found in hashes.values()), hashes  # batch norm included
+    task = create_task("image-classification", dict(folder.spec.task_params),
+                       TaskData(folder.spec.data, FolderFiles(folder.root)))
+    model = initial_model(task, folder.spec.seed)  # without the stopped peer's compute gate
+    model.load_state_dict(peers[0].peer.optimizer.model.state_dict())
+    accuracy = heldout_accuracy(task, model)
+    report_figure(f"digits, 2 peers, {epochs} steps of {folder.spec.target_batch_size}: "
+                  f"held-out accuracy {accuracy:.1%}")
+    assert accuracy >= 0.9
