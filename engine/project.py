@@ -148,6 +148,8 @@ class ProjectSpec(Struct, kw_only=True):
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     round_timeout: Annotated[float, Meta(ge=1, le=3600)] = 60.0
     checkpoint_every: Annotated[int, Meta(ge=1, le=10**6)] = 5
+    # The held-out set is scored every this many steps, by about three peers (its data.heldout).
+    evaluate_every: Annotated[int, Meta(ge=1, le=10**6)] = 10
     keep_checkpoints: Annotated[int, Meta(ge=1, le=100)] = 3
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     # Only peers logged in to an account may join: no free identities (see SECURITY.md).

@@ -28,6 +28,7 @@ from engine.worker import protocol as p
 TITLES = {TrayKind.CONTRIBUTING: "Contributing", TrayKind.PAUSED: "Paused",
           TrayKind.WAITING: "Waiting for idle time", TrayKind.ERROR: "Something went wrong"}
 MAX_POINTS = 3600
+HELDOUT_RELOAD = 5  # steps between fetches of the curve's held-out points
 
 
 class DashboardPage(QWidget):
@@ -38,6 +39,7 @@ class DashboardPage(QWidget):
         self._mine_t: list[float] = []
         self._mine_n: list[int] = []
         self._curve_for = ""
+        self._heldout: dict[int, tuple[float, float | None]] = {}  # epoch -> held-out loss, accuracy
 
         self.state_icon = QLabel()
         self.title = heading("Starting…")
@@ -86,8 +88,12 @@ class DashboardPage(QWidget):
         pg.setConfigOptions(antialias=True, background=None, foreground=self.palette().text().color())
         self.loss_plot = pg.PlotWidget(title="Loss per step")
         self.loss_plot.setLabel("bottom", "epoch")
+        self.loss_plot.addLegend(offset=(-10, 10))
         self.loss_line = self.loss_plot.plot([], [], pen=pg.mkPen("#4c6ef5", width=2), symbol="o",
-                                             symbolSize=4)
+                                             symbolSize=4, name="training")
+        # The project's held-out set, scored by a few peers every few steps (where it has one).
+        self.heldout_line = self.loss_plot.plot([], [], pen=pg.mkPen("#f76707", width=2), symbol="s",
+                                                symbolSize=6, name="held out")
         self.mine_plot = pg.PlotWidget(title="My contribution (samples)",
                                        axisItems={"bottom": pg.DateAxisItem()})
         self.mine_line = self.mine_plot.plot([], [], pen=pg.mkPen("#0ca678", width=2), fillLevel=0,
@@ -136,6 +142,7 @@ class DashboardPage(QWidget):
                 and state.project:
             self._curve_for = f"{state.backbone} {state.project_id}"
             self._loss.clear()
+            self._heldout.clear()
             self.controller.client.curve(state.backbone, state.project_id, self._curve_loaded, lambda m: None)
 
     def show_download(self, d: p.Downloading) -> None:
@@ -154,6 +161,8 @@ class DashboardPage(QWidget):
         for point in curve.epochs:
             if point.loss is not None:
                 self._loss.setdefault(point.epoch, point.loss)
+            if point.heldout_loss is not None:
+                self._heldout[point.epoch] = (point.heldout_loss, point.heldout_accuracy)
         self._draw_loss()
 
     def show_stats(self, s: p.Stats) -> None:
@@ -200,10 +209,20 @@ class DashboardPage(QWidget):
         if step.loss is not None:
             self._loss[step.epoch] = step.loss
             self._draw_loss()
+        if step.epoch % HELDOUT_RELOAD == 0:  # peers may have scored the held-out set since
+            state = self.controller.state
+            self.controller.client.curve(state.backbone, state.project_id, self._curve_loaded, lambda m: None)
 
     def _draw_loss(self) -> None:
         epochs = sorted(self._loss)[-MAX_POINTS:]
         self.loss_line.setData(epochs, [self._loss[k] for k in epochs])
+        scored = [k for k in sorted(self._heldout) if not epochs or k >= epochs[0]]
+        self.heldout_line.setData(scored, [self._heldout[k][0] for k in scored])
+        accuracy = self._heldout[scored[-1]][1] if scored else None
+        title = "Loss per step"
+        if accuracy is not None:
+            title += f" · held-out accuracy {accuracy:.1%} at epoch {scored[-1]}"
+        self.loss_plot.setTitle(title)
         _show_data(self.loss_plot, self.hints[self.loss_plot], bool(epochs))
 
 

@@ -20,6 +20,7 @@ from engine.wire.control import (
     AuditDone,
     Availability,
     BadState,
+    Evaluated,
     PeerMessage,
     Ping,
     Progress,
@@ -37,7 +38,7 @@ class Kind(Enum):
 
     SIGNAL = "signal"  # relayed to another peer
     SYNC = "sync"  # a SyncRequest: the tracker looks for a donor
-    REPORT = "report"  # progress, availability, pings
+    REPORT = "report"  # progress, availability, pings, held-out scores
     OUTCOME = "outcome"  # ready, round done, audit done, bad state
 
 
@@ -46,7 +47,7 @@ def kind_of(msg: PeerMessage) -> Kind:
         return Kind.SIGNAL
     if isinstance(msg, SyncRequest):
         return Kind.SYNC
-    if isinstance(msg, (Progress, Availability, Ping)):
+    if isinstance(msg, (Progress, Availability, Ping, Evaluated)):
         return Kind.REPORT
     assert isinstance(msg, (Ready, RoundDone, AuditDone, BadState))
     return Kind.OUTCOME

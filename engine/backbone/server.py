@@ -30,6 +30,7 @@ from engine.backbone.tracker import (
     CollaborationState,
     Out,
     RecordCredits,
+    RecordHeldOut,
     RecordStep,
     RoundOpened,
     Send,
@@ -250,6 +251,8 @@ class Backbone:
                         session.send(text)
             elif isinstance(out, RecordStep):
                 self.store.record_step(project, out.step)
+            elif isinstance(out, RecordHeldOut):
+                self.store.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
             elif isinstance(out, RecordCredits):
                 owners = self._owners(project, out.credits)
                 self.store.record_credits(project, out.round_id, out.credits, owners)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH
+from engine.backbone.store_curve import CURVE_SCHEMA, CurveTables
 from engine.backbone.store_ledger import LedgerTables
 from engine.backbone.tracker.outputs import RoundOpened
-from engine.wire.api import CurvePoint, LoginSession
+from engine.wire.api import LoginSession
 from engine.wire.control import CheckpointInfo, Step
 from engine.wire.types import PeerRole
 
@@ -149,7 +150,7 @@ class UsernameTaken(ValueError):
     pass
 
 
-class Store(LedgerTables):
+class Store(LedgerTables, CurveTables):
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fresh = not path.exists() or path.stat().st_size == 0
@@ -181,7 +182,7 @@ class Store(LedgerTables):
                         self.db.execute("ROLLBACK")
                     self.db.close()
                     raise
-        self.db.executescript(SCHEMA)  # what a newer schema adds
+        self.db.executescript(SCHEMA + CURVE_SCHEMA)  # what a newer schema adds
         self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         self.migrated_hashes = version < 2  # stored checkpoints' hashes are to be computed anew
 
@@ -298,15 +299,6 @@ class Store(LedgerTables):
         except BaseException:
             db.execute("ROLLBACK")
             raise
-
-    def curve(self, project: str) -> list[CurvePoint]:
-        """Loss per epoch (the latest step of each epoch, after any rewind)."""
-        rows = self.db.execute(
-            "SELECT epoch, loss, samples, peers, round_seconds, finished_at FROM steps s "
-            "WHERE project=? AND round_id = (SELECT MAX(round_id) FROM steps WHERE project=s.project "
-            "AND epoch=s.epoch) ORDER BY epoch", (project,),
-        ).fetchall()
-        return [CurvePoint(*row) for row in rows]
 
     def steps(self, project: str) -> list[Step]:
         rows = self.db.execute(

@@ -24,6 +24,7 @@ from engine.averaging.allreduce import (
 )
 from engine.peer.audits import input_key
 from engine.peer.client import BackboneError
+from engine.peer.evaluation import chosen, score_heldout
 from engine.peer.events import EpochCompleted, RoundFailed
 from engine.wire.control import Reassign, RoundStart, Step
 from engine.wire.frames import Input, Part, Result, Shown, StateReply, StateRequest, StateUnavailable
@@ -119,6 +120,9 @@ class Rounds:
                                    averaging_began=completed.averaging_began)
         peer.history.append(completed)
         peer.emit(completed)
+        if peer.project.data is not None and peer.project.data.heldout and \
+                chosen(peer.peer_id, settled, peer.project.evaluate_every):
+            peer.spawn(score_heldout(peer, settled))
         if checkpoint_by == peer.peer_id:
             self.uploads.add(peer.spawn(self._upload_checkpoint()))
         max_epochs = peer.options.max_epochs

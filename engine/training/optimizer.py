@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from msgspec.structs import replace
@@ -37,6 +37,7 @@ from engine.training.throughput import Throughput
 from engine.wire.control import ControlMessage, Progress, RoundDone, RoundStart, Status, Step
 from engine.wire.tensors import StateFile, StateIndex
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Averaged]]
@@ -494,6 +495,22 @@ class CollaborativeOptimizer:
     def computing(self) -> bool:
         """Whether the compute thread is busy right now."""
         return self._busy
+
+    async def evaluate(self, measure: Callable[[torch.nn.Module], T], epoch: int) -> T | None:
+        """``measure(model)`` on the compute thread between micro-batches, in evaluation mode
+        and without gradients; None if the state is no longer that of ``epoch``."""
+        def work() -> T | None:
+            if self.epoch != epoch:
+                return None
+            model = self.compute_model
+            model.eval()
+            try:
+                with torch.no_grad():
+                    return measure(model)
+            finally:
+                model.train()
+
+        return await self._run(work)
 
     async def _run(self, fn):
         def gated():

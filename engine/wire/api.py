@@ -161,6 +161,10 @@ class CurvePoint(Struct):
     peers: Count
     round_seconds: Seconds
     finished_at: Timestamp
+    # The held-out set's mean loss and accuracy on this epoch's state, where peers scored it
+    # (the median of what members holding that state said).
+    heldout_loss: Loss | None = None
+    heldout_accuracy: Annotated[float, Meta(ge=0, le=1)] | None = None
 
 
 class Curve(Struct):

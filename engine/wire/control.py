@@ -42,7 +42,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[6] = WIRE_VERSION
+    v: Literal[7] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -68,6 +68,17 @@ class Progress(ControlMessage, tag="progress"):
     client_mode: bool = False  # reachable only through a relay: send parts, reduce none
     upload: Rate | None = None  # bytes per second the peer's link achieves (engine/peer/bandwidth.py)
     download: Rate | None = None
+
+
+class Evaluated(ControlMessage, tag="evaluated"):
+    """The project's held-out set, scored on the state of ``epoch`` (the one it names): the
+    mean loss, and for a classifier the share classified right, over ``samples``."""
+
+    epoch: EpochNumber
+    state_sha256: Sha256
+    loss: Loss
+    samples: Count
+    accuracy: Annotated[float, Meta(ge=0, le=1)] | None = None
 
 
 class SyncRequest(ControlMessage, tag="sync_request"):
@@ -371,7 +382,7 @@ class IceServers(ControlMessage, tag="ice_servers"):
 
 
 PeerMessage = (Progress | SyncRequest | Ready | RoundDone | AuditDone | Signal | Availability | BadState
-               | Ping)
+               | Evaluated | Ping)
 BackboneMessage = (Pong | SyncPlan | RoundStart | Reassign | Step | Audit | Resync | Status | Signal
                    | IceServers)
 

@@ -58,6 +58,7 @@ async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_p
                 assert await p.finish(timeout=300) == f"reached epoch {epochs}"
         finally:
             await stop_all(*peers)
+        curve = backbone.store.curve("digits")
     hashes: dict[int, set[str]] = {}
     for p in peers:
         for r in p.history:
@@ -71,3 +72,7 @@ async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_p
     report_figure(f"digits, 2 peers, {epochs} steps of {folder.spec.target_batch_size}: "
                   f"held-out accuracy {accuracy:.1%}")
     assert accuracy >= 0.9
+    # The learning curve shows what the peers scored: every 10th state, the same figure.
+    scored = {point.epoch: point.heldout_accuracy for point in curve if point.heldout_accuracy is not None}
+    assert set(scored) >= {10, 20, 30, 40, 50}, scored
+    assert scored[50] >= 0.85 and scored[10] < scored[50]

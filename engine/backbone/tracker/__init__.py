@@ -17,12 +17,14 @@ from dataclasses import replace
 
 from engine.backbone.tracker.audits import Auditor
 from engine.backbone.tracker.backups import Backups
+from engine.backbone.tracker.heldout import HeldOutScores
 from engine.backbone.tracker.membership import Members, PeerState
 from engine.backbone.tracker.outputs import (
     Broadcast,
     CollaborationState,
     Out,
     RecordCredits,
+    RecordHeldOut,
     RecordStep,
     RoundOpened,
     Send,
@@ -40,6 +42,7 @@ from engine.wire.control import (
     BadState,
     CheckpointInfo,
     ControlMessage,
+    Evaluated,
     Progress,
     Ready,
     Resync,
@@ -49,8 +52,8 @@ from engine.wire.control import (
 )
 from engine.wire.types import MAX_SECONDS, PeerRole, total_count, total_rate
 
-__all__ = ["Broadcast", "CollaborationState", "Identity", "Out", "RecordCredits", "RecordStep", "RoundOpened",
-           "Send", "Tracker", "WithdrawCredits"]
+__all__ = ["Broadcast", "CollaborationState", "Identity", "Out", "RecordCredits", "RecordHeldOut",
+           "RecordStep", "RoundOpened", "Send", "Tracker", "WithdrawCredits"]
 
 
 class Tracker:
@@ -93,6 +96,7 @@ class Tracker:
         self.settlement = Settlement(self)
         self.audits = Auditor(self, rng)
         self.backups = Backups(self)
+        self.heldout = HeldOutScores()
         if unsettled is not None and unsettled.epoch == epoch:
             # We died while this round was under way: its members replay how it ended, and it
             # settles on what a majority of them say, as it would have.
@@ -139,6 +143,10 @@ class Tracker:
             return []
         if peer.auxiliary:
             return self._from_auxiliary(peer, msg)
+        self.heldout.holding(self.epoch, self.state_sha256)
+        if isinstance(msg, Evaluated):
+            record = self.heldout.scored(peer_id, msg)
+            return [record] if record else []
         if isinstance(msg, Progress):
             return self._progress(peer, msg)
         if isinstance(msg, SyncRequest):

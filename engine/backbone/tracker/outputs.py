@@ -55,6 +55,16 @@ class WithdrawCredits:
 
 
 @dataclass
+class RecordHeldOut:
+    """Store the held-out metric of an epoch's state (replacing what was stored for it)."""
+
+    epoch: int
+    loss: float
+    accuracy: float | None
+    scores: int
+
+
+@dataclass
 class CollaborationState:
     """The epoch and state the collaboration continues from changed without a step (a
     rewind to a checkpoint, or a fresh start)."""
@@ -63,4 +73,5 @@ class CollaborationState:
     state_sha256: str | None
 
 
-Out = Send | Broadcast | RoundOpened | RecordStep | RecordCredits | WithdrawCredits | CollaborationState
+Out = (Send | Broadcast | RoundOpened | RecordStep | RecordCredits | WithdrawCredits | RecordHeldOut
+       | CollaborationState)

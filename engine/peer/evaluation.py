@@ -1,0 +1,58 @@
+"""Scoring the project's held-out set on a settled state, for the learning curve: every
+``evaluate_every`` steps, about three of the step's members (chosen by a hash of peer and
+epoch, so no one needs to coordinate) score the state they hold and tell the backbone."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.wire.control import Evaluated, Step
+
+if TYPE_CHECKING:
+    from engine.peer.runner import Peer
+
+log = logging.getLogger(__name__)
+EVALUATORS = 3
+MAX_BATCHES = 64  # a held-out set is scored on its first this many micro-batches
+
+
+def chosen(peer_id: str, step: Step, every: int) -> bool:
+    if step.epoch % every:
+        return False
+    if step.peers <= EVALUATORS:
+        return True
+    draw = int.from_bytes(hashlib.sha256(f"{peer_id}:{step.epoch}".encode()).digest()[:8], "little")
+    return draw % step.peers < EVALUATORS
+
+
+async def score_heldout(peer: Peer, step: Step) -> None:
+    task, device = peer.task, peer.optimizer.compute_device
+
+    def measure(model: torch.nn.Module) -> tuple[dict[str, float], int]:
+        totals: dict[str, float] = {}
+        samples = 0
+        for batch in itertools.islice(task.heldout(), MAX_BATCHES):
+            batch = batch.to(device)
+            for name, value in task.metrics(model, batch).items():
+                totals[name] = totals.get(name, 0.0) + value
+            samples += batch.size
+        return totals, samples
+
+    try:
+        scored = await peer.optimizer.evaluate(measure, step.epoch)
+    except (OSError, ValueError) as exc:  # the held-out files could not be had
+        log.warning("could not score the held-out set: %s", exc)
+        return
+    if scored is None or not scored[1]:
+        return  # the state moved on first, or there is no held-out set
+    totals, samples = scored
+    accuracy = totals["accuracy"] / samples if "accuracy" in totals else None
+    log.info("held-out set at epoch %d: loss %.4f%s over %d samples", step.epoch, totals["loss"] / samples,
+             f", accuracy {accuracy:.1%}" if accuracy is not None else "", samples)
+    await peer.client.send(Evaluated(epoch=step.epoch, state_sha256=step.state_sha256,
+                                     loss=totals["loss"] / samples, accuracy=accuracy, samples=samples))
