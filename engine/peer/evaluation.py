@@ -1,10 +1,8 @@
-"""Scoring the project's held-out set on a settled state, for the learning curve: every
-``evaluate_every`` steps, about three of the step's members (chosen by a hash of peer and
-epoch, so no one needs to coordinate) score the state they hold and tell the backbone."""
+"""Scoring the project's held-out set on a settled state, for the learning curve: the
+members a step chose (engine/evaluators.py) score the state they hold and tell the backbone."""
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 from typing import TYPE_CHECKING
@@ -17,17 +15,7 @@ if TYPE_CHECKING:
     from engine.peer.runner import Peer
 
 log = logging.getLogger(__name__)
-EVALUATORS = 3
 MAX_BATCHES = 64  # a held-out set is scored on its first this many micro-batches
-
-
-def chosen(peer_id: str, step: Step, every: int) -> bool:
-    if step.epoch % every:
-        return False
-    if step.peers <= EVALUATORS:
-        return True
-    draw = int.from_bytes(hashlib.sha256(f"{peer_id}:{step.epoch}".encode()).digest()[:8], "little")
-    return draw % step.peers < EVALUATORS
 
 
 async def score_heldout(peer: Peer, step: Step) -> None:

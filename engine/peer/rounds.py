@@ -22,9 +22,10 @@ from engine.averaging.allreduce import (
     butterfly_allreduce,
     round_key,
 )
+from engine.evaluators import evaluators
 from engine.peer.audits import input_key
 from engine.peer.client import BackboneError
-from engine.peer.evaluation import chosen, score_heldout
+from engine.peer.evaluation import score_heldout
 from engine.peer.events import EpochCompleted, RoundFailed
 from engine.wire.control import Reassign, RoundStart, Step
 from engine.wire.frames import Input, Part, Result, Shown, StateReply, StateRequest, StateUnavailable
@@ -42,7 +43,8 @@ class Rounds:
         self.peer = peer
         self.uploads: set[asyncio.Task] = set()
         self._last_round = 0
-        self._unsettled: tuple[EpochCompleted, str | None] | None = None  # our step, checkpoint_by
+        # Our step, who checkpoints it, the round's trainers (engine/evaluators.py picks among them).
+        self._unsettled: tuple[EpochCompleted, str | None, list[str]] | None = None
         self._settled: Step | None = None  # the last step the collaboration settled on
         self._changes: dict[int, RoundChanges] = {}  # members lost midway, by round (Reassign)
 
@@ -80,7 +82,8 @@ class Rounds:
         completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
                                    paths=peer.mesh.paths(), averaging_seconds=step.round_seconds,
                                    averaging_began=time.time() - step.round_seconds)
-        self._unsettled = (completed, start.checkpoint_by)
+        trainers = [p for p in start.group if p not in start.auxiliary]
+        self._unsettled = (completed, start.checkpoint_by, trainers)
         self._confirm()
 
     def reassign(self, msg: Reassign) -> None:
@@ -110,7 +113,7 @@ class Rounds:
         if settled is None or pending is None or settled.epoch < pending[0].step.epoch:
             return
         self._unsettled = None
-        completed, checkpoint_by = pending
+        completed, checkpoint_by, trainers = pending
         if settled.epoch != completed.step.epoch or settled.state_sha256 != completed.step.state_sha256:
             return  # not what the collaboration settled on: a Resync undoes it
         peer = self.peer
@@ -121,7 +124,7 @@ class Rounds:
         peer.history.append(completed)
         peer.emit(completed)
         if peer.project.data is not None and peer.project.data.heldout and \
-                chosen(peer.peer_id, settled, peer.project.evaluate_every):
+                peer.peer_id in evaluators(trainers, settled.epoch, peer.project.evaluate_every):
             peer.spawn(score_heldout(peer, settled))
         if checkpoint_by == peer.peer_id:
             self.uploads.add(peer.spawn(self._upload_checkpoint()))

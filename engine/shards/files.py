@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 4  # a download that stops is resumed this many times before the file is given up
 FIRST_PAUSE = 2.0
 READ_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=30)
+KEEP_IDLE = 5.0
 
 
 class Files(Protocol):
@@ -114,7 +115,9 @@ class FetchedFiles:
             return found
         self.cache.make_room(ref, keep=self._fetching)
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=READ_TIMEOUT)
+            # A backbone closes a connection idle for 10 s: one idle longer is never reused.
+            self._http = aiohttp.ClientSession(timeout=READ_TIMEOUT,
+                                               connector=aiohttp.TCPConnector(keepalive_timeout=KEEP_IDLE))
         url = ref.path if is_url(ref.path) else f"{self.files_url}/{ref.path}"
         headers = {} if is_url(ref.path) else self.headers()
         progress = self.progress

@@ -1,6 +1,7 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
 same model, micro-batch and target batch, alternating runs: demo-lm as shipped, and the
-catalog's albert-mini (a transformers ALBERT on its shards, served by the backbone).
+catalog's albert-mini (a transformers ALBERT) and digits (a transformers ResNet) on their
+shards, served by the backbone.
 
     python -m tests.bench.compute [--quick]
 """
@@ -32,9 +33,12 @@ from engine.training.schedule import build_optimizer, lr_at
 
 def workloads(root: Path) -> list[tuple[ProjectSpec, ProjectFolder | None]]:
     (demo,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
-    albert = builtin_folder(root, "albert-mini")
-    assert albert is not None
-    return [(demo, None), (albert.spec, albert)]
+    folders = [builtin_folder(root, name) for name in ("albert-mini", "digits")]
+    found = [(f.spec, f) for f in folders if f is not None]
+    # digits steps every 35 ms of compute at its own target batch: the same model with steps of
+    # half a second shows what a round costs apart from how often rounds come.
+    found += [(replace(spec, target_batch_size=1024), f) for spec, f in found if spec.id == "digits"]
+    return [(demo, None), *found]
 
 
 def plain_loop(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:

@@ -24,6 +24,7 @@ import torch
 
 from engine.paths import engine_command
 from engine.project import ProjectSpec
+from engine.project_folders import ProjectFolder
 from engine.tasks import create_task, initial_model
 from engine.training.accumulator import GradientAccumulator
 from engine.training.local import LocalSteps
@@ -91,9 +92,10 @@ class Collaboration:
     """A backbone and ``peers`` honest peers on loopback (127.0.0.1)."""
 
     def __init__(self, root: Path, project: ProjectSpec | None = None, peers: int = 3,
-                 backbone_args: tuple[str, ...] = ()) -> None:
+                 backbone_args: tuple[str, ...] = (), folder: ProjectFolder | None = None) -> None:
         self.root = root
-        self.project = project or hostile_project()
+        self.project = folder.spec if folder else project or hostile_project()
+        self.folder = folder  # a project with data, served from its folder
         self.names = [f"honest-{i}" for i in range(peers)]
         self.backbone_args = backbone_args
         self.peers: list[HonestPeer] = []
@@ -104,11 +106,12 @@ class Collaboration:
 
     def start_backbone(self, port: int = 0) -> None:
         """Start the backbone (on ``port``, or any free one), its data kept in ``root``."""
-        catalog = write_catalog(self.root / "catalog.json", self.project)
+        catalog = write_catalog(self.root / "catalog.json", *([] if self.folder else [self.project]))
+        folders = ["--projects", str(self.folder.root.parent)] if self.folder else []
         log = self.root / "backbone.log"
         popen = subprocess.Popen(
             [*engine_command(), "backbone", "--port", str(port), "--data-dir", str(self.root / "backbone"),
-             "--catalog", str(catalog), *self.backbone_args],
+             "--catalog", str(catalog), *folders, *self.backbone_args],
             stdout=subprocess.PIPE, stderr=log.open("ab"), stdin=subprocess.DEVNULL, text=True)
         self.backbone = Process("backbone", popen, log)
         assert popen.stdout is not None
@@ -124,7 +127,7 @@ class Collaboration:
             [*(command or engine_command()), "peer", "--backbone", self.url, "--project", self.project.id,
              "--name", name, "--json", "--threads", "1", *args],
             stdout=subprocess.PIPE, stderr=log.open("wb"), stdin=subprocess.DEVNULL, text=True,
-            env={**os.environ})
+            env={**os.environ, **({"COTRAIN_HOME": str(self.root / f"{name}-home")} if self.folder else {})})
         peer = HonestPeer(name, popen, log)
         threading.Thread(target=peer.read, daemon=True).start()
         self.peers.append(peer)

@@ -143,7 +143,6 @@ class Tracker:
             return []
         if peer.auxiliary:
             return self._from_auxiliary(peer, msg)
-        self.heldout.holding(self.epoch, self.state_sha256)
         if isinstance(msg, Evaluated):
             record = self.heldout.scored(peer_id, msg)
             return [record] if record else []

@@ -29,6 +29,7 @@ from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_re
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
+from engine.evaluators import evaluators
 from engine.wire.control import AuditDone, RoundDone, Step
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ class Settlement:
         log.info("%s: round %d settled epoch %d (%d of %d voters agree)", t.project.id, rnd.round_id,
                  t.epoch, len(holders), len(rnd.voters))
         out: list[Out] = [RecordStep(step), Broadcast(step)]
+        trainers = [p for p in rnd.group if p not in rnd.auxiliary]
+        t.heldout.settled(step.epoch, digest, evaluators(trainers, step.epoch, t.project.evaluate_every))
         if rnd.checkpoint_by is not None and not rnd.recovering:
             t.expected_checkpoints.add((rnd.checkpoint_by, t.epoch))
         t.pairs.exchanged(p for p, o in rnd.outcomes.items() if rnd.holds_settled(o))
