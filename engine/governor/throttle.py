@@ -39,10 +39,13 @@ class ComputeGate:
         self._debt = 0.0
         self._mark = time.perf_counter()
         self.rested_seconds = 0.0
+        self._full_speed = self._ratio() <= 0
 
     def set_cpu_percent(self, percent: int) -> None:
         self.cpu_percent = percent
         self._debt = 0.0
+        self._mark = time.perf_counter()
+        self._full_speed = self._ratio() <= 0
         self._wake.set()  # cut a long rest short; the new share applies from here
 
     def abandon(self, abandoned: bool) -> None:
@@ -71,6 +74,8 @@ class ComputeGate:
         """Called often from the compute thread: rest when enough is owed."""
         if self._abandon.is_set() or self._cut.is_set():
             raise MicroBatchAbandoned
+        if self._full_speed:
+            return  # nothing to account: this runs before every module of every forward pass
         self._account()
         if self._debt < SLICE * self._ratio() or self._debt <= 0:
             return

@@ -1,6 +1,7 @@
 """Projects with data, as volunteers run them: peers fetching the catalog's albert-mini and
 digits from the backbone that serves their folders."""
 
+import asyncio
 import statistics
 
 import pytest
@@ -76,3 +77,20 @@ async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_p
     scored = {point.epoch: point.heldout_accuracy for point in curve if point.heldout_accuracy is not None}
     assert set(scored) >= {10, 20, 30, 40, 50}, scored
     assert scored[50] >= 0.85 and scored[10] < scored[50]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"task_params": {"model_type": "no-such-model"}},
+     "model type 'no-such-model' is not one this Cotrain builds"),
+    ({"task_params": {"config": {"vocab_size": 8000, "trust_remote_code": True}}},
+     "asks for trust_remote_code: a project sends data, never code"),
+])
+async def test_a_peer_told_to_build_what_cotrain_does_not_says_so_and_exits(tmp_path, change, says):
+    folder = albert_folder(tmp_path / "projects", **change)
+    async with running_backbone(tmp_path / "bb", projects_dir=folder.root.parent) as backbone:
+        peer = await spawn_peer(backbone.url, "albert-mini", "volunteer", tmp_path,
+                                env={"COTRAIN_HOME": str(tmp_path / "home")})
+        code = await asyncio.wait_for(peer.process.wait(), 120)
+    log = (tmp_path / "volunteer.log").read_text()
+    assert code == 1 and says in log and "Traceback" not in log, log[-2000:]
+    assert not any((tmp_path / "home" / "shards").glob("*")), "nothing downloaded"
