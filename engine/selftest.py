@@ -45,6 +45,40 @@ def check_training() -> str:
     return f"demo-lm step, loss {losses[0]:.3f} -> {losses[-1]:.3f} (torch {torch.__version__})"
 
 
+def check_models() -> str:
+    """What projects with data use: a transformers model from a configuration, a tokenizer
+    from JSON (the tokenizers library) and an image decoded by Pillow."""
+    import io
+
+    import tokenizers
+    import torch
+    import transformers
+    from PIL import Image
+
+    from engine.tasks.hf_models import build_model, model_config
+
+    config = dict(vocab_size=8, embedding_size=8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=32, max_position_embeddings=16)
+    model = build_model("pretraining", model_config("pretraining", "albert", config))
+    vocabulary = {"[UNK]": 0, "a": 1, "b": 2}
+    made = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="[UNK]"))
+    made.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    ids = tokenizers.Tokenizer.from_str(made.to_str()).encode("a b c").ids
+    if ids != [1, 2, 0]:
+        raise RuntimeError(f"the tokenizer read back from JSON gave {ids}")
+    png = io.BytesIO()
+    Image.new("L", (4, 4), 255).save(png, "PNG")
+    with Image.open(io.BytesIO(png.getvalue()), formats=["PNG"]) as image:
+        image.load()
+    tokens = torch.tensor([ids * 4])
+    loss = model(input_ids=tokens, labels=tokens, sentence_order_label=torch.tensor([0])).loss
+    loss.backward()
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"the model's loss is {float(loss)}")
+    return (f"ALBERT from a configuration (transformers {transformers.__version__}), a tokenizer from JSON "
+            f"(tokenizers {tokenizers.__version__}), a PNG decoded")
+
+
 def check_webrtc() -> str:
     from engine.aio import run
 
@@ -134,11 +168,13 @@ CHECKS: list[tuple[str, Check]] = [
     ("keyring", check_keyring),
     ("zeroconf", check_zeroconf),
     ("training", check_training),
+    ("models", check_models),
 ]
 # Importing torch, and the torch._dynamo that torch.optim imports on its first step, takes
 # most of the self-test's time: this check runs in a child process while the others run
 # here. On two cores that takes about a second and a half off a cold start.
-IN_CHILD = "training"
+# The models' libraries take as long again to import: another child, on the other core.
+IN_CHILD = ("training", "models")
 CHILD_TIMEOUT = 120.0
 
 SELF_TEST_CORPUS_BYTES = 1 << 20  # proves the data path; the full 16 MB costs 0.7 s of start-up
@@ -212,10 +248,10 @@ def main(more: list[tuple[str, Check]] | None = None) -> int:
     began = time.monotonic()
     os.environ.setdefault("COTRAIN_CORPUS_BYTES", str(SELF_TEST_CORPUS_BYTES))
     checks = [*CHECKS, *(more or [])]
-    child = ChildCheck(dict(checks)[IN_CHILD])
+    children = {name: ChildCheck(check) for name, check in checks if name in IN_CHILD}
     outcomes = {}
     for name, check in checks:
-        outcomes[name] = child.outcome(CHILD_TIMEOUT) if name == IN_CHILD else run_check(check)
+        outcomes[name] = children[name].outcome(CHILD_TIMEOUT) if name in children else run_check(check)
         report(name, outcomes[name])
     failures = sum(not o.ok for o in outcomes.values())
     verdict = "all checks passed" if not failures else f"{failures} of {len(checks)} checks failed"

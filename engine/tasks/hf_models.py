@@ -8,6 +8,8 @@ The model's size is known on the meta device before a byte of it is allocated.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 from typing import Literal
 
@@ -26,6 +28,7 @@ class ModelError(ValueError):
     pass
 
 
+@functools.cache
 def _classes(head: Head) -> dict[str, str]:
     """Model type -> the transformers class with this head, as the installed library lists them."""
     from transformers.models.auto import modeling_auto as auto
@@ -39,7 +42,18 @@ def _classes(head: Head) -> dict[str, str]:
                                  for t, c in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.items()},
     }
     classes = heads[head]
-    return {t: c for t, c in classes.items() if t != "timm_wrapper"}  # it fetches its model from the Hub
+    # timm_wrapper fetches its model from the Hub; a packaged app carries some families only.
+    return {t: c for t, c in classes.items() if t != "timm_wrapper" and _installed(t)}
+
+
+def _installed(model_type: str) -> bool:
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    try:
+        module = f"transformers.models.{model_type_to_module_name(model_type)}"
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def allowed_model_types(head: Head) -> set[str]:

@@ -78,12 +78,14 @@ def test_the_bundle_and_the_deb_stay_within_their_size_budget(built, report_figu
     # The build ran the bundle's self-test before packing it, and printed its first start.
     started = re.search(r"^self-test: cold start of the bundle ([\d.]+) s", report, re.M)
     assert started and "all checks passed" in report, report
-    report_figure(f"bundle {megabytes(report, 'bundle'):.0f} MB on disk (target 750), "
+    report_figure(f"bundle {megabytes(report, 'bundle'):.0f} MB on disk (target 800), "
                   f".deb {megabytes(report, 'deb'):.0f} MB (target 250), "
                   f"tarball {megabytes(report, 'tarball'):.0f} MB; the build's self-test of the "
                   f"bundle {started.group(1)} s")
-    # The targets: 750 MB on disk, 250 MB for the .deb (686 and 183 MB when written).
-    assert megabytes(report, "bundle") < 750
+    # The targets: 800 MB on disk, 250 MB for the .deb. It was 750 MB (686 MB when written)
+    # until projects with data: transformers (36 of its model families), tokenizers and Pillow
+    # added about 50 MB (773 and 214 MB with them).
+    assert megabytes(report, "bundle") < 800
     assert megabytes(report, "deb") < 250
     listing = subprocess.run(["tar", "-tzf", str(tarball)], capture_output=True, text=True, check=True)
     assert "cotrain/cotrain" in listing.stdout.splitlines()
