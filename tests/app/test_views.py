@@ -18,6 +18,7 @@ from app.controller import Controller
 from app.instance import InstanceServer, ask_running_instance
 from app.settings_store import Current, SettingsStore
 from app.views.account import AccountPage
+from app.views.dashboard import DashboardPage
 from app.views.projects import ProjectsPage
 from app.views.settings import SettingsPage
 from app.window import MainWindow
@@ -61,6 +62,25 @@ def test_the_settings_page_shows_and_validates_every_limit(qtbot, home):
     page.schedule.setText("whenever")
     page.apply()
     assert "Not applied" in page.error.text() and controller.store.limits().schedule == "weekends"
+
+
+def test_the_disk_limit_is_a_setting_and_downloads_show_on_the_dashboard(qtbot, home):
+    controller = Controller(store=SettingsStore())
+    controller.store.set_limits(Limits(max_disk_gb=2.5))
+    settings = SettingsPage(controller)
+    qtbot.addWidget(settings)
+    assert settings.max_disk.value() == 2.5
+    settings.max_disk.setValue(40)
+    settings.apply()
+    assert controller.store.limits().max_disk_gb == 40
+    dashboard = DashboardPage(controller)
+    qtbot.addWidget(dashboard)
+    controller._on_event(p.Downloading(what="the project's shards/shard-00001.jsonl", received=3_000_000,
+                                       total=12_000_000))
+    assert dashboard.download.text() == "Downloading the project's shards/shard-00001.jsonl: 25% of 12.0 MB"
+    controller._on_event(p.Downloading(what="the project's shards/shard-00001.jsonl", received=12_000_000,
+                                       total=12_000_000))
+    assert dashboard.download.text() == ""  # done: nothing more to say
 
 
 def test_start_at_login_writes_and_removes_the_autostart_entry(qtbot, home):
