@@ -1,5 +1,5 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
-same model, micro-batch and target batch, alternating runs: demo-lm as shipped, and the
+same model, micro-batch and target batch, alternating runs of at least 30 s: demo-lm as shipped, and the
 catalog's albert-mini (a transformers ALBERT) and digits (a transformers ResNet) on their
 shards, served by the backbone.
 
@@ -9,6 +9,7 @@ shards, served by the backbone.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import sys
@@ -94,12 +95,21 @@ def collaborative(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) 
     return asyncio.run(run())
 
 
+RUN_SECONDS = 30.0
+
+
 def main(quick: bool = False) -> None:
     torch.set_num_threads(1)
-    epochs, trials = (2, 1) if quick else (4, 3)
+    least, trials = (2, 1) if quick else (4, 3)
     with tempfile.TemporaryDirectory() as root:
         os.environ["COTRAIN_HOME"] = root  # the peer's shard cache
         for spec, folder in workloads(Path(root)):
+            # Runs of at least RUN_SECONDS: a peer measures its link for 3 s when it joins,
+            # once in half an hour, and a run of a few steps would be mostly that.
+            epochs = least
+            if not quick:
+                pace = plain_loop(spec, folder, 1)
+                epochs = max(least, math.ceil(RUN_SECONDS * pace / spec.target_batch_size))
             print(f"\n== Compute overhead: {spec.id} ({spec.task}), micro-batch "
                   f"{spec.task_params['micro_batch']}, target batch {spec.target_batch_size}, 1 thread, "
                   f"{epochs} steps per run, {trials} alternating runs each", flush=True)
