@@ -58,24 +58,21 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
     return convert
 
 
-def minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes") from None
-    if not 0 <= value <= 24 * 60:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 1440 minutes, not {text}")
-    return value
+def amount(low: float, high: float, unit: str, short: str) -> Callable[[str], float]:
+    """An argparse type: a number of ``unit`` from ``low`` to ``high``."""
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:g} to {high:g} {short}, not {text}")
+        return value
+    return convert
 
 
-def gigabytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of gigabytes") from None
-    if not 0.1 <= value <= 10**6:
-        raise argparse.ArgumentTypeError(f"must be from 0.1 to 1000000 GB, not {text}")
-    return value
+minutes = amount(0, 24 * 60, "minutes", "minutes")
+gigabytes = amount(0.1, 10**6, "gigabytes", "GB")
 
 
 def schedule(text: str) -> str:
