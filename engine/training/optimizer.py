@@ -133,6 +133,7 @@ class CollaborativeOptimizer:
         self._computable = asyncio.Event()
         self._last_report = 0.0
         self._reported_samples = 0
+        self._stepped_once = False
         self._status: Status | None = None
         self._status_time = 0.0
         self._mine_in_status = 0
@@ -175,12 +176,15 @@ class CollaborativeOptimizer:
 
     async def report_progress(self, force: bool = False) -> None:
         """Tell the backbone how far we are: every ``report_interval``, and at once when the
-        collaboration is likely to have reached its target, so rounds open without lag."""
+        collaboration is likely to have reached its target, so rounds open without lag.
+        Until our first step, at once too: the pace the backbone measures of us includes our
+        first micro-batch (allocations, the first shard read: several of the next ones' time),
+        so only fresh counts keep a round's cap of us above what we bring."""
         now = time.monotonic()
         since = now - self._last_report
         first_of_epoch = self._reported_samples == 0 and self.accumulator.samples > 0
         due = since >= self.report_interval or first_of_epoch or (
-            since >= MIN_REPORT_GAP and self._target_in_reach(now))
+            since >= MIN_REPORT_GAP and (not self._stepped_once or self._target_in_reach(now)))
         if not self._synced or self._in_round or not (force or due):
             return
         self._reported_samples = self.accumulator.samples
@@ -281,6 +285,7 @@ class CollaborativeOptimizer:
                                    received=averaged.received, commitment=averaged.commitment,
                                    numel=averaged.vector.numel(), proof=proof)
         await self._send(self.last_step)
+        self._stepped_once = True
         step = Step(epoch=self.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
                     peers=len(start.group), round_seconds=seconds, state_sha256=digest)
         return step, taken

@@ -80,8 +80,9 @@ async def test_a_peer_claiming_more_samples_than_it_computed_is_cut_to_its_cap_o
     """Its claim weighs at most its cap for the round (what the backbone saw it compute,
     with room for jitter: up to about twice that, in rounds this short), and is credited at
     most that; a claim of more than four times the cap is a lie: its parts are left out and
-    it is credited nothing."""
-    project = tiny_project(task_params=MEDIUM, target_batch_size=480)
+    it is credited nothing. Rounds of about a second: in shorter ones the quarter second
+    a cap allows for messages in flight is most of the round."""
+    project = tiny_project(task_params=MEDIUM, target_batch_size=1440)
     async with running_backbone(tmp_path, project) as backbone:
         tokens = {user: await register(backbone.url, user) for user in ("honest", "cheat")}
         honest = start_peer(backbone.url, project.id, "honest", user_token=tokens["honest"])

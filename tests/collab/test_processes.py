@@ -128,7 +128,9 @@ async def test_an_auxiliary_peer_killed_as_its_round_begins_is_replaced_and_the_
             await terminate(*trainers, helper)
     # `cotrain peer --aux --json`: one object per round it reduced in.
     assert all({"aggregated", "round_id", "epoch", "senders", "seconds"} <= set(e) for e in helper.epochs)
-    assert all(e["aggregated"] > 0 and e["senders"] == 2 for e in helper.epochs)
+    # A round may open while one trainer catches up on the state: then it had one sender.
+    assert all(e["aggregated"] > 0 and e["senders"] in (1, 2) for e in helper.epochs)
+    assert any(e["senders"] == 2 for e in helper.epochs)
     (step,) = [r.step for r in recorded if isinstance(r, RecordStep) and r.step.epoch == start.epoch + 1]
     assert step.round_id == start.round_id, "the round was redone"
     (credited,) = [r.credits for r in recorded

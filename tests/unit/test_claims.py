@@ -192,3 +192,20 @@ def test_a_peer_back_at_its_kept_state_keeps_the_time_it_accumulated_over():
     assert t.peers["a"].accumulating_since == since
     t.handle("a", Progress(t.epoch, 64, 32.0))
     assert t.peers["a"].samples == 64
+
+
+def test_a_step_judged_late_leaves_the_samples_computed_meanwhile_within_the_cap():
+    """A member goes on computing once it answers; its step is judged when the last voter
+    does. Before: its cap counted from the judgement, and CI saw an honest peer weighed and
+    credited at 355 of the 480 samples it had computed since answering."""
+    clock = Clock()
+    t = honest_collaboration(clock)
+    start = open_round(t, {p: 32 for p in PEERS})
+    t.handle("a", done(start, digest="h3"))
+    clock.now += 5.0  # "b" and "c" are slow to answer; "a" computes 32 samples a second
+    for p in ("b", "c"):
+        t.handle(p, done(start, digest="h3"))
+    assert t.epoch == 3
+    start = open_round(t, {"b": 48, "c": 48})  # "a" has not reported since it answered
+    caps = dict(zip(start.group, start.caps, strict=True))
+    assert caps["a"] >= 32 * 6.0, caps

@@ -9,6 +9,7 @@ from engine.averaging.allreduce import Averaged
 from engine.backbone.tracker import RecordCredits, RecordStep, Send, Tracker
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
+from engine.training import optimizer as optimizer_module
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.schedule import build_optimizer
 from engine.wire.control import Progress, Ready, RoundDone, RoundStart, SyncRequest
@@ -21,10 +22,12 @@ def task():
     return create_task("demo-lm", dict(TINY), None)
 
 
-async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_all_it_brought(task):
+async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_all_it_brought(
+        task, monkeypatch):
     """Under load the first micro-batch of an epoch can be several times slower than the
     rest. If that was the peer's only report before the round, its pace looks low; the
     report it sends on taking its accumulator must keep its honest claim whole."""
+    monkeypatch.setattr(optimizer_module, "MIN_REPORT_GAP", 60.0)  # no report but the first
     clock = Clock()
     tracker = Tracker(project(target_batch_size=100), clock=clock)
     for peer in ("me", "other"):
@@ -79,3 +82,52 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
     assert record.credits["me"].samples == brought
     assert sum(c.samples for c in record.credits.values()) == step.samples == brought + 100
 
+
+
+async def test_a_peer_reports_every_micro_batch_until_its_first_step(task, monkeypatch):
+    """Its first micro-batch is slow (allocations, the first shard read), so the pace the
+    backbone measures of it is low until it has stepped; a round's cap of it must rest on a
+    fresh count, not on that pace over a stale one."""
+    monkeypatch.setattr(optimizer_module, "MIN_REPORT_GAP", 0.0)
+    clock = Clock()
+    tracker = Tracker(project(target_batch_size=40), clock=clock)
+    for peer in ("me", "other"):
+        tracker.join(peer, peer)
+        tracker.handle(peer, SyncRequest())
+        tracker.handle(peer, Ready(0, "h0"))
+    progress: list[Progress] = []
+
+    async def send(message) -> None:
+        if isinstance(message, Progress):
+            progress.append(message)
+        tracker.handle("me", message)
+
+    async def alone(plan, vector, samples, loss_sum, timeout) -> Averaged:
+        return Averaged(vector / samples, samples, loss_sum / samples, {"me": samples})
+
+    model = initial_model(task, 7)
+    opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
+                                 project_id="p", me="me", averager=alone, send=send,
+                                 target_batch_size=1000, report_interval=60.0)
+    await opt.mark_synced()
+
+    def micro_batch(index):
+        def run():
+            batch = task.batch(1, index)
+            loss_sum = task.loss(opt.compute_model, batch) * batch.size
+            loss_sum.backward()
+            return batch.size, float(loss_sum.detach())
+        return run
+
+    for i in range(5):
+        clock.now += 0.1
+        await opt.compute(micro_batch(i), i)
+    assert [p.samples for p in progress] == [opt.accumulator.samples * (i + 1) // 5 for i in range(5)]
+    assert tracker.peers["me"].samples == opt.accumulator.samples
+    (start,) = [o.msg for o in tracker.handle("other", Progress(0, 40, 400.0, 2.0, 0.25))
+                if isinstance(o, Send) and o.to == "me" and isinstance(o.msg, RoundStart)]
+    assert await opt.run_round(start) is not None
+    progress.clear()
+    for i in range(5, 10):
+        await opt.compute(micro_batch(i), i)
+    assert len(progress) == 1, "after its first step, the first micro-batch of an epoch and the interval"

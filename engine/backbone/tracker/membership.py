@@ -307,8 +307,9 @@ class Members:
 
     def restart_accumulation(self, peer: PeerState, since: float | None = None) -> None:
         """It starts from zero samples: since ``since`` (when its report that it did arrived),
-        or now."""
+        or now. Zero is what it held then, not now: a step judged late (the last voter slow
+        to answer) must not hide the samples it computed meanwhile from its cap."""
         now = self._clock()
         peer.samples, peer.compute_seconds = 0, 0.0
-        peer.accumulating_since = min(since, now) if since is not None else now
-        peer.reported_at = peer.heard_at = now
+        peer.accumulating_since = peer.reported_at = min(since, now) if since is not None else now
+        peer.heard_at = now
