@@ -31,7 +31,7 @@ Scalar = int | float | bool | Name | None
 Values = Annotated[list[int | float | Name], Meta(max_length=64)]
 ParamTable = Annotated[dict[Name, Scalar | Values], Meta(max_length=128)]
 TaskParams = Annotated[dict[Name, Scalar | Values | ParamTable], Meta(max_length=64)]
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "fp16"]
 MAX_FILE_BYTES = 2**40
 # A project's files are listed, hashed and sized in its manifest; the join reply carries it.
 MAX_SHARDS = 4096

@@ -15,8 +15,13 @@ from engine.project_folders import ProjectFolder, load_project_folder
 def albert_folder(root: Path, **changes: Any) -> ProjectFolder:
     """The catalog's albert-mini in ``root/albert-mini``, with top-level fields changed
     (``task_params`` entries are merged)."""
-    folder = builtin_folder(root, "albert-mini")
-    assert folder is not None, "albert-mini could not be written"
+    return catalog_folder(root, "albert-mini", **changes)
+
+
+def catalog_folder(root: Path, name: str, **changes: Any) -> ProjectFolder:
+    """The catalog's project ``name`` in ``root/name``, changed as ``albert_folder`` does."""
+    folder = builtin_folder(root, name)
+    assert folder is not None, f"{name} could not be written"
     project = read_project(folder.root)
     params = changes.pop("task_params", {})
     project["task_params"].update(params)

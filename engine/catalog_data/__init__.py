@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.authoring.manifest import read_project, write_project
 from engine.project_folders import ProjectFolder, load_project_folder
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,22 @@ def builtin_folder(root: Path, name: str) -> ProjectFolder | None:
         log.warning("the catalog's %s project is not offered: %s", name, exc)
         shutil.rmtree(partial, ignore_errors=True)
         return None
+    _record_needs(partial)
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     return load_project_folder(folder)
+
+
+def _record_needs(folder: Path) -> None:
+    """What a peer needs for the model, as `cotrain project check` records it, so the
+    Projects page shows it before Join -- where this backbone can build the model to
+    measure it (one without transformers offers the project without it)."""
+    try:
+        from engine.authoring.check import measure_needs
+
+        project = read_project(folder)
+        project["needs"] = measure_needs(folder)
+    except (ImportError, ValueError) as exc:
+        log.info("%s: not measuring what a peer needs here: %s", folder.name, exc)
+        return
+    write_project(folder, project)

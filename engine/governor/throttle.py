@@ -23,8 +23,9 @@ SLICE = 0.05
 
 
 class MicroBatchAbandoned(Exception):
-    """Raised inside a forward pass to stop it: the user needs the machine now, or a round
-    must not wait for the rest of it."""
+    """A micro-batch ended without adding a gradient: stopped inside its forward pass (the
+    user needs the machine now, or a round must not wait for the rest of it), or its fp16
+    gradient overflowed."""
 
 
 class ComputeGate:

@@ -1,6 +1,6 @@
-"""Compressed rounds train as well as fp32 ones: three peers, each with its own fixed data,
-trained to epoch N with each compression; the checkpoint of epoch N is evaluated on
-held-out batches, and every peer's state hash agrees after every step."""
+"""Compressed rounds and mixed precision train as well as fp32 ones: three peers, each with
+its own fixed data, trained to epoch N with each setting; the checkpoint of epoch N is
+evaluated on held-out batches, and every peer's state hash agrees after every step."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ EPOCHS = 40
 MARGIN = 0.02
 
 
-async def trained(root: Path, compression: str) -> tuple[float, int]:
+async def trained(root: Path, **setting: str) -> tuple[float, int]:
     """(held-out loss at epoch EPOCHS, epochs on which every peer's hash agreed)."""
-    collab = Collaboration(root, project=hostile_project(checkpoint_every=EPOCHS, compression=compression))
+    collab = Collaboration(root, project=hostile_project(checkpoint_every=EPOCHS, **setting))
     collab.start_backbone()
     try:
         for i in range(3):
@@ -28,21 +28,42 @@ async def trained(root: Path, compression: str) -> tuple[float, int]:
         agreed = 0
         for epoch in range(1, EPOCHS + 1):
             hashes = collab.hashes(epoch)
-            assert len(set(hashes.values())) <= 1, f"{compression}: peers differ after epoch {epoch}"
+            assert len(set(hashes.values())) <= 1, f"{setting}: peers differ after epoch {epoch}"
             agreed += len(hashes) == 3
         return collab.checkpoint_loss(EPOCHS), agreed
     finally:
         collab.stop()
 
 
-def test_fp16_and_uint8_reach_the_loss_of_fp32_and_every_hash_agrees(tmp_path, report_figure):
-    losses = {}
-    for method in ("none", "fp16", "uint8"):
+@pytest.fixture(scope="module")
+def fp32_loss(tmp_path_factory) -> float:
+    loss, agreed = asyncio.run(trained(tmp_path_factory.mktemp("fp32")))
+    assert agreed >= EPOCHS // 2, f"fp32: only {agreed} epochs had all three peers"
+    return loss
+
+
+def test_fp16_and_uint8_reach_the_loss_of_fp32_and_every_hash_agrees(tmp_path, fp32_loss, report_figure):
+    losses = {"none": fp32_loss}
+    for method in ("fp16", "uint8"):
         (tmp_path / method).mkdir()
-        losses[method], agreed = asyncio.run(trained(tmp_path / method, method))
+        losses[method], agreed = asyncio.run(trained(tmp_path / method, compression=method))
         assert agreed >= EPOCHS // 2, f"{method}: only {agreed} epochs had all three peers"
     change = {m: 100 * (losses[m] / losses["none"] - 1) for m in ("fp16", "uint8")}
     report_figure(f"held-out loss at epoch {EPOCHS}: fp32 {losses['none']:.4f}, fp16 {losses['fp16']:.4f} "
                   f"({change['fp16']:+.2f}%), uint8 {losses['uint8']:.4f} ({change['uint8']:+.2f}%)")
     for method in ("fp16", "uint8"):
         assert losses[method] <= losses["none"] * (1 + MARGIN), losses
+
+
+def test_bf16_and_fp16_autocast_reach_the_loss_of_fp32_and_every_hash_agrees(tmp_path, fp32_loss,
+                                                                             report_figure):
+    """The forward and backward passes in bfloat16, or in float16 with a loss scaler; the
+    average and the step stay fp32, so peers keep one state."""
+    losses = {}
+    for precision in ("bf16", "fp16"):
+        (tmp_path / precision).mkdir()
+        losses[precision], agreed = asyncio.run(trained(tmp_path / precision, precision=precision))
+        assert agreed >= EPOCHS // 2, f"{precision}: only {agreed} epochs had all three peers"
+    report_figure(f"held-out loss at epoch {EPOCHS}: fp32 {fp32_loss:.4f}, " + ", ".join(
+        f"{p} autocast {loss:.4f} ({100 * (loss / fp32_loss - 1):+.2f}%)" for p, loss in losses.items()))
+    assert all(loss <= fp32_loss * (1 + MARGIN) for loss in losses.values()), losses

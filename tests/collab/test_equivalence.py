@@ -10,7 +10,7 @@ from engine.tasks import TaskData, create_task, initial_model
 from engine.training.schedule import build_optimizer, lr_at
 from engine.wire.codec import encode
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
-from tests.projects import albert_folder
+from tests.projects import albert_folder, catalog_folder
 
 pytestmark = pytest.mark.slow
 
@@ -57,18 +57,33 @@ def albert_project(root):
     return spec, folder
 
 
-# Both a hand-written model and a transformers one (an ALBERT, whose 5-8 ms micro-batches
-# outpace the peers' reports: what a round's caps must not cut).
-FAMILIES = ["demo-lm", "hf-masked-lm"]
+def convnext_project(root):
+    """The catalog's digits (real images) on a small ConvNeXt: layer norm, where the
+    catalog's ResNet has batch norm, whose statistics of each micro-batch let fp32
+    summation order alone exceed rtol 1e-5."""
+    pytest.importorskip("sklearn", reason="the digits come from scikit-learn's bundled copy")
+    folder = catalog_folder(root, "digits", target_batch_size=48, task_params={
+        "architecture": "convnext", "micro_batch": 8,
+        "config": {"num_stages": 2, "hidden_sizes": [16, 32], "depths": [1, 1], "patch_size": 4}})
+    spec = msgspec.structs.replace(folder.spec, optimizer=SGD, schedule=tiny_project().schedule,
+                                   round_timeout=20.0)
+    (folder.root / "project.json").write_bytes(encode(spec))
+    return spec, folder
+
+
+# A hand-written model and two of transformers' (an ALBERT, whose 5-8 ms micro-batches
+# outpace the peers' reports: what a round's caps must not cut; a ConvNeXt on images).
+FAMILIES = {"demo-lm": None, "hf-masked-lm": albert_project, "image-classification": convnext_project}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path, monkeypatch, family):
     monkeypatch.setenv("COTRAIN_HOME", str(tmp_path / "home"))  # the peers' shard cache
-    if family == "demo-lm":
+    build = FAMILIES[family]
+    if build is None:
         project, folder, where = tiny_project(optimizer=SGD), None, {}
     else:
-        project, folder = albert_project(tmp_path / "projects")
+        project, folder = build(tmp_path / "projects")
         where = {"projects_dir": folder.root.parent}
     catalog = [project] if folder is None else []
     epochs = 5

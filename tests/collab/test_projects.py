@@ -12,9 +12,25 @@ from engine.tasks import TaskData, create_task, initial_model
 from tests.collab.harness import running_backbone, start_peer, stop_all
 from tests.collab.processes import spawn_peer, terminate
 from tests.collab.test_digits import digits_folder, heldout_accuracy
-from tests.projects import albert_folder
+from tests.projects import albert_folder, catalog_folder
 
 pytestmark = pytest.mark.slow
+
+
+def test_the_catalogs_projects_say_what_a_peer_needs_before_join(tmp_path):
+    """The Projects page shows a project's memory before Join from its ``needs``: the
+    catalog's folders carry them as `cotrain project check` would record them."""
+    pytest.importorskip("sklearn", reason="the digits come from scikit-learn's bundled copy")
+    for name in ("albert-mini", "digits"):
+        folder = catalog_folder(tmp_path, name)
+        needs = folder.spec.needs
+        assert needs is not None, name
+        task = create_task(folder.spec.task, folder.spec.task_params,
+                           TaskData(folder.spec.data, FolderFiles(folder.root)))
+        parameters = sum(p.numel() for p in initial_model(task, 0).parameters())
+        assert needs.parameters == parameters, name
+        # Weights, gradients and two Adam moments in fp32 at the least, activations besides.
+        assert 16 * parameters < needs.memory_mb * 2**20 < 4 * 2**30, (name, needs)
 
 
 async def test_three_peers_train_albert_mini_with_one_state_at_every_step(tmp_path, report_figure):

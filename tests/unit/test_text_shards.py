@@ -1,0 +1,58 @@
+"""`cotrain project shard` on text: plain files, JSONL and Parquet become the same JSONL
+shards, every n-th document held out; an unreadable input is a clear error."""
+
+import json
+
+import pytest
+
+from engine.authoring.text_shards import cut_text
+
+
+def shard_texts(root, folder):
+    return [json.loads(line)["text"] for path in sorted((root / folder).glob("*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+TEXTS = [f"document {i}: " + "words " * (i % 7 + 1) for i in range(40)]
+
+
+def test_text_jsonl_and_parquet_inputs_give_the_same_shards(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="Parquet input needs pyarrow")
+    import pyarrow as pa
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:20]))
+    pq.write_table(pa.table({"text": TEXTS[20:], "id": list(range(20))}), inputs / "b.parquet",
+                   row_group_size=7)
+    count, held = cut_text([inputs], tmp_path / "out", shard_bytes=300, heldout_every=5)
+    assert (count, held) == (40, 8)
+    shards, heldout = shard_texts(tmp_path / "out", "shards"), shard_texts(tmp_path / "out", "heldout")
+    assert heldout == TEXTS[4::5] and shards == [t for i, t in enumerate(TEXTS) if i % 5 != 4]
+    assert len(list((tmp_path / "out" / "shards").glob("*.jsonl"))) > 1  # cut at about 300 bytes
+
+
+def test_a_parquet_file_without_a_text_column_is_refused_naming_its_columns(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="Parquet input needs pyarrow")
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"body": ["x"], "id": [1]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=r'bad\.parquet: no "text" column \(it has body, id\)'):
+        cut_text([tmp_path / "bad.parquet"], tmp_path / "out", 300, 5)
+
+
+def test_a_file_named_parquet_that_is_not_one_is_refused(tmp_path):
+    pytest.importorskip("pyarrow.parquet", reason="Parquet input needs pyarrow")
+    (tmp_path / "fake.parquet").write_text("not parquet at all")
+    with pytest.raises(ValueError, match=r"fake\.parquet: not a Parquet file"):
+        cut_text([tmp_path / "fake.parquet"], tmp_path / "out", 300, 5)
+
+
+def test_long_text_files_are_cut_between_paragraphs(tmp_path):
+    paragraphs = [f"paragraph {i} " + "x" * 30_000 for i in range(7)]
+    (tmp_path / "book.txt").write_text("\n\n".join(paragraphs))
+    count, held = cut_text([tmp_path / "book.txt"], tmp_path / "out", 1 << 20, 100)
+    texts = shard_texts(tmp_path / "out", "shards")
+    assert count == len(texts) > 1 and held == 0
+    assert "\n\n".join(texts) == "\n\n".join(paragraphs)
+    assert all(len(t) <= 100_000 for t in texts)
