@@ -21,7 +21,7 @@ from engine.login import log_in, log_out, register
 from engine.problems import unreachable, where
 from engine.urls import backbone_key
 from engine.wire import ProtocolError
-from engine.wire.api import (
+from engine.wire.rest import (
     MAX_REPLY,
     Curve,
     ErrorReply,
@@ -66,7 +66,7 @@ class _Job(QRunnable):
 
 
 def get(url: str, answer: type[T], token: str | None = None) -> T:
-    """GET ``url`` as ``answer`` (one of engine.wire.api's Structs; blocking, call from the
+    """GET ``url`` as ``answer`` (one of engine.wire.rest's Structs; blocking, call from the
     pool); errors and answers that are not what a backbone sends become BackboneUnavailable."""
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:

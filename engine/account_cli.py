@@ -8,7 +8,7 @@ import sys
 
 from engine.credentials import CredentialsError, CredentialStore
 from engine.login import AccountError, log_in, log_out, register
-from engine.wire.api import check_username
+from engine.wire.rest import check_username
 
 
 def stored_token(backbone: str) -> str | None:

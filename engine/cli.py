@@ -76,7 +76,7 @@ gigabytes = amount(0.1, 10**6, "gigabytes", "GB")
 
 
 def schedule(text: str) -> str:
-    from engine.governor.schedule import WeeklySchedule
+    from engine.governor.weekly_hours import WeeklySchedule
 
     try:
         WeeklySchedule.parse(text)
@@ -267,7 +267,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         except ValueError as exc:
             parser.exit(2, f"cotrain {args.command}: --backbone: {exc}\n")
     if args.command == "register" and args.username is not None:
-        from engine.wire.api import check_username
+        from engine.wire.rest import check_username
 
         try:
             check_username(args.username)

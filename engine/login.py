@@ -11,8 +11,8 @@ import aiohttp
 from engine.credentials import Login
 from engine.problems import unreachable, where
 from engine.wire import ProtocolError
-from engine.wire.api import ErrorReply, LoginReply, LoginRequest, RegisterRequest, Revoked, reply_codec
 from engine.wire.codec import Codec, encode
+from engine.wire.rest import ErrorReply, LoginReply, LoginRequest, RegisterRequest, Revoked, reply_codec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

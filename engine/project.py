@@ -110,7 +110,7 @@ class AggregationSpec(Struct, kw_only=True):
     clip_radius: Annotated[float, Meta(gt=0, le=100)] = 1.0
     clip_iterations: Annotated[int, Meta(ge=1, le=100)] = 10
     # Each reducer's part of a round is checked by another member with this probability
-    # (engine/averaging/audit.py): that part's inputs travel once more, to the checker.
+    # (engine/averaging/recheck.py): that part's inputs travel once more, to the checker.
     verify_probability: Annotated[float, Meta(ge=0, le=1)] = 0.0
 
 

@@ -89,7 +89,7 @@ async def _webrtc_round_trip() -> str:
     from engine.aio import spawn
     from engine.transport.backends import native_problem, restrict_host_addresses
     from engine.transport.ice import ice_configuration
-    from engine.transport.mailbox import Mailbox
+    from engine.transport.mailbox import Key, Mailbox
     from engine.transport.mesh import PeerMesh
     from engine.wire.control import SignalData
     from engine.wire.frames import Part
@@ -106,7 +106,7 @@ async def _webrtc_round_trip() -> str:
         return send
 
     def deliver(box: Mailbox) -> Callable[[str, Frame], None]:
-        return lambda sender, frame: box.put(("echo", 0, sender), frame)
+        return lambda sender, frame: box.put(Key("part", 1, (), sender), frame)
 
     for name, box in boxes.items():
         meshes[name] = PeerMesh(name, relay(name), ice_configuration([]), box, deliver(box),
@@ -118,10 +118,10 @@ async def _webrtc_round_trip() -> str:
         link = await meshes["a"].link("b")
         payload = os.urandom(300_000)  # more than one 256 KiB chunk
         await link.send(Part(round_id=1, epoch=0, index=0, samples=1, loss_sum=0.0), payload)
-        got = await boxes["b"].get(("echo", 0, "a"), timeout=15)
+        got = await boxes["b"].get(Key("part", 1, (), "a"), timeout=15)
         back = await meshes["b"].link("a")
         await back.send(Part(round_id=1, epoch=0, index=1, samples=1, loss_sum=0.0), bytes(got.payload))
-        echoed = await boxes["a"].get(("echo", 0, "b"), timeout=15)
+        echoed = await boxes["a"].get(Key("part", 1, (), "b"), timeout=15)
         if bytes(echoed.payload) != payload:
             raise RuntimeError("the echoed bytes differ")
         media = "PyAV present" if media_codecs_loaded() else "data channels only, no PyAV"

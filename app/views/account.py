@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 from app.controller import AppState, Controller
 from app.views.common import count, duration, heading, help_text, message, show_message, size
 from engine.credentials import Login
-from engine.wire.api import Me
+from engine.wire.rest import Me
 
 
 class AccountPage(QWidget):

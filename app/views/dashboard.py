@@ -22,7 +22,7 @@ from app.trayicon import SNOOZE_SECONDS
 from app.views.common import Tile, count, duration, heading, help_text, rate
 from engine.console import megabytes
 from engine.peer.events import EpochCompleted
-from engine.wire.api import Curve
+from engine.wire.rest import Curve
 from engine.worker import protocol as p
 
 TITLES = {TrayKind.CONTRIBUTING: "Contributing", TrayKind.PAUSED: "Paused",

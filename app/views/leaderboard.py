@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.controller import AppState, Controller
 from app.views.common import count, duration, heading, help_text, message, show_message, size
-from engine.wire.api import Leaderboard, LeaderboardEntry, Ranking
+from engine.wire.rest import Leaderboard, LeaderboardEntry, Ranking
 
 PAGE_SIZE = 25
 COLUMNS = ("Rank", "Volunteer", "Samples", "Aggregated", "Share", "Compute time", "Online")

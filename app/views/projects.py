@@ -25,7 +25,7 @@ from engine.backoff import Backoff
 from engine.console import megabytes
 from engine.credentials import Login
 from engine.lan.records import LanBackbone
-from engine.wire.api import Me, ProjectSummary, ProjectTotals
+from engine.wire.rest import Me, ProjectSummary, ProjectTotals
 from engine.worker.protocol import LOCAL_BACKBONE
 
 REFRESH_MS = 10_000

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.averaging import compression
-from engine.averaging.audit import part_digest, result_digest
-from engine.averaging.partition import part_bounds
+from engine.averaging.recheck import part_digest, result_digest
 from engine.averaging.robust import Aggregate, Contribution, aggregate, typical_loss
+from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec, CompressionMethod
 from engine.transport.link import LinkClosed, PeerLink
+from engine.transport.mailbox import Key, Kind
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
 from engine.wire.control import Commitment, Committed, PartInputs, RoundStart
@@ -639,10 +640,10 @@ class _Round:
                         _seen_in_all(self.mine), self._commitment(), self.reduced)
 
 
-def round_key(kind: str, round_id: int, index: int, sender: str) -> tuple[str, int, str]:
+def round_key(kind: Kind, round_id: int, index: int, sender: str) -> Key:
     """Where a part or result waits in the mailbox: per part, as a backup reducer gets two
     parts of one round from each sender."""
-    return (f"{kind}:{index}", round_id, sender)
+    return Key(kind, round_id, (index,), sender)
 
 
 def _seen_in_all(mine: list[Result]) -> dict[str, int]:

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from engine.averaging.sizes import BLOCK, encoded_size
-from engine.averaging.sizes import blocks as _blocks
+from engine.planning.sizes import BLOCK, encoded_size
+from engine.planning.sizes import blocks as _blocks
 from engine.project import CompressionMethod as Compression
 
 _LEVELS = 255

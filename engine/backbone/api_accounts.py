@@ -24,7 +24,8 @@ from engine.backbone.http import (
     required_user,
 )
 from engine.backbone.store import Secret, User, UsernameTaken
-from engine.wire.api import (
+from engine.wire.codec import Codec
+from engine.wire.rest import (
     LoginReply,
     LoginRequest,
     Me,
@@ -34,7 +35,6 @@ from engine.wire.api import (
     Revoked,
     SessionList,
 )
-from engine.wire.codec import Codec
 
 log = logging.getLogger(__name__)
 TIMELINE_DAYS = 7

@@ -18,8 +18,8 @@ from engine.backbone.http import (
     project_of,
 )
 from engine.backbone.store import checkpoint_url
-from engine.wire.api import CONTENT_SHA256_HEADER, PEER_ID_HEADER, STATE_SHA256_HEADER, CheckpointList
 from engine.wire.control import CheckpointInfo
+from engine.wire.rest import CONTENT_SHA256_HEADER, PEER_ID_HEADER, STATE_SHA256_HEADER, CheckpointList
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from engine.backbone.api_projects import QueryInt
 from engine.backbone.http import authenticate_peer, backbone_of, json_error, json_reply, project_of
-from engine.wire.api import PEER_ID_HEADER, PROBE_BYTES, ProbeReply
+from engine.wire.rest import PEER_ID_HEADER, PROBE_BYTES, ProbeReply
 
 PROBE_CHUNK = 1 << 16
 PROBE_TIMEOUT = 30.0  # a trickled probe holds a connection no longer than this

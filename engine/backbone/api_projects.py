@@ -25,7 +25,9 @@ from engine.backbone.store import User
 from engine.backbone.tracker import Identity
 from engine.project import ProjectSpec
 from engine.wire import WIRE_VERSION, ProtocolError
-from engine.wire.api import (
+from engine.wire.codec import Codec, encode_text
+from engine.wire.control import MAX_CONTROL_MESSAGE, Ping, Pong, Signal, from_peer, version_mismatch
+from engine.wire.rest import (
     Curve,
     JoinReply,
     JoinRequest,
@@ -34,8 +36,6 @@ from engine.wire.api import (
     ProjectList,
     Ranking,
 )
-from engine.wire.codec import Codec, encode_text
-from engine.wire.control import MAX_CONTROL_MESSAGE, Ping, Pong, Signal, from_peer, version_mismatch
 from engine.wire.types import IcePolicy, PeerRole, total_count
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from engine.backbone.addresses import address_group, plain_address
 from engine.backbone.store import KnownPeer, User
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
-from engine.wire.api import MAX_JSON_BODY, PEER_TOKEN_HEADER, ErrorReply
 from engine.wire.codec import Codec, encode
+from engine.wire.rest import MAX_JSON_BODY, PEER_TOKEN_HEADER, ErrorReply
 
 if TYPE_CHECKING:
     from engine.backbone.server import Backbone
@@ -30,7 +30,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_reply(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    """``body`` (one of engine.wire.api's Structs) as the JSON answer."""
+    """``body`` (one of engine.wire.rest's Structs) as the JSON answer."""
     return web.Response(body=encode(body), status=status, headers=headers, content_type="application/json")
 
 

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.averaging.sizes import encoded_size
+from engine.planning.sizes import encoded_size
 from engine.project import CompressionMethod
 
 log = logging.getLogger(__name__)

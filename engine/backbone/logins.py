@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from engine.backbone.accounts import AttemptLimiter
-from engine.backbone.limits import LimitsConfig
+from engine.backbone.rate_limits import LimitsConfig
 from engine.ratelimit import Buckets
 
 WINDOW = 60.0  # seconds the per-account limits count over

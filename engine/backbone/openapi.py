@@ -1,5 +1,5 @@
 """/api/openapi.json, generated from the route table (api.py) and the Structs of
-engine/wire/api.py, so that what is published is what is served."""
+engine/wire/rest.py, so that what is published is what is served."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import msgspec
 from engine import __version__
 
 if TYPE_CHECKING:
-    from engine.backbone.api import Route
+    from engine.backbone.routes import Route
 
 REF = "#/components/schemas/{name}"
 PATH_PARAMETERS: dict[str, dict[str, Any]] = {

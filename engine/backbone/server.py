@@ -14,15 +14,15 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
-from engine.backbone import api
+from engine.backbone import routes
 from engine.backbone.accounts import PasswordWork
 from engine.backbone.addresses import DEFAULT_IPV6_PREFIX
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.connections import HEADER_TIMEOUT, ConnectionCap, listen
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
-from engine.backbone.limits import LimitsConfig, Throttle
 from engine.backbone.logins import LoginLimits
+from engine.backbone.rate_limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store import Store
 from engine.backbone.tracker import (
@@ -40,9 +40,9 @@ from engine.backbone.tracker import (
 from engine.project import ProjectSpec, load_catalog
 from engine.project_folders import ProjectFolder, load_project_folders
 from engine.resources import default_catalog
-from engine.wire.api import ProjectSummary
 from engine.wire.codec import encode_text
 from engine.wire.control import CheckpointInfo, IceServers
+from engine.wire.rest import ProjectSummary
 
 log = logging.getLogger(__name__)
 SEEN_INTERVAL = 10.0
@@ -156,7 +156,7 @@ class Backbone:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json])
         app[BACKBONE] = self
-        api.add_routes(app)
+        routes.add_routes(app)
         return app
 
     async def start(self) -> str:

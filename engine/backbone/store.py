@@ -20,8 +20,8 @@ from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH
 from engine.backbone.store_curve import CURVE_SCHEMA, CurveTables
 from engine.backbone.store_ledger import LedgerTables
 from engine.backbone.tracker.outputs import RoundOpened
-from engine.wire.api import LoginSession
 from engine.wire.control import CheckpointInfo, Step
+from engine.wire.rest import LoginSession
 from engine.wire.types import PeerRole
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from engine.wire.api import CurvePoint
+from engine.wire.rest import CurvePoint
 
 CURVE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS heldout (

@@ -15,7 +15,7 @@ import sqlite3
 import time
 
 from engine.backbone.ledger import Credit
-from engine.wire.api import HourTotals, ProjectTotals, Ranking
+from engine.wire.rest import HourTotals, ProjectTotals, Ranking
 
 
 class LedgerTables:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
-from engine.governor.schedule import WeeklySchedule
+from engine.governor.weekly_hours import WeeklySchedule
 from engine.wire.codec import Codec, convert, encode_text
 
 KilobytesPerSecond = Annotated[int, Meta(ge=1, le=10**9)]

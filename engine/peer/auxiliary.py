@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from engine.averaging.allreduce import AveragingError, RoundChanges, RoundPlan, aggregate_parts, round_key
-from engine.peer.control import ControlLoop
+from engine.peer.backbone_loop import ControlLoop
 from engine.peer.events import Aggregated, Joined, RoundFailed, StatusChanged
 from engine.peer.runner import Peer
-from engine.peer.training import HEARTBEAT
+from engine.peer.training_loop import HEARTBEAT
 from engine.tasks import create_task
 from engine.training.params import trainable
 from engine.transport.ice import ice_configuration

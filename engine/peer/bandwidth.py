@@ -1,5 +1,5 @@
 """This peer's link as the tracker's load balancing sees it: achievable bytes per second
-each way (engine/averaging/load_balancing.py divides the vector by them).
+each way (engine/planning/load_balancing.py divides the vector by them).
 
 A probe against the backbone sets the estimate when the peer joins and again every
 ``REPROBE_EVERY``, like the speed test DeDLOC's volunteers ran. Rounds then refine it:

@@ -17,7 +17,15 @@ from engine.backoff import Backoff
 from engine.problems import unreachable, where
 from engine.transport.shaping import RateLimiter
 from engine.wire import WIRE_VERSION, ProtocolError
-from engine.wire.api import (
+from engine.wire.codec import Codec, encode, encode_text
+from engine.wire.control import (
+    BackboneMessage,
+    CheckpointInfo,
+    ControlMessage,
+    from_backbone,
+    version_mismatch,
+)
+from engine.wire.rest import (
     CONTENT_SHA256_HEADER,
     MAX_REPLY,
     PEER_ID_HEADER,
@@ -29,14 +37,6 @@ from engine.wire.api import (
     JoinRequest,
     ProbeReply,
     reply_codec,
-)
-from engine.wire.codec import Codec, encode, encode_text
-from engine.wire.control import (
-    BackboneMessage,
-    CheckpointInfo,
-    ControlMessage,
-    from_backbone,
-    version_mismatch,
 )
 from engine.wire.types import PeerRole
 

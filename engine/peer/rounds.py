@@ -23,10 +23,11 @@ from engine.averaging.allreduce import (
     round_key,
 )
 from engine.evaluators import evaluators
-from engine.peer.audits import input_key
+from engine.peer.checking import input_key
 from engine.peer.client import BackboneError
 from engine.peer.evaluation import score_heldout
 from engine.peer.events import EpochCompleted, RoundFailed
+from engine.transport.mailbox import Key, Kind
 from engine.wire.control import Reassign, RoundStart, Step
 from engine.wire.frames import Input, Part, Result, Shown, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
@@ -91,13 +92,12 @@ class Rounds:
         if msg.round_id > self._last_round:
             self._changes.setdefault(msg.round_id, RoundChanges()).update(msg.lost, msg.reducers)
 
-    def _current(self, key: tuple[str, int, str]) -> bool:
+    def _current(self, key: Key) -> bool:
         """Whether a waiting frame may still be wanted: parts and results of rounds to come,
         the inputs of a check of the last round (they come after it)."""
-        kind, round_id, _ = key
-        if kind.startswith(("part:", "result:", "shown:")):
-            return round_id > self._last_round
-        return round_id >= self._last_round if kind.startswith("input:") else True
+        if key.kind in ("part", "result", "shown"):
+            return key.id > self._last_round
+        return key.id >= self._last_round if key.kind == "input" else True
 
     def settled(self, step: Step) -> None:
         """The collaboration settled on ``step``: if it is ours, it counts now."""
@@ -151,7 +151,8 @@ class Rounds:
                 self.peer.track(task)
         elif isinstance(header, (Part, Result, Shown)) and header.round_id > self._last_round:
             # (a straggler from a finished round is dropped)
-            kind = "part" if isinstance(header, Part) else "result" if isinstance(header, Result) else "shown"
+            kind: Kind = ("part" if isinstance(header, Part) else "result" if isinstance(header, Result)
+                          else "shown")
             self.peer.mailbox.put(round_key(kind, header.round_id, header.index, sender), frame)
         elif isinstance(header, Input) and header.round_id >= self._last_round:
             self.peer.mailbox.put(input_key(header.index, header.position, header.round_id, sender), frame)

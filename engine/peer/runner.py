@@ -23,22 +23,22 @@ import torch
 
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
-from engine.peer.audits import Audits
+from engine.peer.backbone_loop import ControlLoop
 from engine.peer.bandwidth import PROBE_SECONDS, REPROBE_EVERY, Bandwidth
+from engine.peer.checking import Audits
 from engine.peer.client import BackboneError, ControlClient
-from engine.peer.control import ControlLoop
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
 from engine.peer.project_data import project_task
 from engine.peer.rounds import Rounds
 from engine.peer.state_sync import StateSync
-from engine.peer.training import heartbeat_loop, training_loop
+from engine.peer.training_loop import data_seed, heartbeat_loop, training_loop, warm_up
 from engine.project import ProjectSpec
 from engine.shards.files import FetchedFiles
 from engine.tasks import Task, initial_model
 from engine.training.device import Placement, choose_device
 from engine.training.local import LocalSteps
+from engine.training.lr_schedule import build_optimizer, collaboration_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.schedule import build_optimizer, collaboration_optimizer
 from engine.training.state import state_budget
 from engine.transport.backends import restrict_host_addresses
 from engine.transport.counters import LinkCounters
@@ -296,6 +296,7 @@ class Peer:
 
     def _build_model(self, project: ProjectSpec) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = self.fresh_model()
+        warm_up(self.task, model, project.precision, data_seed(self))
         return model, collaboration_optimizer(project, model)
 
     def fresh_model(self) -> torch.nn.Module:

@@ -24,7 +24,7 @@ from engine.peer.events import PeerEvent, Synced, SyncProgress
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.state import check_state
 from engine.transport.link import MIN_RECEIVE_LIMIT, LinkClosed
-from engine.transport.mailbox import Mailbox
+from engine.transport.mailbox import Key, Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
 from engine.wire.control import BadState, Ready, SyncPlan, SyncRequest
@@ -99,15 +99,20 @@ class StateSync:
             if opt.synced and (epoch, state_sha256) == (opt.epoch, opt.state_hash):
                 # Our step was judged after the round closed, or a message crossed: we hold it.
                 opt.settled(opt.epoch, opt.state_hash)
-                await self.client.send(Ready(opt.epoch, opt.state_hash))
+                await self.say_ready()
                 return True
             if epoch is not None and state_sha256 is not None and await opt.restore(epoch, state_sha256):
                 log.info("back to the settled state of epoch %d, kept from before the last step", epoch)
                 self.emit(Synced(opt.epoch, "kept", state_sha256))
-                await self.client.send(Ready(opt.epoch, state_sha256))
+                await self.say_ready()
                 return True
             opt.unsync()
             return await self._download()
+
+    async def say_ready(self) -> None:
+        """Tell the backbone which state we hold and compute on (the one place a Ready is
+        sent: after a download, a return to a kept state, a reconnect)."""
+        await self.client.send(Ready(self.optimizer.epoch, self.optimizer.state_hash))
 
     async def sync(self) -> bool:
         """Obtain the state and tell the backbone we are ready; False if every attempt failed."""
@@ -135,7 +140,7 @@ class StateSync:
             opt = self.optimizer
             await opt.mark_synced()
             self.emit(Synced(opt.epoch, plan.source, digest))
-            await self.client.send(Ready(opt.epoch, digest))
+            await self.say_ready()
             await opt.report_progress(force=True)
             return True
         return False
@@ -190,7 +195,7 @@ class StateSync:
             self._activity = time.monotonic()
             while True:
                 try:
-                    frame = await self.mailbox.get(("state", request_id, donor), timeout=5.0)
+                    frame = await self.mailbox.get(Key("state", request_id, (), donor), timeout=5.0)
                     break
                 except asyncio.TimeoutError:
                     if time.monotonic() - self._activity > STALL_TIMEOUT:
@@ -217,7 +222,7 @@ class StateSync:
         if isinstance(header, StateRequest):
             return asyncio.ensure_future(self._serve(sender, header.request_id))
         if self._asked == (header.request_id, sender):
-            self.mailbox.put(("state", header.request_id, sender), frame)
+            self.mailbox.put(Key("state", header.request_id, (), sender), frame)
         # else: an answer we no longer wait for (or never asked for) holds no memory here
         return None
 

@@ -11,7 +11,9 @@ from engine.tasks.demo_lm import DemoLM
 from engine.tasks.images import ImageClassification
 from engine.tasks.language_models import CausalLM, MaskedLM
 
-_BUILDING = threading.Lock()
+# Held while the process's random stream must not move under its holder: building the
+# initial model, a peer's warm-up (another peer may share the process, as in tests).
+RANDOM_STREAM = threading.Lock()
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (DemoLM, MaskedLM, CausalLM, ImageClassification)}
 
 
@@ -27,9 +29,9 @@ def initial_model(task: Task, seed: int) -> torch.nn.Module:
     """The project's starting model: the same bits on every peer, from the project's seed.
     Built under a lock: torch's random stream is the process's, and another thread drawing
     from it meanwhile (a second peer in one process) would change the bits."""
-    with _BUILDING, torch.random.fork_rng(devices=[]):
+    with RANDOM_STREAM, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return task.build_model()
 
 
-__all__ = ["TASKS", "Batch", "Task", "TaskData", "create_task", "initial_model"]
+__all__ = ["RANDOM_STREAM", "TASKS", "Batch", "Task", "TaskData", "create_task", "initial_model"]

@@ -30,8 +30,8 @@ from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.project import AggregationSpec, CompressionMethod, ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.local import LocalSteps
+from engine.training.lr_schedule import lr_at
 from engine.training.params import copy_weights, set_grads, state_proof, trainable
-from engine.training.schedule import lr_at
 from engine.training.state import load_state, pack_state, state_sha256
 from engine.training.throughput import Throughput
 from engine.wire.control import ControlMessage, Progress, RoundDone, RoundStart, Status, Step

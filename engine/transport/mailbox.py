@@ -5,14 +5,24 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 from engine.wire.framing import Frame
 
-Key = tuple[str, int, str]  # kind, id (a round's, a request's), sender
+Kind = Literal["part", "result", "shown", "input", "state"]
+
+
+class Key(NamedTuple):
+    """Where a frame waits for its reader."""
+
+    kind: Kind
+    id: int  # the round's, or the state request's
+    slot: tuple[int, ...]  # in a round: the part's index (an input: and its position)
+    sender: str
 
 
 class Mailbox:
-    """Frames keyed by (kind, id, sender).
+    """Frames keyed by what they are, their round or request, and their sender.
 
     Early frames (a fast peer's part before our round starts) wait here. Each sender has
     its own quota of frames and bytes: past it, that sender's oldest frames are dropped,
@@ -39,17 +49,17 @@ class Mailbox:
             return
         self._remove(key)
         self._items[key] = frame
-        sender = key[-1]
+        sender = key.sender
         count, size = self._held.get(sender, (0, 0))
         self._held[sender] = (count + 1, size + len(frame.payload))
         self._total += len(frame.payload)
         if self._over(sender) and self.on_overflow is not None:
             self.on_overflow(sender)
         while self._over(sender):
-            self._remove(next(k for k in self._items if k[-1] == sender))
+            self._remove(next(k for k in self._items if k.sender == sender))
         while self._total > self.max_total:
             biggest = max(self._held, key=lambda s: self._held[s][1])
-            self._remove(next(k for k in self._items if k[-1] == biggest))
+            self._remove(next(k for k in self._items if k.sender == biggest))
 
     def held(self, sender: str) -> tuple[int, int]:
         """(frames, bytes) of ``sender``'s waiting here."""
@@ -75,7 +85,7 @@ class Mailbox:
     def fail_sender(self, sender: str, error: BaseException) -> None:
         """Wake everyone waiting on ``sender`` with ``error`` (its link is gone)."""
         for key, waiter in list(self._waiters.items()):
-            if key[-1] == sender and not waiter.done():
+            if key.sender == sender and not waiter.done():
                 waiter.set_exception(error)
 
     def discard(self, keep: Callable[[Key], bool]) -> None:
@@ -86,8 +96,8 @@ class Mailbox:
         frame = self._items.pop(key, None)
         if frame is not None:
             self._total -= len(frame.payload)
-            count, size = self._held[key[-1]]
+            count, size = self._held[key.sender]
             if count == 1:
-                del self._held[key[-1]]
+                del self._held[key.sender]
             else:
-                self._held[key[-1]] = (count - 1, size - len(frame.payload))
+                self._held[key.sender] = (count - 1, size - len(frame.payload))

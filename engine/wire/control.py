@@ -262,7 +262,7 @@ class RoundStart(ControlMessage, tag="round_start"):
     # Auxiliary peers: they reduce their part and bring no gradient, so nobody waits for a
     # part from them, nor sends them results, and they take no step.
     auxiliary: Annotated[list[PeerId], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
-    # Each member's share comes in this many parts (averaging/partition.py): part j is
+    # Each member's share comes in this many parts (planning/partition.py): part j is
     # member j // pieces's to reduce, and its result goes out while later pieces come in.
     pieces: Annotated[int, Meta(ge=1, le=MAX_PIECES)] = 1
     # Per member, the most samples its parts may count for: what the backbone saw it compute

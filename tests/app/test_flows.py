@@ -18,7 +18,7 @@ from app.views.leaderboard import COLUMNS
 from engine.credentials import SERVICE
 from engine.governor.policy import GovernorState
 from engine.urls import backbone_key
-from engine.wire.api import Ranking
+from engine.wire.rest import Ranking
 from tests.app.conftest import (
     TEST_LIMITS,
     WORKER_START,

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from engine.backbone.accounts import token_digest
-from engine.backbone.limits import LimitsConfig
+from engine.backbone.rate_limits import LimitsConfig
 from engine.backbone.store import TOKEN_IDLE
 from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project

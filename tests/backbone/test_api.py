@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.wire import WIRE_VERSION
-from engine.wire.api import PROBE_BYTES
 from engine.wire.codec import encode_text
 from engine.wire.control import Ping, Pong, from_backbone
+from engine.wire.rest import PROBE_BYTES
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 from tests.conftest import until
 
@@ -197,8 +197,8 @@ async def test_a_peer_meeting_a_backbone_of_another_wire_is_told_who_must_update
     from aiohttp import web
 
     from engine.peer.client import BackboneError, ControlClient
-    from engine.wire.api import JoinReply
     from engine.wire.codec import encode
+    from engine.wire.rest import JoinReply
 
     def backbone_speaking(wire: int):
         async def join(request: web.Request) -> web.Response:

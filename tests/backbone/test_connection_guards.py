@@ -13,7 +13,7 @@ import pytest
 
 from engine.backbone import http as http_module
 from engine.backbone import server as server_module
-from engine.backbone.limits import LimitsConfig
+from engine.backbone.rate_limits import LimitsConfig
 from tests.collab.harness import running_backbone
 
 DEADLINE = 0.5  # seconds for a request head, and for a body, in these tests

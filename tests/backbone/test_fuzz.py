@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine.backbone.api import add_routes
+from engine.backbone.routes import add_routes
 from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, tiny_project
 

@@ -13,10 +13,10 @@ from aiohttp import web
 from jsonschema import Draft202012Validator
 
 from engine.backbone import server as server_module
-from engine.backbone.api import ROUTES
 from engine.backbone.openapi import published_path
+from engine.backbone.routes import ROUTES
 from engine.wire import WIRE_VERSION
-from engine.wire.api import PEER_ID_HEADER, PEER_TOKEN_HEADER
+from engine.wire.rest import PEER_ID_HEADER, PEER_TOKEN_HEADER
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 from tests.projects import albert_folder
 

@@ -4,8 +4,8 @@ colour another's figures); each prints its own table."""
 import subprocess
 import sys
 
-MODULES = ("wire", "compute", "aggregation", "load_balancing", "verification", "allreduce", "backbone_load",
-           "governor", "nat", "local_mode", "gui")
+MODULES = ("imports", "wire", "compute", "aggregation", "load_balancing", "verification", "allreduce",
+           "backbone_load", "governor", "nat", "local_mode", "gui")
 
 if __name__ == "__main__":
     flags = [a for a in sys.argv[1:] if a == "--quick"]

@@ -15,7 +15,7 @@ import time
 import torch
 
 from engine.averaging.compression import decode, encode, encoded_size
-from engine.averaging.load_balancing import Member, balance, equal_shares, round_time
+from engine.planning.load_balancing import Member, balance, equal_shares, round_time
 
 MBIT = 125_000.0
 

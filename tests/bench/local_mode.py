@@ -29,7 +29,7 @@ import torch
 
 from engine.project import CompressionMethod, LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
-from engine.training.schedule import collaboration_optimizer
+from engine.training.lr_schedule import collaboration_optimizer
 from engine.training.state import load_state
 from engine.wire.tensors import decode_file
 from tests.collab.harness import TINY, tiny_project

@@ -14,7 +14,7 @@ from engine.project import ProjectSpec
 from engine.project_folders import PROJECT_FILE, load_project_folder
 from engine.shards.files import FolderFiles
 from engine.tasks import Task, TaskData, create_task, initial_model
-from engine.training.schedule import build_optimizer, lr_at
+from engine.training.lr_schedule import build_optimizer, lr_at
 
 pytestmark = pytest.mark.slow
 STEPS = 100  # at 64 samples a step, between four and five passes over the 1438 training digits

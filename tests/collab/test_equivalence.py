@@ -7,7 +7,7 @@ import torch
 from engine.project import OptimizerSpec
 from engine.shards.files import FolderFiles
 from engine.tasks import TaskData, create_task, initial_model
-from engine.training.schedule import build_optimizer, lr_at
+from engine.training.lr_schedule import build_optimizer, lr_at
 from engine.wire.codec import encode
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 from tests.projects import albert_folder, catalog_folder

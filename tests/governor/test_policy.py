@@ -6,7 +6,7 @@ import pytest
 
 from engine.governor.limits import Limits
 from engine.governor.policy import POWER_SETTLE, Decision, GovernorState, Observation, decide
-from engine.governor.schedule import WeeklySchedule
+from engine.governor.weekly_hours import WeeklySchedule
 
 MONDAY_NOON = datetime(2026, 11, 23, 12, 0)  # a Monday
 

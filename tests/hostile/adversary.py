@@ -18,7 +18,6 @@ from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire import WIRE_VERSION, ProtocolError
-from engine.wire.api import PEER_ID_HEADER, PEER_TOKEN_HEADER, JoinReply, JoinRequest, reply_codec
 from engine.wire.codec import encode, encode_text
 from engine.wire.control import (
     BackboneMessage,
@@ -33,6 +32,7 @@ from engine.wire.control import (
     from_backbone,
 )
 from engine.wire.framing import Frame
+from engine.wire.rest import PEER_ID_HEADER, PEER_TOKEN_HEADER, JoinReply, JoinRequest, reply_codec
 from engine.wire.types import PeerRole
 
 _addresses = itertools.count(2)

@@ -28,8 +28,8 @@ from engine.project_folders import ProjectFolder
 from engine.tasks import create_task, initial_model
 from engine.training.accumulator import GradientAccumulator
 from engine.training.local import LocalSteps
+from engine.training.lr_schedule import build_optimizer, collaboration_optimizer, lr_at
 from engine.training.params import trainable
-from engine.training.schedule import build_optimizer, collaboration_optimizer, lr_at
 from engine.training.state import load_state
 from engine.wire.tensors import decode_file
 from tests.collab.harness import tiny_project

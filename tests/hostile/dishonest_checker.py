@@ -10,8 +10,8 @@ import logging
 import sys
 
 from engine import cli
-from engine.averaging.audit import Verdict
-from engine.peer.audits import Audits
+from engine.averaging.recheck import Verdict
+from engine.peer.checking import Audits
 from engine.wire.control import Audit
 from tests.hostile import wrong_reducer
 

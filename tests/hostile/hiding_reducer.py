@@ -7,7 +7,7 @@ import logging
 import sys
 
 from engine import cli
-from engine.peer.audits import Audits
+from engine.peer.checking import Audits
 from engine.wire.control import Audit
 from tests.hostile import wrong_reducer
 

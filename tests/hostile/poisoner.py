@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from engine.averaging.partition import part_bounds
+from engine.planning.partition import part_bounds
 from engine.transport.link import LinkClosed
 from engine.wire.control import RoundStart
 from engine.wire.frames import Part, Result

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, hash_password
-from engine.backbone.limits import LimitsConfig
+from engine.backbone.rate_limits import LimitsConfig
 from tests.hostile.adversary import new_address
 from tests.hostile.collaboration import Collaboration
 from tests.unit.test_store_schema import SCHEMA_5

@@ -16,9 +16,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.backbone.limits import LimitsConfig
+from engine.backbone.rate_limits import LimitsConfig
 from engine.wire import WIRE_VERSION
-from engine.wire.api import PEER_ID_HEADER, PEER_TOKEN_HEADER
+from engine.wire.rest import PEER_ID_HEADER, PEER_TOKEN_HEADER
 from tests.hostile.adversary import Adversary, Stranger
 from tests.hostile.collaboration import Collaboration
 

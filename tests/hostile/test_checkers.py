@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from engine.backbone.tracker.audits import MIN_CHECK_TIME
+from engine.backbone.tracker.checks import MIN_CHECK_TIME
 from engine.project import AggregationSpec
 from engine.wire.control import RoundDone, RoundStart, Step
 from tests.hostile.adversary import Adversary, member

@@ -11,8 +11,8 @@ import contextlib
 import aiohttp
 import pytest
 
-from engine.wire.api import ProjectList, reply_codec
 from engine.wire.control import Progress, Ready
+from engine.wire.rest import ProjectList, reply_codec
 from tests.hostile.adversary import Adversary, Stranger, member
 from tests.hostile.collaboration import assert_unharmed, running, under_attack
 from tests.hostile.poisoner import poisoned, scaled

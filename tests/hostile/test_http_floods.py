@@ -21,9 +21,9 @@ import psutil
 import pytest
 
 from engine.backbone.connections import HEADER_TIMEOUT
-from engine.backbone.limits import LimitsConfig
+from engine.backbone.rate_limits import LimitsConfig
 from engine.wire import WIRE_VERSION
-from engine.wire.api import PEER_ID_HEADER, PEER_TOKEN_HEADER
+from engine.wire.rest import PEER_ID_HEADER, PEER_TOKEN_HEADER
 from tests.hostile.adversary import new_address
 from tests.hostile.collaboration import Collaboration
 from tests.hostile.health import HealthProbe

@@ -41,7 +41,7 @@ def test_the_backbone_extra_leaves_out_torch_qt_and_webrtc(backbone_venv):
         done = subprocess.run([python, "-c", f"import {heavy}"], capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and "No module named" in done.stderr, (heavy, done.stderr[-500:])
     # What it does need: the round scheduler's LP solver.
-    done = subprocess.run([python, "-c", "import engine.averaging.load_balancing"], capture_output=True,
+    done = subprocess.run([python, "-c", "from scipy.optimize import linprog"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -73,7 +73,7 @@ def test_cotrain_backbone_runs_from_the_backbone_extra_alone(backbone_venv, tmp_
 def test_the_backbone_and_its_wire_import_alone_in_this_venv_too():
     """The same boundary, checked where every extra is installed: nothing the backbone
     imports drags torch, Qt or aiortc in (numpy and scipy it needs: the LP of round shares)."""
-    code = ("import sys, engine.backbone.server, engine.backbone.api; "
+    code = ("import sys, engine.backbone.server, engine.backbone.routes; "
             "print(sorted(m for m in ('torch', 'PySide6', 'aiortc', 'engine.peer', 'app') "
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)

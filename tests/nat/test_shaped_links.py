@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.averaging.load_balancing import Member, balance, equal_shares, round_time
+from engine.planning.load_balancing import Member, balance, equal_shares, round_time
 from engine.tasks import create_task, initial_model
 from tests.collab.harness import TINY, tiny_project
 from tests.collab.processes import terminate, write_catalog

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from engine.aio import spawn
 from engine.averaging.allreduce import round_key
 from engine.transport.ice import ice_configuration
-from engine.transport.mailbox import Mailbox
+from engine.transport.mailbox import Key, Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire.frames import Part, Result, Shown
 from engine.wire.framing import Frame
@@ -28,7 +28,7 @@ def router(mailbox: Mailbox) -> Callable[[str, Frame], None]:
             mailbox.put(round_key(header.__struct_config__.tag, header.round_id, header.index, sender), frame)
         else:
             ident = getattr(header, "round_id", getattr(header, "request_id", 0))
-            mailbox.put((header.__struct_config__.tag, ident, sender), frame)
+            mailbox.put(Key(header.__struct_config__.tag, ident, (), sender), frame)
 
     return route
 

@@ -273,7 +273,7 @@ async def test_a_reducer_takes_its_pieces_in_order_and_commits_to_each():
     put = meshes["b"].mailbox.put
 
     def record(key, frame):
-        if key[0].startswith("part:"):
+        if key.kind == "part":
             arrived.append(frame.header.index)
         put(key, frame)
 

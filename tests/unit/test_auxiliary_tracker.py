@@ -1,11 +1,11 @@
 """The tracker's rules for auxiliary peers (``cotrain peer --aux``): reducers that bring no
 gradient, hold no state and never vote. Driven directly: no network, a controllable clock."""
 
-from engine.averaging.partition import part_sizes
-from engine.averaging.sizes import encoded_size
 from engine.backbone.tracker import RecordCredits, Tracker
 from engine.backbone.tracker.scheduling import TRIAL_SPACING
 from engine.backbone.tracker.settlement import REPORT_GRACE
+from engine.planning.partition import part_sizes
+from engine.planning.sizes import encoded_size
 from engine.wire.control import Progress, Reassign, Resync, RoundDone, RoundStart
 from engine.wire.types import PeerRole
 from tests.unit.test_tracker import clock, done, open_round, ready_tracker, sent

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.averaging.audit import part_digest, recheck, result_digest
 from engine.averaging.compression import BLOCK, decode, encode, encoded_size, error_bound
+from engine.averaging.recheck import part_digest, recheck, result_digest
 from engine.averaging.robust import Contribution, aggregate
 from engine.project import AggregationSpec
 from engine.wire.control import Committed

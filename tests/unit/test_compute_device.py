@@ -11,8 +11,8 @@ from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training import device as device_module
 from engine.training.device import choose_device
+from engine.training.lr_schedule import build_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.schedule import build_optimizer
 from engine.wire.control import RoundStart
 from tests.collab.harness import TINY
 

@@ -1,7 +1,7 @@
 """The backbone's rate limits, on a controllable clock."""
 
 from engine.backbone.accounts import AttemptLimiter
-from engine.backbone.limits import Kind, LimitsConfig, Throttle, kind_of
+from engine.backbone.rate_limits import Kind, LimitsConfig, Throttle, kind_of
 from engine.ratelimit import Buckets, Rate
 from engine.wire.control import Progress, Signal, SignalData, SyncRequest
 from engine.wire.types import SignalKind

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.averaging.load_balancing import Member, balance, equal_shares, loads, round_time
+from engine.planning.load_balancing import Member, balance, equal_shares, loads, round_time
 
 MB = 10**6
 

@@ -7,8 +7,8 @@ import torch
 from engine.averaging.allreduce import Averaged
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
+from engine.training.lr_schedule import build_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.schedule import build_optimizer
 from engine.training.state import state_sha256
 from engine.wire.control import RoundDone, RoundStart
 from tests.collab.harness import TINY

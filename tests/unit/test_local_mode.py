@@ -11,9 +11,9 @@ from engine.averaging.allreduce import Averaged, AveragingError
 from engine.project import LocalSpec, OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training.local import LocalSteps
+from engine.training.lr_schedule import build_optimizer, outer_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.params import flat_params, trainable
-from engine.training.schedule import build_optimizer, outer_optimizer
 from engine.training.state import state_sha256
 from engine.wire.control import RoundDone, RoundStart
 from tests.collab.harness import TINY

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, PasswordWork, Scrypt, password_matches
-from engine.backbone.limits import LimitsConfig
 from engine.backbone.logins import LoginLimits
+from engine.backbone.rate_limits import LimitsConfig
 from tests.conftest import until
 from tests.unit.test_tracker import Clock
 

@@ -3,7 +3,7 @@
 import asyncio
 
 from engine.peer.state_sync import StateSync
-from engine.transport.mailbox import Mailbox
+from engine.transport.mailbox import Key, Mailbox
 from engine.wire.frames import StateReply
 from engine.wire.framing import Frame
 from tests.transport.mesh_pair import blob
@@ -17,27 +17,27 @@ async def test_a_flooding_sender_evicts_only_its_own_frames_and_is_named():
     box = Mailbox(max_items=4, max_bytes=1000)
     overflowed = []
     box.on_overflow = overflowed.append
-    box.put(("part", 7, "honest"), frame())
+    box.put(Key("part", 7, (0,), "honest"), frame())
     for i in range(1000):
-        box.put(("part", 100 + i, "flooder"), frame())
+        box.put(Key("part", 100 + i, (0,), "flooder"), frame())
     assert box.held("flooder") == (4, 40)
     assert set(overflowed) == {"flooder"}
-    assert (await box.get(("part", 7, "honest"), timeout=0)).payload == b"x" * 10
+    assert (await box.get(Key("part", 7, (0,), "honest"), timeout=0)).payload == b"x" * 10
 
 
 async def test_a_sender_past_its_bytes_loses_its_oldest_frames():
     box = Mailbox(max_items=100, max_bytes=250)
     for i in range(5):
-        box.put(("part", i, "big"), frame(100))
+        box.put(Key("part", i, (0,), "big"), frame(100))
     assert box.held("big") == (2, 200)
-    assert (await box.get(("part", 4, "big"), timeout=0)).payload == b"x" * 100
+    assert (await box.get(Key("part", 4, (0,), "big"), timeout=0)).payload == b"x" * 100
     assert box.held("big") == (1, 100)
 
 
 async def test_a_waiter_gets_its_frame_without_it_counting_against_the_sender():
     box = Mailbox(max_items=1, max_bytes=100)
-    asyncio.get_running_loop().call_soon(box.put, ("result", 3, "a"), frame())  # once get() waits
-    assert (await box.get(("result", 3, "a"), timeout=5)).payload == b"x" * 10
+    asyncio.get_running_loop().call_soon(box.put, Key("result", 3, (0,), "a"), frame())  # once get() waits
+    assert (await box.get(Key("result", 3, (0,), "a"), timeout=5)).payload == b"x" * 10
     assert box.held("a") == (0, 0)
 
 
@@ -57,9 +57,9 @@ async def test_state_replies_nobody_waits_for_are_not_kept():
 
 async def test_many_senders_each_within_its_quota_hold_at_most_the_total():
     box = Mailbox(max_items=4, max_bytes=400, max_total=1000)
-    box.put(("part", 1, "honest"), frame(100))
+    box.put(Key("part", 1, (0,), "honest"), frame(100))
     for i in range(50):
-        box.put(("part", 2, f"sybil{i}"), frame(300))
+        box.put(Key("part", 2, (0,), f"sybil{i}"), frame(300))
     held = sum(box.held(s)[1] for s in ["honest", *(f"sybil{i}" for i in range(50))])
     assert held <= 1000
-    assert (await box.get(("part", 1, "honest"), timeout=0)).payload == b"x" * 100
+    assert (await box.get(Key("part", 1, (0,), "honest"), timeout=0)).payload == b"x" * 100

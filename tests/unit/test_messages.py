@@ -11,14 +11,15 @@ from hypothesis import strategies as st
 
 from engine.governor.limits import Limits
 from engine.project import Catalog
-from engine.wire import WIRE_VERSION, ProtocolError, api, control, frames
+from engine.wire import WIRE_VERSION, ProtocolError, control, frames, rest
 from engine.wire.codec import Codec, encode
 from engine.wire.tensors import StateIndex
 from engine.worker import protocol
 from tests.wire_values import structs_of, valid
 
-API_BODIES = [cls for cls in vars(api).values()
-              if isinstance(cls, type) and issubclass(cls, msgspec.Struct) and cls.__module__ == api.__name__]
+API_BODIES = [cls for cls in vars(rest).values()
+              if isinstance(cls, type) and issubclass(cls, msgspec.Struct)
+              and cls.__module__ == rest.__name__]
 CHANNELS: dict[str, Codec] = {
     "peer -> backbone": control.from_peer,
     "backbone -> peer": control.from_backbone,
@@ -28,7 +29,7 @@ CHANNELS: dict[str, Codec] = {
     "state file index": Codec(StateIndex, "index", 1 << 20),
     "catalog": Codec(Catalog, "catalog", 1 << 20),
     "limits": Codec(Limits, "limits", 1 << 20),
-    **{f"HTTP {cls.__name__}": api.reply_codec(cls) for cls in API_BODIES},
+    **{f"HTTP {cls.__name__}": rest.reply_codec(cls) for cls in API_BODIES},
 }
 KINDS = [(channel, cls) for channel, codec in CHANNELS.items() for cls in structs_of(codec._decoder.type)]
 json_values = st.recursive(

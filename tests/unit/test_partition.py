@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.averaging.partition import part_bounds, part_sizes
+from engine.planning.partition import part_bounds, part_sizes
 
 
 @given(st.integers(0, 10**7), st.lists(st.floats(0, 100), min_size=1, max_size=64))

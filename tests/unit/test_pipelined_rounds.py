@@ -1,11 +1,11 @@
-"""Rounds whose shares come in pieces (averaging/partition.py), as the tracker opens them:
+"""Rounds whose shares come in pieces (planning/partition.py), as the tracker opens them:
 only when the LP expects the round to move bytes for a while, and with backups and credit
 counted per piece."""
 
-from engine.averaging.partition import part_bounds
-from engine.averaging.sizes import encoded_size
 from engine.backbone.tracker import RecordCredits
 from engine.backbone.tracker.scheduling import PIECES, PIPELINE_FROM
+from engine.planning.partition import part_bounds
+from engine.planning.sizes import encoded_size
 from engine.wire.control import Progress, Reassign
 from engine.wire.types import PeerRole
 from tests.unit.test_tracker import clock, done, open_round, ready_tracker, sent

@@ -1,12 +1,12 @@
-"""Checking reducers: the checker's recomputation (engine/averaging/audit.py) and the
-backbone's draws and verdicts (engine/backbone/tracker/audits.py), without a network."""
+"""Checking reducers: the checker's recomputation (engine/averaging/recheck.py) and the
+backbone's draws and verdicts (engine/backbone/tracker/checks.py), without a network."""
 
 import random
 
 import pytest
 import torch
 
-from engine.averaging.audit import part_digest, recheck, result_digest
+from engine.averaging.recheck import part_digest, recheck, result_digest
 from engine.averaging.robust import Contribution, aggregate
 from engine.backbone.tracker import RecordStep
 from engine.project import AggregationSpec

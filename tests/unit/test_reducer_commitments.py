@@ -7,7 +7,7 @@ import math
 import random
 
 from engine.backbone.tracker import RecordCredits
-from engine.backbone.tracker.audits import MIN_CHECK_TIME
+from engine.backbone.tracker.checks import MIN_CHECK_TIME
 from engine.backbone.tracker.outputs import WithdrawCredits
 from engine.wire.control import EMPTY_PART, Audit, AuditDone, Commitment, Committed, PartInputs
 from tests.unit.test_reducer_checks import PEERS, checked_tracker, first_audit, run_round

@@ -10,8 +10,8 @@ from engine.backbone.tracker import RecordCredits, RecordStep, Send, Tracker
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training import optimizer as optimizer_module
+from engine.training.lr_schedule import build_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.schedule import build_optimizer
 from engine.wire.control import Progress, Ready, RoundDone, RoundStart, SyncRequest
 from tests.collab.harness import TINY
 from tests.unit.test_tracker import Clock, project

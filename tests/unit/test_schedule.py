@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.project import OptimizerSpec, ScheduleSpec
-from engine.training.schedule import build_optimizer, lr_at
+from engine.training.lr_schedule import build_optimizer, lr_at
 from engine.wire import ProtocolError
 from engine.wire.codec import convert
 

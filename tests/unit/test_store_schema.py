@@ -43,7 +43,7 @@ def test_a_schema_2_ledger_keeps_its_totals_and_gains_auxiliary_credit(tmp_path)
     """A backbone upgraded from before auxiliary peers: users' samples stay as they were,
     every known peer is a trainer, and bytes aggregated from then on count apart."""
     from engine.backbone.ledger import Credit
-    from engine.wire.api import Ranking
+    from engine.wire.rest import Ranking
     from engine.wire.types import PeerRole
 
     path = tmp_path / "backbone.sqlite3"

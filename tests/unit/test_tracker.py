@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.averaging.load_balancing import Member, balance, round_time
 from engine.backbone.tracker import Broadcast, RecordCredits, RecordStep, RoundOpened, Send, Tracker
+from engine.planning.load_balancing import Member, balance, round_time
 from engine.project import ProjectSpec
 from engine.wire.control import (
     Availability,

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from engine.backbone.tracker.audits import Auditor
 from engine.backbone.tracker.backups import Backups
+from engine.backbone.tracker.checks import Auditor
 from engine.backbone.tracker.heldout import HeldOutScores
 from engine.backbone.tracker.membership import Members, PeerState
 from engine.backbone.tracker.outputs import (

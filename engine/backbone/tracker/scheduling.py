@@ -23,14 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.averaging.load_balancing import Balance, Member, balance, equal_shares, round_time
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
+from engine.planning.load_balancing import Balance, Member, balance, equal_shares, round_time
 from engine.project import ProjectSpec
 from engine.wire.control import RoundDone, RoundStart
 
 if TYPE_CHECKING:
-    from engine.backbone.tracker.audits import RoundAudit
+    from engine.backbone.tracker.checks import RoundAudit
 
 log = logging.getLogger(__name__)
 # A member's reported link counts for at most this many times the group's median.
@@ -44,7 +44,7 @@ HOLD_SHARE = 1 / 20
 TRIAL_SPACING = 10
 MAX_TRIAL_BACKOFF = 6
 # A round the LP expects to move bytes for this long or more comes in PIECES parts per
-# member's share, pipelined (averaging/partition.py): on shaped home links, results flowing
+# member's share, pipelined (planning/partition.py): on shaped home links, results flowing
 # out while later pieces flow in brought rounds from 1.25-1.29x the LP's fluid prediction
 # to 1.15x (tests/nat/test_shaped_links.py). Shorter rounds are latency, not bytes: one part
 # each. So are rounds of groups so large that PIECES parts each would make commitments (a
@@ -87,7 +87,7 @@ class OpenRound:
     reducers: list[str] = field(default_factory=list)  # who reduces part j now (a backup, if lost)
     auxiliary: set[str] = field(default_factory=set)  # reduce only: no gradient, no step, no vote
     trial: bool = False  # an unproven auxiliary peer reduces in it (Scheduler.trial_over)
-    pieces: int = 1  # parts per member's share (averaging/partition.py)
+    pieces: int = 1  # parts per member's share (planning/partition.py)
     answered_at: dict[str, float] = field(default_factory=dict)  # when each outcome arrived
     nonce: str = field(default_factory=lambda: secrets.token_hex(32))  # what voters prove the state with
 

@@ -23,13 +23,13 @@ import statistics
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from engine.averaging.partition import part_bounds
-from engine.averaging.sizes import encoded_size
 from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.evaluators import evaluators
+from engine.planning.partition import part_bounds
+from engine.planning.sizes import encoded_size
 from engine.wire.control import AuditDone, RoundDone, Step
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class Settlement:
         return self._verified(rnd, majority)
 
     def _verified(self, rnd: OpenRound, majority: Vote) -> list[Out]:
-        """Settle now -- or, if parts were drawn for checking (backbone/tracker/audits.py),
+        """Settle now -- or, if parts were drawn for checking (backbone/tracker/checks.py),
         once they check out."""
         audits = self.t.audits
         if rnd.audit is None:

@@ -1,5 +1,5 @@
-"""A peer's part in checking reducers (the rules: engine/averaging/audit.py and
-engine/backbone/tracker/audits.py). As a reducer, it keeps what it combined until its
+"""A peer's part in checking reducers (the rules: engine/averaging/recheck.py and
+engine/backbone/tracker/checks.py). As a reducer, it keeps what it combined until its
 round settles, and sends it to the checker the backbone names; as a checker, it combines
 those inputs itself and reports whether the reducer's result follows from them."""
 
@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.averaging.allreduce import Reduced
-from engine.averaging.audit import Verdict, recheck
+from engine.averaging.recheck import Verdict, recheck
 from engine.transport.link import LinkClosed
+from engine.transport.mailbox import Key
 from engine.wire import ProtocolError
 from engine.wire.control import Audit, AuditDone, Committed
 from engine.wire.frames import Input
@@ -25,10 +26,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def input_key(index: int, position: int, round_id: int, reducer: str) -> tuple[str, int, str]:
+def input_key(index: int, position: int, round_id: int, reducer: str) -> Key:
     """Where the ``position``-th input of part ``index`` waits: a reducer may hold several
     parts of a round (pipelined in pieces), and one checker may be asked about more than one."""
-    return (f"input:{index}:{position}", round_id, reducer)
+    return Key("input", round_id, (index, position), reducer)
 
 
 class Audits:

@@ -1,4 +1,4 @@
-"""Checking reducers (the peers' half: engine/averaging/audit.py, engine/peer/audits.py).
+"""Checking reducers (the peers' half: engine/averaging/recheck.py, engine/peer/checking.py).
 
 Once a round has a majority state, the backbone draws each reducer's part with the
 project's ``verify_probability``. Every member committed to what it did in its

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linprog
 
 # Shares below this are solver noise: dropped, so nobody opens a link for a few bytes.
 NEGLIGIBLE_SHARE = 1e-6
@@ -102,6 +101,8 @@ def balance(members: Sequence[Member], nbytes: float) -> Balance:
 
 def _solve(cost: np.ndarray, a_ub: np.ndarray, b_ub: np.ndarray, a_eq: np.ndarray,
            bounds: list[tuple[float, float | None]]) -> np.ndarray:
+    from scipy.optimize import linprog  # 0.3 s to import: when the first round is planned
+
     result = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=[1.0], bounds=bounds, method="highs")
     if result.status != 0:
         raise ArithmeticError(f"load balancing LP failed: {result.message}")

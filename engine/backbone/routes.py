@@ -18,7 +18,8 @@ from engine.backbone.api_projects import BY, LIMIT, OFFSET, QueryInt, QueryRanki
 from engine.backbone.http import Handler, json_reply
 from engine.backbone.openapi import RawBody
 from engine.wire import WIRE_VERSION
-from engine.wire.api import (
+from engine.wire.control import CheckpointInfo
+from engine.wire.rest import (
     CheckpointList,
     Curve,
     ErrorReply,
@@ -36,7 +37,6 @@ from engine.wire.api import (
     Revoked,
     SessionList,
 )
-from engine.wire.control import CheckpointInfo
 
 STATE_FILE = RawBody("application/octet-stream", "a state file (engine/wire/tensors.py)")
 

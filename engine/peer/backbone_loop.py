@@ -14,7 +14,6 @@ from engine.wire.control import (
     Availability,
     BackboneMessage,
     IceServers,
-    Ready,
     Reassign,
     Resync,
     RoundStart,
@@ -71,7 +70,7 @@ class ControlLoop:
             last = opt.last_step
             if last is not None and last.epoch + 1 == opt.epoch:
                 await client.send(last)
-            await client.send(Ready(opt.epoch, opt.state_hash))
+            await peer.state_sync.say_ready()
             await opt.report_progress(force=True)
         elif not peer.state_sync.busy:
             peer.spawn(peer.resync())

@@ -1,0 +1,74 @@
+"""A peer's training loop: micro-batch after micro-batch on the compute thread, the
+heartbeat that tells the backbone it is alive when micro-batches are slow, and the warm-up
+before either."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.governor.throttle import MicroBatchAbandoned
+from engine.project import Precision
+from engine.tasks import RANDOM_STREAM, Task
+from engine.training.precision import LossScaler, autocast
+
+if TYPE_CHECKING:
+    from engine.peer.runner import Peer
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = 5.0  # well inside the backbone's peer timeout (15 s by default)
+
+
+async def training_loop(peer: Peer) -> None:
+    task, opt, precision = peer.task, peer.optimizer, peer.project.precision
+    seed = data_seed(peer)
+    scaler = LossScaler() if precision == "fp16" else None
+    for index in itertools.count():
+        def micro_batch(index: int = index) -> tuple[int, float]:
+            batch = task.batch(seed, index).to(opt.compute_device)
+            with autocast(precision, opt.compute_device):
+                loss_sum = task.loss(opt.compute_model, batch).float() * batch.size
+            if scaler is None:
+                loss_sum.backward()
+            elif not scaler.backward(loss_sum, opt.accumulator.params):
+                raise MicroBatchAbandoned  # it overflowed: no gradient was added
+            return batch.size, float(loss_sum.detach())
+
+        await opt.compute(micro_batch, index)
+
+
+async def heartbeat_loop(peer: Peer) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT / 2)
+        await peer.optimizer.keep_alive(HEARTBEAT)
+
+
+def data_seed(peer: Peer) -> int:
+    """This peer's own order of shards and examples."""
+    opts = peer.options
+    return opts.data_seed if opts.data_seed is not None else int(peer.peer_id[:15], 16)
+
+
+def warm_up(task: Task, model: torch.nn.Module, precision: Precision, seed: int) -> None:
+    """One micro-batch, thrown away, before the peer says it is ready: the first one in a
+    process allocates, builds its kernels and reads its first shard, several times the
+    next ones' time, and the backbone times a peer's pace from its Ready -- a pace timed
+    over it cut honest first claims. Nothing of it stays: gradients, buffers (batch norm's
+    statistics) and the random stream are as they were, and the state is set by the sync."""
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    began = time.perf_counter()
+    batch = task.batch(seed, 0)  # (from its own generator; it may wait on a download)
+    with RANDOM_STREAM, torch.random.fork_rng(devices=[]), autocast(precision, None):
+        loss = task.loss(model, batch).float() * batch.size
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    log.info("warmed up on one micro-batch in %.2f s", time.perf_counter() - began)
