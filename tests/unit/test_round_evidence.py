@@ -17,6 +17,16 @@ from tests.collab.harness import TINY
 from tests.unit.test_tracker import Clock, project
 
 
+def two_ready_peers(clock: Clock, target_batch_size: int) -> Tracker:
+    """A tracker with "me" and "other" joined and ready at epoch 0."""
+    tracker = Tracker(project(target_batch_size=target_batch_size), clock=clock)
+    for peer in ("me", "other"):
+        tracker.join(peer, peer)
+        tracker.handle(peer, SyncRequest())
+        tracker.handle(peer, Ready(0, "h0"))
+    return tracker
+
+
 @pytest.fixture(scope="module")
 def task():
     return create_task("demo-lm", dict(TINY), None)
@@ -29,11 +39,7 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
     report it sends on taking its accumulator must keep its honest claim whole."""
     monkeypatch.setattr(optimizer_module, "MIN_REPORT_GAP", 60.0)  # no report but the first
     clock = Clock()
-    tracker = Tracker(project(target_batch_size=100), clock=clock)
-    for peer in ("me", "other"):
-        tracker.join(peer, peer)
-        tracker.handle(peer, SyncRequest())
-        tracker.handle(peer, Ready(0, "h0"))
+    tracker = two_ready_peers(clock, 100)
     outs = []
 
     async def send(message) -> None:
@@ -90,11 +96,7 @@ async def test_a_peer_reports_every_micro_batch_until_its_first_step(task, monke
     fresh count, not on that pace over a stale one."""
     monkeypatch.setattr(optimizer_module, "MIN_REPORT_GAP", 0.0)
     clock = Clock()
-    tracker = Tracker(project(target_batch_size=40), clock=clock)
-    for peer in ("me", "other"):
-        tracker.join(peer, peer)
-        tracker.handle(peer, SyncRequest())
-        tracker.handle(peer, Ready(0, "h0"))
+    tracker = two_ready_peers(clock, 40)
     progress: list[Progress] = []
 
     async def send(message) -> None:
