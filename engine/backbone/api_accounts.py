@@ -23,7 +23,7 @@ from engine.backbone.http import (
     read_json,
     required_user,
 )
-from engine.backbone.store import Secret, User, UsernameTaken
+from engine.backbone.store.accounts import Secret, User, UsernameTaken
 from engine.wire.codec import Codec
 from engine.wire.rest import (
     LoginReply,
@@ -55,11 +55,11 @@ async def register(request: web.Request) -> web.Response:
             headers={"Retry-After": str(int(wait) + 1)})
     salt, digest = await backbone.password_work.run(group, hash_password, body.password)
     try:
-        user = backbone.store.create_user(body.username, salt, digest, PASSWORD_HASH.text)
+        user = backbone.store.accounts.create_user(body.username, salt, digest, PASSWORD_HASH.text)
     except UsernameTaken:
         raise web.HTTPConflict(text=f"the username {body.username!r} is taken") from None
     token, stored = new_token()
-    backbone.store.add_token(user, stored, _client(request))
+    backbone.store.accounts.add_token(user, stored, _client(request))
     log.info("account %s created", user.username)
     return json_reply(LoginReply(user.username, token), status=201)
 
@@ -73,7 +73,7 @@ async def login(request: web.Request) -> web.Response:
     wait = backbone.logins.begin(account, group)
     if wait:
         raise _too_many_logins(wait)
-    found = backbone.store.user_secret(body.username)
+    found = backbone.store.accounts.user_secret(body.username)
     secret = found or _NOBODY
     params = Scrypt.parse(secret.kdf)
     ok = await backbone.password_work.run(group, password_matches, body.password, secret.salt,
@@ -83,7 +83,7 @@ async def login(request: web.Request) -> web.Response:
         # anew when it is wrong, too, so that an old account answers no sooner than others.
         salt, digest = await backbone.password_work.run(group, hash_password, body.password)
         if ok and found is not None:
-            backbone.store.set_password(found.user.id, salt, digest, PASSWORD_HASH.text)
+            backbone.store.accounts.set_password(found.user.id, salt, digest, PASSWORD_HASH.text)
             log.info("password of %s hashed anew with %s (was %s)", found.user.username,
                      PASSWORD_HASH.text, found.kdf)
     if not ok or found is None:
@@ -92,7 +92,7 @@ async def login(request: web.Request) -> web.Response:
     if wait:
         raise _too_many_logins(wait)
     token, stored = new_token()
-    backbone.store.add_token(found.user, stored, _client(request))
+    backbone.store.accounts.add_token(found.user, stored, _client(request))
     return json_reply(LoginReply(found.user.username, token))
 
 
@@ -103,7 +103,7 @@ def _too_many_logins(wait: float) -> web.HTTPTooManyRequests:
 
 async def logout(request: web.Request) -> web.Response:
     required_user(request)
-    backbone_of(request).store.revoke_token(token_digest(bearer_token(request) or ""))
+    backbone_of(request).store.accounts.revoke_token(token_digest(bearer_token(request) or ""))
     return json_reply(Revoked(True))
 
 
@@ -111,14 +111,14 @@ async def list_sessions(request: web.Request) -> web.Response:
     """Where I am logged in: each token's client, when it was made and last used."""
     user = required_user(request)
     current = token_digest(bearer_token(request) or "")
-    return json_reply(SessionList(backbone_of(request).store.tokens(user.id, current)))
+    return json_reply(SessionList(backbone_of(request).store.accounts.tokens(user.id, current)))
 
 
 async def revoke_session(request: web.Request) -> web.Response:
     """Log one of my sessions out (a lost laptop): its token stops working at once."""
     user = required_user(request)
     text = request.match_info["session"]
-    if not text.isdigit() or not backbone_of(request).store.revoke_token_id(user.id, int(text)):
+    if not text.isdigit() or not backbone_of(request).store.accounts.revoke_token_id(user.id, int(text)):
         raise web.HTTPNotFound(text=f"you have no session {text}")
     return json_reply(Revoked(True))
 
@@ -133,10 +133,10 @@ async def me(request: web.Request) -> web.Response:
     user = required_user(request)
     backbone = backbone_of(request)
     projects: list[ProjectTotals] = []
-    for totals in backbone.store.user_totals(user.id):
-        totals.rank = backbone.store.rank(totals.project, user.id)
-        totals.aggregated_rank = backbone.store.rank(totals.project, user.id, Ranking.AGGREGATED)
+    for totals in backbone.store.credit.user_totals(user.id):
+        totals.rank = backbone.store.credit.rank(totals.project, user.id)
+        totals.aggregated_rank = backbone.store.credit.rank(totals.project, user.id, Ranking.AGGREGATED)
         totals.online = user.id in backbone.online_users(totals.project)
         projects.append(totals)
     since = time.time() - TIMELINE_DAYS * 86400
-    return json_reply(Me(user.username, projects, backbone.store.timeline(user.id, since)))
+    return json_reply(Me(user.username, projects, backbone.store.credit.timeline(user.id, since)))

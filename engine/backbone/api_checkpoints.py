@@ -17,7 +17,7 @@ from engine.backbone.http import (
     json_reply,
     project_of,
 )
-from engine.backbone.store import checkpoint_url
+from engine.backbone.store.checkpoints import checkpoint_url
 from engine.wire.control import CheckpointInfo
 from engine.wire.rest import CONTENT_SHA256_HEADER, PEER_ID_HEADER, STATE_SHA256_HEADER, CheckpointList
 
@@ -33,7 +33,7 @@ def _epoch(request: web.Request) -> int:
 
 async def list_checkpoints(request: web.Request) -> web.Response:
     spec = project_of(request)
-    saved = backbone_of(request).store.checkpoints(spec.id)
+    saved = backbone_of(request).store.checkpoints.listed(spec.id)
     return json_reply(CheckpointList(saved))
 
 
@@ -49,7 +49,7 @@ async def get_checkpoint(request: web.Request) -> web.StreamResponse:
     if wait:
         return json_error(429, f"too many checkpoint downloads; try again in {wait:.0f} s",
                           {"Retry-After": str(int(wait) + 1)})
-    for info in backbone.store.checkpoints(spec.id):
+    for info in backbone.store.checkpoints.listed(spec.id):
         if info.epoch == epoch:
             return web.FileResponse(backbone.files.path(spec.id, epoch),
                                     headers={CONTENT_SHA256_HEADER: info.sha256})
@@ -69,7 +69,7 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     if not SHA256.match(sha) or not SHA256.match(state_sha):
         raise web.HTTPBadRequest(text=f"{CONTENT_SHA256_HEADER} and {STATE_SHA256_HEADER} must be sha256 "
                                       "hex digests")
-    if backbone.store.epoch_state(spec.id, epoch) != state_sha:
+    if backbone.store.rounds.epoch_state(spec.id, epoch) != state_sha:
         raise web.HTTPConflict(text="state hash is not the collaboration's at that epoch")
     limit = backbone.config.max_checkpoint_bytes
     if request.content_length is not None and request.content_length > limit:

@@ -21,7 +21,7 @@ from engine.backbone.http import (
 )
 from engine.backbone.ice import ice_servers_for
 from engine.backbone.sessions import PeerSession
-from engine.backbone.store import User
+from engine.backbone.store.accounts import User
 from engine.backbone.tracker import Identity
 from engine.project import ProjectSpec
 from engine.wire import WIRE_VERSION, ProtocolError
@@ -80,7 +80,8 @@ async def join(request: web.Request) -> web.Response:
         raise _too_many(throttle.joins.wait(address), "too many peers joined from your address")
     peer_id, token = secrets.token_hex(8), secrets.token_urlsafe(32)
     name = body.name or f"peer-{peer_id[:6]}"
-    backbone.store.add_peer(peer_id, spec.id, name, token_digest(token), user.id if user else None, body.role)
+    backbone.store.peers.add(peer_id, spec.id, name, token_digest(token), user.id if user else None,
+                             body.role)
     kind = "auxiliary peer" if body.role is PeerRole.AUXILIARY else "peer"
     log.info("%s: %s %s (%s) joined%s", spec.id, kind, peer_id, name, f" for {user.username}" if user else "")
     return json_reply(
@@ -126,7 +127,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
     tracker = backbone.trackers[spec.id]
     session = PeerSession(peer_id, spec.id, name, owner, ws, address)
     backbone.sessions[peer_id] = session
-    backbone.store.peer_connected(peer_id)
+    backbone.store.peers.connected(peer_id)
     backbone.send_ice_servers(session)  # the join reply's may have expired (a reconnect)
     backbone.execute(spec.id, tracker.join(peer_id, name, known.role, Identity(owner, address)))
     try:
@@ -144,7 +145,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
         del backbone.sessions[peer_id]
         throttle.forget(peer_id)
         await session.close()
-        backbone.store.peer_left(peer_id)
+        backbone.store.peers.left(peer_id)
         backbone.execute(spec.id, tracker.leave(peer_id))
         log.info("%s: peer %s left", spec.id, peer_id)
     return ws
@@ -181,7 +182,7 @@ def _on_peer_message(backbone, session: PeerSession, text: str) -> str | None:
 
 async def curve(request: web.Request) -> web.Response:
     spec = project_of(request)
-    return json_reply(Curve(spec.id, backbone_of(request).store.curve(spec.id)))
+    return json_reply(Curve(spec.id, backbone_of(request).store.curve.points(spec.id)))
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ async def leaderboard(request: web.Request) -> web.Response:
     spec = project_of(request)
     backbone = backbone_of(request)
     limit, offset, by = LIMIT.read(request), OFFSET.read(request), BY.read(request)
-    (samples_total, bytes_total), rows = backbone.store.leaderboard(spec.id, limit, offset, by)
+    (samples_total, bytes_total), rows = backbone.store.credit.leaderboard(spec.id, limit, offset, by)
     online = backbone.online_users(spec.id)
     counted, total = (5, bytes_total) if by is Ranking.AGGREGATED else (2, samples_total)
     entries = [

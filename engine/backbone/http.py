@@ -13,7 +13,8 @@ from aiohttp import web
 
 from engine.backbone.accounts import token_digest
 from engine.backbone.addresses import address_group, plain_address
-from engine.backbone.store import KnownPeer, User
+from engine.backbone.store.accounts import User
+from engine.backbone.store.peers import KnownPeer
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import Codec, encode
@@ -97,7 +98,7 @@ def optional_user(request: web.Request) -> User | None:
     token = bearer_token(request)
     if token is None:
         return None
-    user = backbone_of(request).store.user_for_token(token_digest(token))
+    user = backbone_of(request).store.accounts.user_for_token(token_digest(token))
     if user is None:
         raise web.HTTPUnauthorized(text="this token is not valid (expired, revoked or unknown): log in again",
                                    headers={"WWW-Authenticate": "Bearer"})
@@ -140,7 +141,7 @@ def client_group(request: web.Request) -> str:
 def authenticate_peer(request: web.Request, spec: ProjectSpec, peer_id: str) -> KnownPeer:
     """A peer proves itself with the token it got at join."""
     token = request.headers.get(PEER_TOKEN_HEADER, "")
-    known = backbone_of(request).store.peer(peer_id, spec.id)
+    known = backbone_of(request).store.peers.known(peer_id, spec.id)
     if not token or known is None or not hmac.compare_digest(known.token_sha256, token_digest(token)):
         raise web.HTTPUnauthorized(text="unknown peer or wrong peer token")
     return known

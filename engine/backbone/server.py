@@ -24,7 +24,7 @@ from engine.backbone.ice import IceConfig, ice_servers_for
 from engine.backbone.logins import LoginLimits
 from engine.backbone.rate_limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
-from engine.backbone.store import Store
+from engine.backbone.store.repositories import Store
 from engine.backbone.tracker import (
     Broadcast,
     CollaborationState,
@@ -79,7 +79,7 @@ class Backbone:
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         config.data_dir.chmod(0o700)
         self.store = Store(config.data_dir / "backbone.sqlite3")
-        self.store.close_stale_sessions()
+        self.store.peers.close_stale_sessions()
         self._prune_peers()
         self.files = CheckpointFiles(config.data_dir / "checkpoints")
         self.files.tidy()
@@ -89,7 +89,7 @@ class Backbone:
         # Rounds that opened but were never recorded (the backbone died mid-round) used ids
         # past the last recorded one, and peers ignore frames of rounds they have seen: so
         # continue from the clock, never from a number a previous run may have handed out.
-        self._last_round = max(self.store.last_round_id(), int(time.time() * 1000))
+        self._last_round = max(self.store.rounds.last_round_id(), int(time.time() * 1000))
         for spec in projects if projects is not None else load_catalog(config.catalog):
             self.add_project(spec)
         for folder in load_project_folders(config.projects_dir) if config.projects_dir else []:
@@ -114,12 +114,12 @@ class Backbone:
             raise ValueError(f"two projects have the id {spec.id!r}")
         if self.store.migrated_hashes:
             self._rehash_checkpoints(spec.id)
-        epoch, digest = self.store.collaboration(spec.id)
-        saved = self.store.checkpoints(spec.id)
+        epoch, digest = self.store.rounds.collaboration(spec.id)
+        saved = self.store.checkpoints.listed(spec.id)
         self.trackers[spec.id] = Tracker(
             spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
             peer_timeout=self.config.peer_timeout, last_round_id=self._last_round,
-            unsettled=self.store.unsettled_round(spec.id), recovery=self.config.recovery,
+            unsettled=self.store.rounds.unsettled_round(spec.id), recovery=self.config.recovery,
             equal_shares=self.config.equal_shares,
         )
         if folder is not None:
@@ -143,15 +143,15 @@ class Backbone:
         """After an upgrade from parameter hashes to state hashes: the stored checkpoints'
         hashes are computed from their files, and the collaboration continues from the
         latest one's if it holds the current epoch (else peers' majority settles it)."""
-        epoch, _ = self.store.collaboration(project)
-        for info in self.store.checkpoints(project):
+        epoch, _ = self.store.rounds.collaboration(project)
+        for info in self.store.checkpoints.listed(project):
             digest = self.files.state_sha256(project, info.epoch)
             if digest is None:
-                self.store.remove_checkpoint(project, info.epoch)
+                self.store.checkpoints.remove(project, info.epoch)
                 continue
-            self.store.update_checkpoint_hash(project, info.epoch, digest)
+            self.store.checkpoints.update_hash(project, info.epoch, digest)
             if info.epoch == epoch:
-                self.store.set_collaboration(project, epoch, digest)
+                self.store.rounds.set_collaboration(project, epoch, digest)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_as_json])
@@ -193,7 +193,7 @@ class Backbone:
         self.store.close()
 
     def _prune_peers(self) -> None:
-        pruned = self.store.prune_peers()
+        pruned = self.store.peers.prune()
         if pruned:
             log.info("forgot %d peers that never connected or left long ago", pruned)
 
@@ -217,7 +217,7 @@ class Backbone:
             if loop.time() >= next_seen:
                 # Online time survives a crash up to the last time peers were seen.
                 next_seen = loop.time() + SEEN_INTERVAL
-                self.store.peers_seen(list(self.sessions))
+                self.store.peers.seen(list(self.sessions))
                 self.renew_ice_credentials(time.time())
             if loop.time() >= next_prune:
                 next_prune = loop.time() + PRUNE_INTERVAL
@@ -250,20 +250,20 @@ class Backbone:
                     if session.project == project:
                         session.send(text)
             elif isinstance(out, RecordStep):
-                self.store.record_step(project, out.step)
+                self.store.rounds.record_step(project, out.step)
             elif isinstance(out, RecordHeldOut):
-                self.store.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
+                self.store.curve.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
             elif isinstance(out, RecordCredits):
                 owners = self._owners(project, out.credits)
-                self.store.record_credits(project, out.round_id, out.credits, owners)
+                self.store.credit.record_credits(project, out.round_id, out.credits, owners)
             elif isinstance(out, WithdrawCredits):
-                samples = self.store.withdraw_credits(project, out.peer_id, out.round_ids, out.why)
+                samples = self.store.credit.withdraw_credits(project, out.peer_id, out.round_ids, out.why)
                 log.warning("%s: withdrew the %d samples credited to %s in %d rounds: %s", project, samples,
                             out.peer_id, len(out.round_ids), out.why)
             elif isinstance(out, RoundOpened):
-                self.store.round_opened(project, out)
+                self.store.rounds.round_opened(project, out)
             elif isinstance(out, CollaborationState):
-                self.store.set_collaboration(project, out.epoch, out.state_sha256)
+                self.store.rounds.set_collaboration(project, out.epoch, out.state_sha256)
 
     def _owners(self, project: str, peers) -> dict[str, int | None]:
         owners = {}
@@ -272,7 +272,7 @@ class Backbone:
             if session is not None:
                 owners[peer_id] = session.user_id
             else:  # left since the round began; its work still counts
-                known = self.store.peer(peer_id, project)
+                known = self.store.peers.known(peer_id, project)
                 owners[peer_id] = known.user_id if known else None
         return owners
 
@@ -281,11 +281,11 @@ class Backbone:
                 if s.project == project and s.user_id is not None}
 
     async def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> None:
-        self.store.add_checkpoint(project, info)
+        self.store.checkpoints.add(project, info)
         self.trackers[project].checkpoint_stored(peer_id, info)
         keep = self.projects[project].keep_checkpoints
-        for old in self.store.checkpoints(project)[keep:]:
-            self.store.remove_checkpoint(project, old.epoch)
+        for old in self.store.checkpoints.listed(project)[keep:]:
+            self.store.checkpoints.remove(project, old.epoch)
             await self.files.remove(self.files.path(project, old.epoch))
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 

@@ -289,7 +289,7 @@ async def _start_auxiliary(url: str, token: str):
 
 def _aggregated(bb: ThreadedBackbone) -> int:
     async def total() -> int:
-        return bb.backbone.store.leaderboard("tiny-lm", 1, 0)[0][1]
+        return bb.backbone.store.credit.leaderboard("tiny-lm", 1, 0)[0][1]
 
     return bb.call(total())
 
@@ -298,16 +298,18 @@ def _withdraw(bb: ThreadedBackbone, username: str) -> int:
     """Take back every credit of ``username``'s peers, as the backbone does for a caught liar."""
     async def withdraw() -> int:
         store = bb.backbone.store
-        rows = store.db.execute("SELECT c.peer_id, c.round_id FROM contributions c JOIN users u ON "
-                                "u.id = c.user_id WHERE u.username=?", (username,)).fetchall()
-        return sum(store.withdraw_credits("tiny-lm", peer, [round_id], "a test") for peer, round_id in rows)
+        rows = store.database.connection.execute(
+            "SELECT c.peer_id, c.round_id FROM contributions c JOIN users u ON u.id = c.user_id "
+            "WHERE u.username=?", (username,)).fetchall()
+        return sum(store.credit.withdraw_credits("tiny-lm", peer, [round_id], "a test")
+                   for peer, round_id in rows)
 
     return bb.call(withdraw())
 
 
 def _credited(bb: ThreadedBackbone) -> set[str]:
     async def names() -> set[str]:
-        return set(bb.backbone.store.credited_by_user("tiny-lm"))
+        return set(bb.backbone.store.credit.credited_by_user("tiny-lm"))
 
     return bb.call(names())
 

@@ -9,7 +9,7 @@ import pytest
 
 from engine.backbone.accounts import token_digest
 from engine.backbone.rate_limits import LimitsConfig
-from engine.backbone.store import TOKEN_IDLE
+from engine.backbone.store.accounts import TOKEN_IDLE
 from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 
@@ -103,7 +103,7 @@ async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_
     password = "a fairly unusual passphrase"
     _, made = await create(backbone, "dora", password, status=201)
     _, again = await log_in(backbone, "dora", password, status=200)
-    backbone.store.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    backbone.store.database.connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
     stored = b"".join(f.read_bytes() for f in tmp_path.glob("backbone.sqlite3*"))
     assert b"dora" in stored  # the file is the right one
     for secret in (password, made["token"], again["token"]):
@@ -113,7 +113,7 @@ async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_
 async def test_a_log_in_unused_for_ninety_days_expires_and_each_use_extends_it(backbone):
     _, made = await create(backbone, "erin", "pass-word-1", status=201)
     _, kept = await log_in(backbone, "erin", "pass-word-1", status=200)
-    db = backbone.store.db
+    db = backbone.store.database.connection
     db.execute("UPDATE tokens SET last_used = last_used - ? WHERE token_sha256 = ?",
                (TOKEN_IDLE + 60, token_digest(made["token"])))
     db.execute("UPDATE tokens SET last_used = last_used - ? WHERE token_sha256 = ?",

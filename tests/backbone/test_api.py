@@ -140,7 +140,7 @@ async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):
                         headers=headers) as resp:
         assert resp.status == 409
         assert "was requested from you" in (await resp.json())["error"]
-    assert backbone.store.checkpoints("tiny-lm") == []
+    assert backbone.store.checkpoints.listed("tiny-lm") == []
 
 
 async def test_link_probes_are_for_peers_bounded_and_few(collaboration):

@@ -171,7 +171,7 @@ def bench_peers(peers: int, processes: int, warmup: float, duration: float) -> N
 # --- leaderboard -------------------------------------------------------------------------
 
 def _fill_ledger(db_path: Path, users: int) -> None:
-    from engine.backbone.store import Store
+    from engine.backbone.store.repositories import Store
 
     Store(db_path).close()
     rng = random.Random(1)

@@ -107,7 +107,7 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
                 assert await p.finish(timeout=120) == "reached epoch 4"
         finally:
             await stop_all(*peers)
-        saved = backbone.store.checkpoints(project.id)
+        saved = backbone.store.checkpoints.listed(project.id)
         assert [info.epoch for info in saved] == [4, 3]  # one per epoch, the last two kept
         on_disk = sorted(p.name for p in backbone.files.path(project.id, 0).parent.iterdir())
         assert on_disk == [backbone.files.path(project.id, e).name for e in (3, 4)]

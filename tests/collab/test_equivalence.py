@@ -95,8 +95,8 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
                 assert await p.finish(timeout=120) == f"reached epoch {epochs}"
         finally:
             await stop_all(*peers)
-        curve = backbone.store.curve(project.id)
-        recorded = {e: backbone.store.epoch_state(project.id, e) for e in range(1, epochs + 1)}
+        curve = backbone.store.curve.points(project.id)
+        recorded = {e: backbone.store.rounds.epoch_state(project.id, e) for e in range(1, epochs + 1)}
 
     # Identity: after every epoch, every peer that took part holds the same parameters.
     by_epoch = {}

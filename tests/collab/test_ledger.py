@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def peer_names(store) -> dict[str, str]:
-    return dict(store.db.execute("SELECT peer_id, name FROM peers").fetchall())
+    return dict(store.database.connection.execute("SELECT peer_id, name FROM peers").fetchall())
 
 
 async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplog):
@@ -39,9 +39,9 @@ async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplo
             await terminate(*peers.values())
         together = time.time() - all_in
         store = backbone.store
-        steps = store.steps(project.id)
-        by_user = store.credited_by_user(project.id)
-        by_peer = store.credited_by_peer(project.id)
+        steps = store.rounds.steps(project.id)
+        by_user = store.credit.credited_by_user(project.id)
+        by_peer = store.credit.credited_by_peer(project.id)
         board = await get_json(f"{backbone.url}/api/projects/{project.id}/leaderboard?limit=10")
         curve = await get_json(f"{backbone.url}/api/projects/{project.id}/curve")
         mine = {user: await get_json(f"{backbone.url}/api/me", token) for user, token in tokens.items()}
@@ -99,7 +99,7 @@ async def test_a_peer_claiming_more_samples_than_it_computed_is_cut_to_its_cap_o
             await honest.reached(8, timeout=90)
         finally:
             await stop_all(honest, cheat)
-        credit = {(r, p): n for r, p, n in backbone.store.db.execute(
+        credit = {(r, p): n for r, p, n in backbone.store.database.connection.execute(
             "SELECT round_id, peer_id, samples FROM contributions")}
     for r in honest.history:
         assert credit[r.step.round_id, honest.peer.peer_id] == r.my_samples

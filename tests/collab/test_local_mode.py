@@ -36,13 +36,14 @@ async def test_a_killed_peer_and_a_late_joiner_leave_every_outer_step_agreed(tmp
                 await peers[name].reached(final, timeout=60)
         finally:
             await terminate(*peers.values())
-        steps = {s.epoch: s for s in backbone.store.steps(project.id)}
-        checkpoints = backbone.store.checkpoints(project.id)
-        credited = backbone.store.credited_by_peer(project.id)
-        by_round = dict(backbone.store.db.execute(
+        steps = {s.epoch: s for s in backbone.store.rounds.steps(project.id)}
+        checkpoints = backbone.store.checkpoints.listed(project.id)
+        credited = backbone.store.credit.credited_by_peer(project.id)
+        by_round = dict(backbone.store.database.connection.execute(
             "SELECT round_id, SUM(samples) FROM contributions WHERE project=? GROUP BY round_id",
             (project.id,)))
-        dead = backbone.store.db.execute("SELECT peer_id FROM peers WHERE name='p0'").fetchone()[0]
+        db = backbone.store.database.connection
+        dead = db.execute("SELECT peer_id FROM peers WHERE name='p0'").fetchone()[0]
         curve = await get_json(f"{backbone.url}/api/projects/{project.id}/curve")
 
     # One state per outer step, on every peer that took it, and it is the settled one.

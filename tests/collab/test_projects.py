@@ -47,7 +47,7 @@ async def test_three_peers_train_albert_mini_with_one_state_at_every_step(tmp_pa
                 await p.reached(epochs, timeout=300)
         finally:
             await terminate(*peers)
-        recorded = {e: backbone.store.epoch_state("albert-mini", e) for e in range(1, epochs + 1)}
+        recorded = {e: backbone.store.rounds.epoch_state("albert-mini", e) for e in range(1, epochs + 1)}
     hashes: dict[int, set[str]] = {}
     for p in peers:
         for line in p.epochs:
@@ -75,7 +75,7 @@ async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_p
                 assert await p.finish(timeout=300) == f"reached epoch {epochs}"
         finally:
             await stop_all(*peers)
-        curve = backbone.store.curve("digits")
+        curve = backbone.store.curve.points("digits")
     hashes: dict[int, set[str]] = {}
     for p in peers:
         for r in p.history:

@@ -4,8 +4,9 @@ import sqlite3
 
 import pytest
 
-from engine.backbone import store as store_module
-from engine.backbone.store import SCHEMA_VERSION, Store
+from engine.backbone.store import database as store_module
+from engine.backbone.store.database import SCHEMA_VERSION
+from engine.backbone.store.repositories import Store
 
 SCHEMA_5 = (("contributions", "withdrawn_at"), ("contributions", "withdrawn_why"),
             ("user_totals", "withdrawn_samples"), ("user_totals", "withdrawn_bytes"))
@@ -48,10 +49,10 @@ def test_a_schema_2_ledger_keeps_its_totals_and_gains_auxiliary_credit(tmp_path)
 
     path = tmp_path / "backbone.sqlite3"
     store = Store(path)
-    alice = store.create_user("alice", b"s", b"h")
-    store.set_collaboration("p", 3, None)
-    store.add_peer("old", "p", "old", "t" * 64, alice.id)
-    store.record_credits("p", 1, {"old": Credit(120, 4.0)}, {"old": alice.id})
+    alice = store.accounts.create_user("alice", b"s", b"h")
+    store.rounds.set_collaboration("p", 3, None)
+    store.peers.add("old", "p", "old", "t" * 64, alice.id)
+    store.credit.record_credits("p", 1, {"old": Credit(120, 4.0)}, {"old": alice.id})
     store.close()
     with sqlite3.connect(path) as db:  # back to how schema 2 left the file
         db.execute("DROP INDEX leaderboard_aggregated")
@@ -62,18 +63,18 @@ def test_a_schema_2_ledger_keeps_its_totals_and_gains_auxiliary_credit(tmp_path)
         db.execute("UPDATE meta SET value='2' WHERE key='schema'")
 
     store = Store(path)
-    assert store.peer("old", "p").role is PeerRole.TRAINER
-    bob = store.create_user("bob", b"s", b"h")
-    store.add_peer("helper", "p", "helper", "t" * 64, bob.id, PeerRole.AUXILIARY)
-    store.record_credits("p", 2, {"helper": Credit(0, 0.0, 5_000_000)}, {"helper": bob.id})
-    (totals, aggregated), rows = store.leaderboard("p", 10, 0)
+    assert store.peers.known("old", "p").role is PeerRole.TRAINER
+    bob = store.accounts.create_user("bob", b"s", b"h")
+    store.peers.add("helper", "p", "helper", "t" * 64, bob.id, PeerRole.AUXILIARY)
+    store.credit.record_credits("p", 2, {"helper": Credit(0, 0.0, 5_000_000)}, {"helper": bob.id})
+    (totals, aggregated), rows = store.credit.leaderboard("p", 10, 0)
     assert (totals, aggregated) == (120, 5_000_000)
     assert [(r[0], r[2], r[5]) for r in rows] == [("alice", 120, 0), ("bob", 0, 5_000_000)]
-    _, by_bytes = store.leaderboard("p", 10, 0, Ranking.AGGREGATED)
+    _, by_bytes = store.credit.leaderboard("p", 10, 0, Ranking.AGGREGATED)
     assert [r[0] for r in by_bytes] == ["bob"]  # only who aggregated anything
-    assert store.rank("p", bob.id, Ranking.AGGREGATED) == 1
-    assert store.rank("p", alice.id, Ranking.AGGREGATED) is None
-    assert store.peer("helper", "p").role is PeerRole.AUXILIARY
+    assert store.credit.rank("p", bob.id, Ranking.AGGREGATED) == 1
+    assert store.credit.rank("p", alice.id, Ranking.AGGREGATED) is None
+    assert store.peers.known("helper", "p").role is PeerRole.AUXILIARY
     assert schema_of(path)[0] == SCHEMA_VERSION
     store.close()
 
@@ -93,13 +94,13 @@ def test_a_schema_3_file_marks_its_password_hashes_as_made_with_the_old_paramete
                    (salt, digest))
         db.execute("UPDATE meta SET value='3' WHERE key='schema'")
     store = Store(path)
-    old = store.user_secret("old")
+    old = store.accounts.user_secret("old")
     assert old is not None and old.kdf == LEGACY_HASH.text
     assert password_matches("old password", old.salt, old.password_hash, LEGACY_HASH)
     salt, digest = hash_password("old password")
-    store.set_password(old.user.id, salt, digest, PASSWORD_HASH.text)
-    store.create_user("new", b"s", b"h")
-    assert {name: store.user_secret(name).kdf for name in ("old", "new")} == \
+    store.accounts.set_password(old.user.id, salt, digest, PASSWORD_HASH.text)
+    store.accounts.create_user("new", b"s", b"h")
+    assert {name: store.accounts.user_secret(name).kdf for name in ("old", "new")} == \
         {"old": PASSWORD_HASH.text, "new": PASSWORD_HASH.text}
     assert schema_of(path)[0] == SCHEMA_VERSION
     store.close()
@@ -109,27 +110,27 @@ def test_peers_that_never_connected_or_left_long_ago_are_forgotten_and_their_cre
     """Joins are cheap: their rows must not stay for ever. A peer still connected, one that
     joined a moment ago or left today is kept; credit and online time do not need the rows."""
     from engine.backbone.ledger import Credit
-    from engine.backbone.store import LEFT_KEPT, NEVER_CONNECTED_KEPT
+    from engine.backbone.store.peers import LEFT_KEPT, NEVER_CONNECTED_KEPT
 
     store = Store(tmp_path / "backbone.sqlite3")
-    alice = store.create_user("alice", b"s", b"h")
-    store.set_collaboration("p", 0, None)
+    alice = store.accounts.create_user("alice", b"s", b"h")
+    store.rounds.set_collaboration("p", 0, None)
     for peer in ("stale-join", "fresh-join", "connected", "left-today", "left-long-ago"):
-        store.add_peer(peer, "p", peer, "t" * 64, alice.id)
+        store.peers.add(peer, "p", peer, "t" * 64, alice.id)
     now = 10 * LEFT_KEPT
-    store.db.execute("UPDATE peers SET joined_at=?", (now - 2 * LEFT_KEPT,))
-    store.db.execute("UPDATE peers SET joined_at=? WHERE peer_id='fresh-join'",
+    store.database.connection.execute("UPDATE peers SET joined_at=?", (now - 2 * LEFT_KEPT,))
+    store.database.connection.execute("UPDATE peers SET joined_at=? WHERE peer_id='fresh-join'",
                      (now - NEVER_CONNECTED_KEPT / 2,))
     for peer in ("connected", "left-today", "left-long-ago"):
-        store.peer_connected(peer, at=now - 2 * LEFT_KEPT)
-    store.peer_left("left-today", at=now - LEFT_KEPT / 2)
-    store.peer_left("left-long-ago", at=now - LEFT_KEPT - 1)
-    store.record_credits("p", 1, {"left-long-ago": Credit(120, 4.0)}, {"left-long-ago": alice.id})
+        store.peers.connected(peer, at=now - 2 * LEFT_KEPT)
+    store.peers.left("left-today", at=now - LEFT_KEPT / 2)
+    store.peers.left("left-long-ago", at=now - LEFT_KEPT - 1)
+    store.credit.record_credits("p", 1, {"left-long-ago": Credit(120, 4.0)}, {"left-long-ago": alice.id})
 
-    assert store.prune_peers(now) == 2
-    kept = {row[0] for row in store.db.execute("SELECT peer_id FROM peers")}
+    assert store.peers.prune(now) == 2
+    kept = {row[0] for row in store.database.connection.execute("SELECT peer_id FROM peers")}
     assert kept == {"fresh-join", "connected", "left-today"}
-    assert store.credited_by_peer("p") == {"left-long-ago": 120}
-    assert store.credited_by_user("p") == {"alice": 120}
-    assert store.user_totals(alice.id)[0].online_seconds > 0
+    assert store.credit.credited_by_peer("p") == {"left-long-ago": 120}
+    assert store.credit.credited_by_user("p") == {"alice": 120}
+    assert store.credit.user_totals(alice.id)[0].online_seconds > 0
     store.close()

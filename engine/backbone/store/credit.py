@@ -1,4 +1,4 @@
-"""The contribution ledger's tables (part of the Store): each member's credit for each
+"""The contribution ledger's records: each member's credit for each
 settled round, the users' totals behind the leaderboard, and credit withdrawn.
 
 A round's credits and the users' totals change in one transaction, keyed by (project,
@@ -11,20 +11,14 @@ back, and a withdrawal replayed changes nothing.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 from engine.backbone.ledger import Credit
+from engine.backbone.store.database import Repository
 from engine.wire.rest import HourTotals, ProjectTotals, Ranking
 
 
-class LedgerTables:
-    db: sqlite3.Connection
-
-    def _transaction(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
+class CreditRecords(Repository):
     def record_credits(self, project: str, round_id: int, credits: dict[str, Credit],
                        owners: dict[str, int | None]) -> None:
         """Every member's credit for a settled round and their users' totals, atomically."""

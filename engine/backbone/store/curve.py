@@ -1,29 +1,21 @@
-"""The learning curve's tables (part of the Store): the loss of each settled step, and the
-held-out metric of the states peers scored."""
+"""The learning curve: the loss of each settled step, and the held-out metric of the
+states peers scored."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
+from engine.backbone.store.database import Repository
 from engine.wire.rest import CurvePoint
 
-CURVE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS heldout (
-    project TEXT NOT NULL, epoch INTEGER NOT NULL, loss REAL NOT NULL, accuracy REAL,
-    scores INTEGER NOT NULL, scored_at REAL NOT NULL, PRIMARY KEY (project, epoch));
-"""
 
-
-class CurveTables:
-    db: sqlite3.Connection
-
+class CurveRecords(Repository):
     def record_heldout(self, project: str, epoch: int, loss: float, accuracy: float | None,
                        scores: int) -> None:
         self.db.execute("INSERT OR REPLACE INTO heldout VALUES (?, ?, ?, ?, ?, ?)",
                         (project, epoch, loss, accuracy, scores, time.time()))
 
-    def curve(self, project: str) -> list[CurvePoint]:
+    def points(self, project: str) -> list[CurvePoint]:
         """Loss per epoch (the latest step of each epoch, after any rewind), with the held-out
         metric where peers scored that epoch's state."""
         rows = self.db.execute(

@@ -1,0 +1,1 @@
+"""The backbone's durable state: repositories.py opens it."""

@@ -1,0 +1,34 @@
+"""The backbone's store: one database, and a repository per domain over it. Each
+repository is a small interface of its own (accounts, rounds, credit, curve, checkpoints,
+peers), so another database can stand behind them one at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.backbone.store.accounts import AccountRecords
+from engine.backbone.store.checkpoints import CheckpointRecords
+from engine.backbone.store.credit import CreditRecords
+from engine.backbone.store.curve import CurveRecords
+from engine.backbone.store.database import Database
+from engine.backbone.store.peers import PeerRecords
+from engine.backbone.store.rounds import RoundRecords
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.database = Database(path)
+        self.accounts = AccountRecords(self.database)
+        self.rounds = RoundRecords(self.database)
+        self.credit = CreditRecords(self.database)
+        self.curve = CurveRecords(self.database)
+        self.checkpoints = CheckpointRecords(self.database)
+        self.peers = PeerRecords(self.database)
+
+    @property
+    def migrated_hashes(self) -> bool:
+        """Stored checkpoints' hashes are to be computed anew (written before schema 2)."""
+        return self.database.migrated_hashes
+
+    def close(self) -> None:
+        self.database.close()
