@@ -342,8 +342,9 @@ async def _peer(args: argparse.Namespace) -> int:
     from engine.governor.throttle import lower_priority
     from engine.peer.auxiliary import AuxiliaryPeer
     from engine.peer.client import BackboneError
+    from engine.peer.options import PeerOptions
     from engine.peer.report import ConsoleReporter
-    from engine.peer.runner import Peer, PeerOptions
+    from engine.peer.runner import Peer
 
     if args.discover:
         found = await _discover(args.project)

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from engine.averaging.allreduce import AveragingError, RoundChanges, RoundPlan, aggregate_parts, round_key
+from engine.averaging.allreduce import aggregate_parts, round_key
+from engine.averaging.errors import AveragingError
+from engine.averaging.round_plan import RoundChanges, RoundPlan
 from engine.peer.backbone_loop import ControlLoop
 from engine.peer.events import Aggregated, Joined, RoundFailed, StatusChanged
 from engine.peer.runner import Peer

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
-from engine.peer.client import BackboneError
-from engine.peer.events import Connection, StatusChanged
+from engine.peer.checking import Audits
+from engine.peer.client import BackboneError, ControlClient
+from engine.peer.events import Connection, PeerEvent, StatusChanged
+from engine.peer.options import PeerOptions
+from engine.peer.progress import ProgressReporter
+from engine.peer.round_pipeline import RoundPipeline
+from engine.peer.rounds import Rounds
+from engine.peer.state_sync import StateSync
 from engine.problems import retrying, where
+from engine.training.optimizer import CollaborativeOptimizer
+from engine.transport.counters import LinkCounters
 from engine.transport.ice import ice_configuration
+from engine.transport.mesh import PeerMesh
 from engine.wire.control import (
     Audit,
     Availability,
@@ -24,14 +35,61 @@ from engine.wire.control import (
     SyncPlan,
 )
 
-if TYPE_CHECKING:
-    from engine.peer.runner import Peer
-
 log = logging.getLogger(__name__)
 
 
+class ControlledPeer(Protocol):
+    """What the backbone's messages reach in a peer."""
+
+    peer_id: str
+    options: PeerOptions
+    client: ControlClient
+    rounds: Rounds
+    audits: Audits
+    relay_only: bool
+    collab_epoch: int
+    status: Status | None
+    emit: Callable[[PeerEvent], None]
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def stopping_event(self) -> asyncio.Event: ...
+
+    @property
+    def mesh(self) -> PeerMesh: ...
+
+    @property
+    def optimizer(self) -> CollaborativeOptimizer: ...
+
+    @property
+    def progress(self) -> ProgressReporter: ...
+
+    @property
+    def pipeline(self) -> RoundPipeline: ...
+
+    @property
+    def state_sync(self) -> StateSync: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
+
+    def stop(self, reason: str = "stopped") -> None: ...
+
+    def traffic(self) -> LinkCounters: ...
+
+    def check_behind(self) -> None: ...
+
+    def resync_later(self, epoch: int, state_sha256: str | None) -> None: ...
+
+    async def resync(self, epoch: int | None = None, state_sha256: str | None = None) -> None: ...
+
+
 class ControlLoop:
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: ControlledPeer) -> None:
         self.peer = peer
 
     async def signal(self, other: str, data: SignalData) -> None:
@@ -67,11 +125,11 @@ class ControlLoop:
         if not peer.running:
             await client.send(Availability(paused=True))
         if opt.synced and not peer.state_sync.busy:
-            last = opt.last_step
+            last = peer.pipeline.last_step
             if last is not None and last.epoch + 1 == opt.epoch:
                 await client.send(last)
             await peer.state_sync.say_ready()
-            await opt.report_progress(force=True)
+            await peer.progress.report(force=True)
         elif not peer.state_sync.busy:
             peer.spawn(peer.resync())
 
@@ -89,7 +147,7 @@ class ControlLoop:
         elif isinstance(msg, Step):
             peer.collab_epoch = msg.epoch
             peer.optimizer.settled(msg.epoch, msg.state_sha256)
-            peer.optimizer.observe_epoch(msg.epoch)
+            peer.progress.observe_epoch(msg.epoch)
             peer.rounds.settled(msg)
             peer.audits.settled(msg.round_id)
             peer.state_sync.note_settled(msg.epoch, msg.state_sha256)
@@ -104,7 +162,7 @@ class ControlLoop:
             peer.resync_later(msg.epoch, msg.state_sha256)
         elif isinstance(msg, Status):
             peer.status = msg
-            peer.optimizer.observe(msg)
+            peer.progress.observe(msg)
             peer.collab_epoch = msg.epoch
             peer.emit(StatusChanged(msg, peer.traffic()))
         elif isinstance(msg, IceServers):

@@ -7,21 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import torch
 
-from engine.averaging.allreduce import Reduced
 from engine.averaging.recheck import Verdict, recheck
+from engine.averaging.tensor_parts import Reduced
+from engine.peer.client import ControlClient
+from engine.project import ProjectSpec
 from engine.transport.link import LinkClosed
-from engine.transport.mailbox import Key
+from engine.transport.mailbox import Key, Mailbox
+from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
 from engine.wire.control import Audit, AuditDone, Committed
 from engine.wire.frames import Input
 from engine.wire.framing import Frame
-
-if TYPE_CHECKING:
-    from engine.peer.runner import Peer
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,24 @@ def input_key(index: int, position: int, round_id: int, reducer: str) -> Key:
     return Key("input", round_id, (index, position), reducer)
 
 
+class AuditingPeer(Protocol):
+    """What checking needs of the peer it runs in."""
+
+    peer_id: str
+    mailbox: Mailbox
+    client: ControlClient
+
+    @property
+    def project(self) -> ProjectSpec: ...
+
+    @property
+    def mesh(self) -> PeerMesh: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
+
+
 class Audits:
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: AuditingPeer) -> None:
         self.peer = peer
         self.kept: list[Reduced] = []
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
+from engine.peer.progress import SendControl
+from engine.tasks import Task
+from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import Evaluated, Step
-
-if TYPE_CHECKING:
-    from engine.peer.runner import Peer
 
 log = logging.getLogger(__name__)
 MAX_BATCHES = 64  # a held-out set is scored on its first this many micro-batches
 
 
-async def score_heldout(peer: Peer, step: Step) -> None:
-    task, device = peer.task, peer.optimizer.compute_device
+async def score_heldout(task: Task, optimizer: CollaborativeOptimizer, send: SendControl, step: Step) -> None:
+    device = optimizer.compute_device
 
     def measure(model: torch.nn.Module) -> tuple[dict[str, float], int]:
         totals: dict[str, float] = {}
@@ -32,7 +31,7 @@ async def score_heldout(peer: Peer, step: Step) -> None:
         return totals, samples
 
     try:
-        scored = await peer.optimizer.evaluate(measure, step.epoch)
+        scored = await optimizer.evaluate(measure, step.epoch)
     except (OSError, ValueError) as exc:  # the held-out files could not be had
         log.warning("could not score the held-out set: %s", exc)
         return
@@ -42,5 +41,5 @@ async def score_heldout(peer: Peer, step: Step) -> None:
     accuracy = totals["accuracy"] / samples if "accuracy" in totals else None
     log.info("held-out set at epoch %d: loss %.4f%s over %d samples", step.epoch, totals["loss"] / samples,
              f", accuracy {accuracy:.1%}" if accuracy is not None else "", samples)
-    await peer.client.send(Evaluated(epoch=step.epoch, state_sha256=step.state_sha256,
+    await send(Evaluated(epoch=step.epoch, state_sha256=step.state_sha256,
                                      loss=totals["loss"] / samples, accuracy=accuracy, samples=samples))

@@ -10,37 +10,78 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 import torch
 
-from engine.averaging.allreduce import (
-    Averaged,
-    AveragingError,
-    RoundChanges,
-    RoundPlan,
-    butterfly_allreduce,
-    round_key,
-)
+from engine.averaging.allreduce import butterfly_allreduce, round_key
+from engine.averaging.errors import AveragingError
+from engine.averaging.round_plan import RoundChanges, RoundPlan
+from engine.averaging.tensor_parts import Averaged
 from engine.evaluators import evaluators
-from engine.peer.checking import input_key
-from engine.peer.client import BackboneError
+from engine.peer.bandwidth import Bandwidth
+from engine.peer.checking import Audits, input_key
+from engine.peer.client import BackboneError, ControlClient
 from engine.peer.evaluation import score_heldout
-from engine.peer.events import EpochCompleted, RoundFailed
-from engine.transport.mailbox import Key, Kind
+from engine.peer.events import EpochCompleted, PeerEvent, RoundFailed
+from engine.peer.options import PeerOptions
+from engine.peer.round_pipeline import RoundPipeline
+from engine.peer.state_sync import StateSync
+from engine.project import ProjectSpec
+from engine.tasks import Task
+from engine.training.optimizer import CollaborativeOptimizer
+from engine.transport.mailbox import Key, Kind, Mailbox
+from engine.transport.mesh import PeerMesh
 from engine.wire.control import Reassign, RoundStart, Step
 from engine.wire.frames import Input, Part, Result, Shown, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame, Incoming
 from engine.wire.tensors import encode_file
 
-if TYPE_CHECKING:
-    from engine.peer.runner import Peer
-
 log = logging.getLogger(__name__)
 
 
+class RoundingPeer(Protocol):
+    """What a peer's rounds need of it."""
+
+    peer_id: str
+    options: PeerOptions
+    client: ControlClient
+    mailbox: Mailbox
+    audits: Audits
+    bandwidth: Bandwidth
+    history: list[EpochCompleted]
+    emit: Callable[[PeerEvent], None]
+
+    @property
+    def project(self) -> ProjectSpec: ...
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def mesh(self) -> PeerMesh: ...
+
+    @property
+    def optimizer(self) -> CollaborativeOptimizer: ...
+
+    @property
+    def pipeline(self) -> RoundPipeline: ...
+
+    @property
+    def state_sync(self) -> StateSync: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
+
+    def track(self, task: asyncio.Task) -> None: ...
+
+    def check_behind(self) -> None: ...
+
+    def stop(self, reason: str = "stopped") -> None: ...
+
+
 class Rounds:
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: RoundingPeer) -> None:
         self.peer = peer
         self.uploads: set[asyncio.Task] = set()
         self._last_round = 0
@@ -70,7 +111,7 @@ class Rounds:
 
     async def run(self, start: RoundStart) -> None:
         peer = self.peer
-        outcome = await peer.optimizer.run_round(start)
+        outcome = await peer.pipeline.run(start)
         self._last_round = max(self._last_round, start.round_id)
         self._changes = {r: c for r, c in self._changes.items() if r > self._last_round}
         peer.mailbox.discard(self._current)
@@ -125,7 +166,7 @@ class Rounds:
         peer.emit(completed)
         if peer.project.data is not None and peer.project.data.heldout and \
                 peer.peer_id in evaluators(trainers, settled.epoch, peer.project.evaluate_every):
-            peer.spawn(score_heldout(peer, settled))
+            peer.spawn(score_heldout(peer.task, peer.optimizer, peer.client.send, settled))
         if checkpoint_by == peer.peer_id:
             self.uploads.add(peer.spawn(self._upload_checkpoint()))
         max_epochs = peer.options.max_epochs

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 from urllib.parse import urlparse
@@ -28,7 +27,10 @@ from engine.peer.bandwidth import PROBE_SECONDS, REPROBE_EVERY, Bandwidth
 from engine.peer.checking import Audits
 from engine.peer.client import BackboneError, ControlClient
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
+from engine.peer.options import PeerOptions
+from engine.peer.progress import ProgressReporter
 from engine.peer.project_data import project_task
+from engine.peer.round_pipeline import RoundPipeline
 from engine.peer.rounds import Rounds
 from engine.peer.state_sync import StateSync
 from engine.peer.training_loop import data_seed, heartbeat_loop, training_loop, warm_up
@@ -52,24 +54,6 @@ from engine.wire.types import IcePolicy
 log = logging.getLogger(__name__)
 CHECKPOINT_UPLOAD_TIMEOUT = 120.0
 PROBE_TIMEOUT = 30.0  # a probe moves for PROBE_SECONDS; past this the backbone is not answering
-
-
-@dataclass
-class PeerOptions:
-    backbone_url: str
-    project_id: str
-    name: str = ""
-    max_epochs: int | None = None
-    threads: int | None = None
-    data_dir: str | None = None
-    data_seed: int | None = None
-    slowdown: float = 1.0  # behave like a device this many times slower (tests, benchmarks)
-    ice_addresses: list[str] | None = None
-    user_token: str | None = None
-    reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
-    limits: Limits = field(default_factory=Limits)
-    relay_only: bool = False  # connect to other peers through TURN only
-    auxiliary: bool = False  # reduce parts of rounds only: no training (engine/peer/auxiliary.py)
 
 
 class Peer:
@@ -96,6 +80,8 @@ class Peer:
         self._tasks: set[asyncio.Task] = set()
         self._mesh: PeerMesh | None = None
         self._opt: CollaborativeOptimizer | None = None
+        self._progress: ProgressReporter | None = None
+        self._pipeline: RoundPipeline | None = None
         self._sync: StateSync | None = None
         self._task: Task | None = None
         self._files: FetchedFiles | None = None
@@ -114,6 +100,16 @@ class Peer:
     def optimizer(self) -> CollaborativeOptimizer:
         assert self._opt is not None
         return self._opt
+
+    @property
+    def progress(self) -> ProgressReporter:
+        assert self._progress is not None
+        return self._progress
+
+    @property
+    def pipeline(self) -> RoundPipeline:
+        assert self._pipeline is not None
+        return self._pipeline
 
     @property
     def joined(self) -> bool:
@@ -175,7 +171,7 @@ class Peer:
             self._mesh.set_download_cap(self.download.rate)
         threads = limits.threads or self.options.threads
         if self._opt is not None and threads:
-            self.spawn(self._opt.set_threads(threads))
+            self.spawn(self._opt.thread.set_threads(threads))
         if self._opt is not None:
             self.spawn(self._compute_on(choose_device(limits.use_gpu)))
 
@@ -218,7 +214,9 @@ class Peer:
         """What runs until the peer stops (the first to end stops the rest), once started."""
         self.spawn(self._first_sync())
         self.spawn(self._measure_link())
-        return [self.control.run(), training_loop(self), heartbeat_loop(self), self._stop.wait()]
+        seed = data_seed(self.options.data_seed, self.peer_id)
+        training = training_loop(self.task, self.optimizer, self.progress, self.project.precision, seed)
+        return [self.control.run(), training, heartbeat_loop(self.progress), self._stop.wait()]
 
     async def _start(self) -> None:
         opts = self.options
@@ -250,21 +248,22 @@ class Peer:
         self._mesh = PeerMesh(self.peer_id, self.control.signal, ice, self.mailbox, self.rounds.on_frame,
                               self.rounds.on_incoming, max_payload=max_frame,
                               upload=self.upload)
-        self._opt = CollaborativeOptimizer(
-            model, optimizer, project.schedule, project_id=project.id, me=self.peer_id,
-            averager=self.rounds.average, send=self.client.send,
-            clip_grad_norm=project.optimizer.clip_grad_norm,
-            report_interval=reply.report_interval, target_batch_size=project.target_batch_size,
-            aggregation=project.aggregation, compression=project.compression,
-            gate=self.gate, local=local,
-        )
+        self._opt = CollaborativeOptimizer(model, optimizer, project.schedule, project_id=project.id,
+                                           clip_grad_norm=project.optimizer.clip_grad_norm,
+                                           gate=self.gate, local=local)
+        self._progress = ProgressReporter(self._opt, self.client.send, project.target_batch_size,
+                                          reply.report_interval)
+        self._progress.client_mode = lambda: relay_only or self._all_links_relayed()
+        self._progress.link_estimate = self._link_estimate
+        self._pipeline = RoundPipeline(self._opt, self._progress, self.rounds.average, self.client.send,
+                                       me=self.peer_id, target_batch_size=project.target_batch_size,
+                                       aggregation=project.aggregation, compression=project.compression)
         self.client.upload, self.client.download = self.upload, self.download
-        self._opt.client_mode = lambda: relay_only or self._all_links_relayed()
-        self._opt.link_estimate = self._link_estimate
         self.apply_limits(opts.limits)
         if not self._running:
             self._opt.pause(True)
-        self._sync = StateSync(self.client, self._mesh, self.mailbox, self._opt, self.fresh_model, self.emit)
+        self._sync = StateSync(self.client, self._mesh, self.mailbox, self._opt, self._progress,
+                               self.fresh_model, self.emit)
 
     def _restrict_addresses(self) -> None:
         """Offer only the addresses asked for (loopback, for a backbone on this machine)."""
@@ -296,7 +295,7 @@ class Peer:
 
     def _build_model(self, project: ProjectSpec) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = self.fresh_model()
-        warm_up(self.task, model, project.precision, data_seed(self))
+        warm_up(self.task, model, project.precision, data_seed(self.options.data_seed, self.peer_id))
         return model, collaboration_optimizer(project, model)
 
     def fresh_model(self) -> torch.nn.Module:
@@ -325,8 +324,7 @@ class Peer:
         if self._files is not None:
             await self._files.close()  # a micro-batch waiting for a shard gives up
         if self._opt is not None:
-            self.gate.abandon(True)  # a long micro-batch (a small CPU share) must not delay exit
-            self._opt.executor.shutdown(wait=True, cancel_futures=True)
+            self._opt.thread.shutdown()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """A task of this peer's: cancelled when it stops; if it fails, the peer stops."""

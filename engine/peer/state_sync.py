@@ -21,6 +21,7 @@ import torch
 from engine.backoff import Backoff
 from engine.peer.client import BackboneError, ControlClient
 from engine.peer.events import PeerEvent, Synced, SyncProgress
+from engine.peer.progress import ProgressReporter
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.state import check_state
 from engine.transport.link import MIN_RECEIVE_LIMIT, LinkClosed
@@ -53,12 +54,13 @@ class BadDonorState(SyncError):
 
 class StateSync:
     def __init__(self, client: ControlClient, mesh: PeerMesh, mailbox: Mailbox,
-                 optimizer: CollaborativeOptimizer, fresh_model: Callable[[], torch.nn.Module],
-                 emit: Callable[[PeerEvent], None]) -> None:
+                 optimizer: CollaborativeOptimizer, progress: ProgressReporter,
+                 fresh_model: Callable[[], torch.nn.Module], emit: Callable[[PeerEvent], None]) -> None:
         self.client = client
         self.mesh = mesh
         self.mailbox = mailbox
         self.optimizer = optimizer
+        self.progress = progress
         self.fresh_model = fresh_model
         self.emit = emit
         self._lock = asyncio.Lock()
@@ -141,7 +143,7 @@ class StateSync:
             await opt.mark_synced()
             self.emit(Synced(opt.epoch, plan.source, digest))
             await self.say_ready()
-            await opt.report_progress(force=True)
+            await self.progress.report(force=True)
             return True
         return False
 

@@ -8,26 +8,23 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from engine.governor.throttle import MicroBatchAbandoned
+from engine.peer.progress import ProgressReporter
 from engine.project import Precision
 from engine.tasks import RANDOM_STREAM, Task
+from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.precision import LossScaler, autocast
-
-if TYPE_CHECKING:
-    from engine.peer.runner import Peer
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT = 5.0  # well inside the backbone's peer timeout (15 s by default)
 
 
-async def training_loop(peer: Peer) -> None:
-    task, opt, precision = peer.task, peer.optimizer, peer.project.precision
-    seed = data_seed(peer)
+async def training_loop(task: Task, opt: CollaborativeOptimizer, progress: ProgressReporter,
+                        precision: Precision, seed: int) -> None:
     scaler = LossScaler() if precision == "fp16" else None
     for index in itertools.count():
         def micro_batch(index: int = index) -> tuple[int, float]:
@@ -40,19 +37,19 @@ async def training_loop(peer: Peer) -> None:
                 raise MicroBatchAbandoned  # it overflowed: no gradient was added
             return batch.size, float(loss_sum.detach())
 
-        await opt.compute(micro_batch, index)
+        if await opt.compute(micro_batch, index):
+            await progress.report()
 
 
-async def heartbeat_loop(peer: Peer) -> None:
+async def heartbeat_loop(progress: ProgressReporter) -> None:
     while True:
         await asyncio.sleep(HEARTBEAT / 2)
-        await peer.optimizer.keep_alive(HEARTBEAT)
+        await progress.keep_alive(HEARTBEAT)
 
 
-def data_seed(peer: Peer) -> int:
-    """This peer's own order of shards and examples."""
-    opts = peer.options
-    return opts.data_seed if opts.data_seed is not None else int(peer.peer_id[:15], 16)
+def data_seed(chosen: int | None, peer_id: str) -> int:
+    """This peer's own order of shards and examples (unless one was chosen)."""
+    return chosen if chosen is not None else int(peer_id[:15], 16)
 
 
 def warm_up(task: Task, model: torch.nn.Module, precision: Precision, seed: int) -> None:

@@ -32,7 +32,8 @@ from engine.governor.throttle import lower_priority
 from engine.paths import user_data_dir
 from engine.peer.client import BackboneError
 from engine.peer.events import Connection, EpochCompleted, FileProgress, Joined, PeerEvent, SyncProgress
-from engine.peer.runner import Peer, PeerOptions
+from engine.peer.options import PeerOptions
+from engine.peer.runner import Peer
 from engine.problems import retrying
 from engine.project import load_catalog
 from engine.resources import default_catalog

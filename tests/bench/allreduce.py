@@ -57,7 +57,8 @@ async def _cotrain_peer_main(url, project, conn, numel, pieces) -> None:
     import torch
 
     from engine.aio import spawn
-    from engine.averaging.allreduce import RoundPlan, butterfly_allreduce
+    from engine.averaging.allreduce import butterfly_allreduce
+    from engine.averaging.round_plan import RoundPlan
     from engine.peer.client import ControlClient
     from engine.transport.backends import restrict_host_addresses
     from engine.transport.ice import ice_configuration

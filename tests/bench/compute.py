@@ -24,7 +24,8 @@ from msgspec.structs import replace
 
 from engine.catalog_data import builtin_folder
 from engine.peer.events import EpochCompleted, Synced
-from engine.peer.runner import Peer, PeerOptions
+from engine.peer.options import PeerOptions
+from engine.peer.runner import Peer
 from engine.project import ProjectSpec, load_catalog
 from engine.project_folders import ProjectFolder
 from engine.resources import default_catalog

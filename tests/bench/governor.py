@@ -69,15 +69,15 @@ async def latency_trials(trials: int) -> None:
                                     PowerSource(sensors_battery=lambda: None))
                 governing = asyncio.ensure_future(governor.run(peer.peer))
                 p = peer.peer
-                await _wait(lambda: p.joined and p.running and p.optimizer.computing, 120)
+                await _wait(lambda: p.joined and p.running and p.optimizer.thread.busy, 120)
                 for _ in range(trials):
-                    await _wait(lambda: p.running and p.optimizer.computing, 30)
+                    await _wait(lambda: p.running and p.optimizer.thread.busy, 30)
                     await asyncio.sleep(0.1 + (time.monotonic() % 0.3))  # land anywhere in a micro-batch
                     touched = time.monotonic()
                     await asyncio.to_thread(_xdotool, display)
-                    stopped = await _wait(lambda: not p.running and not p.optimizer.computing, 10)
+                    stopped = await _wait(lambda: not p.running and not p.optimizer.thread.busy, 10)
                     pauses.append(stopped - touched)
-                    running = await _wait(lambda: p.running and p.optimizer.computing, 30)
+                    running = await _wait(lambda: p.running and p.optimizer.thread.busy, 30)
                     resumes.append(running - (touched + threshold))
                 governing.cancel()
                 await stop_all(peer)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from engine.backbone.server import Backbone, BackboneConfig
 from engine.peer.events import EpochCompleted, PeerEvent, Synced, SyncProgress
-from engine.peer.runner import Peer, PeerOptions
+from engine.peer.options import PeerOptions
+from engine.peer.runner import Peer
 from engine.project import OptimizerSpec, ProjectSpec, ScheduleSpec
 from tests.conftest import until
 

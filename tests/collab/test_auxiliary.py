@@ -7,7 +7,7 @@ import pytest
 
 from engine.peer.auxiliary import AuxiliaryPeer
 from engine.peer.events import Aggregated, PeerEvent
-from engine.peer.runner import PeerOptions
+from engine.peer.options import PeerOptions
 from engine.project import AggregationSpec
 from tests.collab.accounts import get_json, register
 from tests.collab.harness import RunningPeer, running_backbone, start_peer, stop_all, tiny_project

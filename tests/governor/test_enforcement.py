@@ -83,7 +83,7 @@ async def test_a_paused_peer_leaves_rounds_and_matches_the_others_after_resuming
             await resting.reached(2, timeout=60)
             resting.peer.set_running(False, "Paused by you")
             paused_at = resting.history[-1].step.epoch
-            await until(lambda: not resting.peer.optimizer.computing, 5, "its compute to stop")
+            await until(lambda: not resting.peer.optimizer.thread.busy, 5, "its compute to stop")
             events_at_pause = len(resting.events)
             received_at_pause = resting.peer.traffic().bytes_received
             for p in peers[:2]:

@@ -53,10 +53,10 @@ async def test_input_pauses_compute_within_a_second_and_idleness_resumes_it(disp
         try:
             await until(lambda: peer.peer.running and peer.peer.joined
                         and peer.peer.optimizer.accumulator.samples > 0, 60, "idle compute to start")
-            await until(lambda: peer.peer.optimizer.computing, 10, "a micro-batch under way")
+            await until(lambda: peer.peer.optimizer.thread.busy, 10, "a micro-batch under way")
             touched = time.monotonic()
             await asyncio.to_thread(xdotool, display, "mousemove", "200", "150")
-            await until(lambda: not peer.peer.optimizer.computing and not peer.peer.running, 5,
+            await until(lambda: not peer.peer.optimizer.thread.busy and not peer.peer.running, 5,
                         "compute to stop")
             stopped = time.monotonic() - touched
             assert governor.decision.reason == "Waiting for the computer to be idle"

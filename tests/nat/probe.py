@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from engine.aio import run, spawn
-from engine.averaging.allreduce import RoundPlan, butterfly_allreduce
+from engine.averaging.allreduce import butterfly_allreduce
+from engine.averaging.round_plan import RoundPlan
 from engine.peer.client import ControlClient
 from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox

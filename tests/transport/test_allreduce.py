@@ -5,8 +5,10 @@ import asyncio
 import pytest
 import torch
 
-from engine.averaging.allreduce import AveragingError, RoundPlan, butterfly_allreduce
+from engine.averaging.allreduce import butterfly_allreduce
 from engine.averaging.compression import error_bound
+from engine.averaging.errors import AveragingError
+from engine.averaging.round_plan import RoundPlan
 from engine.project import AggregationSpec
 from engine.transport import backends
 from engine.wire.frames import Part

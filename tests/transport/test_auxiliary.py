@@ -6,8 +6,10 @@ import asyncio
 import pytest
 import torch
 
-from engine.averaging.allreduce import ReducedParts, RoundPlan, aggregate_parts, butterfly_allreduce
+from engine.averaging.allreduce import aggregate_parts, butterfly_allreduce
 from engine.averaging.compression import encoded_size
+from engine.averaging.round_plan import RoundPlan
+from engine.averaging.tensor_parts import ReducedParts
 from engine.project import AggregationSpec
 from tests.conftest import until
 from tests.transport.mesh_pair import make_meshes

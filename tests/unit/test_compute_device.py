@@ -5,7 +5,7 @@ and the steps must come out bit for bit the same as computing on the model itsel
 import pytest
 import torch
 
-from engine.averaging.allreduce import Averaged
+from engine.averaging.tensor_parts import Averaged
 from engine.governor.throttle import ComputeGate, MicroBatchAbandoned
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
@@ -15,6 +15,7 @@ from engine.training.lr_schedule import build_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import RoundStart
 from tests.collab.harness import TINY
+from tests.lone_peer import lone_peer
 
 ELSEWHERE = torch.device("cpu")  # stands for cuda:0: a separate copy of the model
 
@@ -38,13 +39,13 @@ async def collaborative(task, device) -> CollaborativeOptimizer:
     gate = ComputeGate()
     gate.install(model)
     opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
-                                 project_id="p", me="me", averager=alone, send=nowhere,
-                                 target_batch_size=12, gate=gate, compute_device=device)
+                                 project_id="p", gate=gate, compute_device=device)
     await opt.mark_synced()
     return opt
 
 
 async def train(opt, task, epochs=3, switch_each_epoch=False) -> str:
+    peer = lone_peer(opt, alone, target_batch_size=12)
     for epoch in range(epochs):
         for i in range(3):
             def micro_batch(index=3 * epoch + i):
@@ -53,10 +54,10 @@ async def train(opt, task, epochs=3, switch_each_epoch=False) -> str:
                 loss_sum.backward()
                 return batch.size, float(loss_sum.detach())
 
-            await opt.compute(micro_batch, 3 * epoch + i)
+            await peer.compute(micro_batch, 3 * epoch + i)
             if switch_each_epoch and i == 0:  # the owner toggles "use the graphics card"
                 await opt.set_compute_device(None if opt.compute_device is not None else ELSEWHERE)
-        assert await opt.run_round(RoundStart(epoch + 1, epoch, ["me"], [1.0], 30.0)) is not None
+        assert await peer.run_round(RoundStart(epoch + 1, epoch, ["me"], [1.0], 30.0)) is not None
     return opt.state_hash
 
 

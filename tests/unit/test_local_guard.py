@@ -4,7 +4,7 @@ it refuses the step, says so, keeps its state and what it had accumulated."""
 import pytest
 import torch
 
-from engine.averaging.allreduce import Averaged
+from engine.averaging.tensor_parts import Averaged
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training.lr_schedule import build_optimizer
@@ -12,6 +12,7 @@ from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.state import state_sha256
 from engine.wire.control import RoundDone, RoundStart
 from tests.collab.harness import TINY
+from tests.lone_peer import lone_peer
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,8 @@ async def test_a_poisoned_average_is_refused_and_the_state_kept(task, poison):
     model = initial_model(task, 7)
     spec = OptimizerSpec(clip_grad_norm=None) if poison is poisoned_huge else OptimizerSpec()
     opt = CollaborativeOptimizer(model, build_optimizer(spec, model.parameters()), ScheduleSpec(),
-                                 project_id="p", me="me", averager=poisoned, send=send,
-                                 target_batch_size=8, report_interval=60.0)
+                                 project_id="p")
+    peer = lone_peer(opt, poisoned, send, target_batch_size=8)
     await opt.mark_synced()
     before = state_sha256(opt.model, opt.optimizer, 0)
 
@@ -54,9 +55,9 @@ async def test_a_poisoned_average_is_refused_and_the_state_kept(task, poison):
         loss_sum.backward()
         return batch.size, float(loss_sum.detach())
 
-    await opt.compute(micro_batch, 0)
+    await peer.compute(micro_batch, 0)
     brought = opt.accumulator.samples
-    assert await opt.run_round(RoundStart(1, 0, ["me"], [1.0], 10.0)) is None
+    assert await peer.run_round(RoundStart(1, 0, ["me"], [1.0], 10.0)) is None
     (done,) = [m for m in sent if isinstance(m, RoundDone)]
     assert not done.ok and "not finite" in (done.error or "")
     assert opt.epoch == 0 and state_sha256(opt.model, opt.optimizer, 0) == before

@@ -7,7 +7,8 @@ from functools import partial
 import pytest
 import torch
 
-from engine.averaging.allreduce import Averaged, AveragingError
+from engine.averaging.errors import AveragingError
+from engine.averaging.tensor_parts import Averaged
 from engine.project import LocalSpec, OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training.local import LocalSteps
@@ -17,6 +18,7 @@ from engine.training.params import flat_params, trainable
 from engine.training.state import state_sha256
 from engine.wire.control import RoundDone, RoundStart
 from tests.collab.harness import TINY
+from tests.lone_peer import LonePeer, lone_peer
 
 SCHEDULE = ScheduleSpec(type="linear", warmup_epochs=1, total_epochs=20)
 # Adam's eps at 1e-6: the gradient of attention's key bias is rounding noise (softmax ignores
@@ -39,7 +41,7 @@ async def alone(plan, vector, samples, loss_sum, timeout) -> Averaged:
 
 
 def make(task, mode: str, averager=alone, me: str = "me", target: int = 8,
-         local: LocalSpec | None = None, send=discard) -> CollaborativeOptimizer:
+         local: LocalSpec | None = None, send=discard) -> LonePeer:
     model = initial_model(task, 7)
     steps = None
     if mode == "local":
@@ -48,12 +50,13 @@ def make(task, mode: str, averager=alone, me: str = "me", target: int = 8,
         steps = LocalSteps(spec, partial(build_optimizer, INNER), INNER.clip_grad_norm)
     else:
         optimizer = build_optimizer(INNER, model.parameters())
-    return CollaborativeOptimizer(model, optimizer, SCHEDULE, project_id="p", me=me, averager=averager,
-                                  send=send, target_batch_size=target, report_interval=60.0,
-                                  clip_grad_norm=INNER.clip_grad_norm, local=steps)
+    opt = CollaborativeOptimizer(model, optimizer, SCHEDULE, project_id="p",
+                                 clip_grad_norm=INNER.clip_grad_norm, local=steps)
+    return lone_peer(opt, averager, send, me=me, target_batch_size=target)
 
 
-async def feed(task, opt: CollaborativeOptimizer, batches: list[int], size: int = 4) -> None:
+async def feed(task, peer: LonePeer, batches: list[int], size: int = 4) -> None:
+    opt = peer.optimizer
     for index in batches:
         def micro_batch(index=index):
             batch = task.batch(size, index)
@@ -61,7 +64,7 @@ async def feed(task, opt: CollaborativeOptimizer, batches: list[int], size: int 
             loss_sum.backward()
             return batch.size, float(loss_sum.detach())
 
-        await opt.compute(micro_batch, index)
+        await peer.compute(micro_batch, index)
 
 
 def start(epoch: int, group=("me",), shares=None) -> RoundStart:
@@ -72,13 +75,14 @@ def start(epoch: int, group=("me",), shares=None) -> RoundStart:
 async def test_one_inner_step_per_outer_step_with_a_plain_outer_step_is_the_sync_step(task):
     """Outer lr 1 without momentum, and an inner batch the size of the target: each outer
     step lands on the local copy's parameters, which took the very step sync would."""
-    sync, local = make(task, "sync"), make(task, "local")
+    peers = make(task, "sync"), make(task, "local")
+    sync, local = (p.optimizer for p in peers)
     for opt in (sync, local):
         await opt.mark_synced()
     for epoch in range(5):
-        for opt in (sync, local):
-            await feed(task, opt, [2 * epoch, 2 * epoch + 1])
-            assert await opt.run_round(start(epoch)) is not None
+        for peer in peers:
+            await feed(task, peer, [2 * epoch, 2 * epoch + 1])
+            assert await peer.run_round(start(epoch)) is not None
     assert sync.epoch == local.epoch == 5 and local.local.steps == 0
     ours, theirs = flat_params(trainable(local.model)), flat_params(trainable(sync.model))
     assert not torch.equal(ours, flat_params(trainable(initial_model(task, 7))))
@@ -101,16 +105,17 @@ async def test_members_average_pseudo_gradients_by_samples_and_take_one_outer_st
         mean = sum(v for v, _ in brought.values()) / total
         return Averaged(mean, total, None, {p: s for p, (_, s) in brought.items()})
 
-    a = make(task, "local", together, "a", target=24, local=spec)
-    b = make(task, "local", together, "b", target=24, local=spec)
+    peers = (make(task, "local", together, "a", target=24, local=spec),
+             make(task, "local", together, "b", target=24, local=spec))
+    a, b = (p.optimizer for p in peers)
     global_before = flat_params(trainable(a.model))
     for opt in (a, b):
         await opt.mark_synced()
-    await feed(task, a, [0, 1])
-    await feed(task, b, [10, 11, 12, 13])
+    await feed(task, peers[0], [0, 1])
+    await feed(task, peers[1], [10, 11, 12, 13])
     assert (a.local.steps, b.local.steps) == (2, 4), "one inner step per 4 samples"
     local_a, local_b = flat_params(a.local.params), flat_params(b.local.params)
-    steps = await asyncio.gather(*(o.run_round(start(0, ["a", "b"])) for o in (a, b)))
+    steps = await asyncio.gather(*(p.run_round(start(0, ["a", "b"])) for p in peers))
     assert all(s is not None for s in steps)
     assert a.state_hash == b.state_hash == state_sha256(a.model, a.optimizer, 1)
     pseudo = ((global_before - local_a) * 8 + (global_before - local_b) * 16) / 24
@@ -130,11 +135,12 @@ async def test_a_failed_round_loses_no_local_progress(task):
     async def failing(plan, vector, samples, loss_sum, timeout) -> Averaged:
         raise AveragingError("a peer vanished", set())
 
-    opt = make(task, "local", failing, send=send, local=LocalSpec(inner_batch_size=4))
+    peer = make(task, "local", failing, send=send, local=LocalSpec(inner_batch_size=4))
+    opt = peer.optimizer
     await opt.mark_synced()
-    await feed(task, opt, [0, 1, 2])
+    await feed(task, peer, [0, 1, 2])
     progress = flat_params(opt.local.params)
-    assert await opt.run_round(start(0)) is None
+    assert await peer.run_round(start(0)) is None
     (done,) = [m for m in sent if isinstance(m, RoundDone)]
     assert not done.ok and opt.epoch == 0
     assert opt.accumulator.samples == 12, "its samples count for the next round"
@@ -144,12 +150,13 @@ async def test_a_failed_round_loses_no_local_progress(task):
 async def test_an_undone_outer_step_puts_the_local_copy_back(task):
     """The collaboration settled on another step: the peer goes back to the kept global
     state, and its copy to where it was before that round, its samples counted again."""
-    opt = make(task, "local", local=LocalSpec(inner_batch_size=4))
+    peer = make(task, "local", local=LocalSpec(inner_batch_size=4))
+    opt = peer.optimizer
     before = await opt.reset(initial_model(task, 7))
     await opt.mark_synced()
-    await feed(task, opt, [0, 1])
+    await feed(task, peer, [0, 1])
     progress = flat_params(opt.local.params)
-    assert await opt.run_round(start(0)) is not None and opt.epoch == 1
+    assert await peer.run_round(start(0)) is not None and opt.epoch == 1
     assert await opt.restore(0, before)
     assert opt.epoch == 0 and opt.state_hash == before == state_sha256(opt.model, opt.optimizer, 0)
     torch.testing.assert_close(flat_params(opt.local.params), progress, rtol=1e-5, atol=1e-6)

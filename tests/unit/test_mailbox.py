@@ -47,8 +47,8 @@ async def test_state_replies_nobody_waits_for_are_not_kept():
     box = Mailbox(max_items=1, max_bytes=100)
     overflowed = []
     box.on_overflow = overflowed.append
-    sync = StateSync(client=None, mesh=None, mailbox=box, optimizer=None, fresh_model=None,  # type: ignore[arg-type]
-                     emit=lambda event: None)
+    sync = StateSync(client=None, mesh=None, mailbox=box, optimizer=None, progress=None,  # type: ignore[arg-type]
+                     fresh_model=None, emit=lambda event: None)
     for request_id in range(1, 4):
         reply = StateReply(request_id=request_id, epoch=3, state_sha256="a" * 64)
         sync.on_frame("donor", Frame(reply, b"x" * 80), reply)

@@ -5,15 +5,16 @@ import time
 
 import pytest
 
-from engine.averaging.allreduce import Averaged
+from engine.averaging.tensor_parts import Averaged
 from engine.backbone.tracker import RecordCredits, RecordStep, Send, Tracker
+from engine.peer import progress as progress_module
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
-from engine.training import optimizer as optimizer_module
 from engine.training.lr_schedule import build_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import Progress, Ready, RoundDone, RoundStart, SyncRequest
 from tests.collab.harness import TINY
+from tests.lone_peer import lone_peer
 from tests.unit.test_tracker import Clock, project
 
 
@@ -37,7 +38,7 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
     """Under load the first micro-batch of an epoch can be several times slower than the
     rest. If that was the peer's only report before the round, its pace looks low; the
     report it sends on taking its accumulator must keep its honest claim whole."""
-    monkeypatch.setattr(optimizer_module, "MIN_REPORT_GAP", 60.0)  # no report but the first
+    monkeypatch.setattr(progress_module, "MIN_REPORT_GAP", 60.0)  # no report but the first
     clock = Clock()
     tracker = two_ready_peers(clock, 100)
     outs = []
@@ -50,8 +51,8 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
 
     model = initial_model(task, 7)
     opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
-                                 project_id="p", me="me", averager=with_other, send=send,
-                                 target_batch_size=100, report_interval=60.0)
+                                 project_id="p")
+    peer = lone_peer(opt, with_other, send, target_batch_size=100)
     await opt.mark_synced()
 
     def micro_batch(index, slow=False):
@@ -65,19 +66,19 @@ async def test_a_peer_whose_only_report_followed_a_slow_micro_batch_is_credited_
         return run
 
     clock.now += 0.25
-    await opt.compute(micro_batch(0, slow=True), 0)
+    await peer.compute(micro_batch(0, slow=True), 0)
     first_report = tracker.peers["me"].samples
     assert first_report > 0, "the first micro-batch of the epoch is reported"
     for i in range(1, 21):  # fast ones, unreported: the next report is a minute away
-        await opt.compute(micro_batch(i), i)
+        await peer.compute(micro_batch(i), i)
     brought = opt.accumulator.samples
     assert tracker.peers["me"].samples == first_report < brought / 10
     clock.now += 0.2
     (start,) = [o.msg for o in tracker.handle("other", Progress(0, 100, 400.0, 2.0, 0.25))
                 if isinstance(o, Send) and o.to == "me" and isinstance(o.msg, RoundStart)]
     clock.now += 0.05
-    assert await opt.run_round(start) is not None
-    mine = opt.last_step
+    assert await peer.run_round(start) is not None
+    mine = peer.pipeline.last_step
     assert mine is not None and mine.state_sha256
     # The other member, a reducer too, saw the same parts and reached the same state.
     outs.extend(tracker.handle("other", RoundDone(start.round_id, 0, ok=True, state_sha256=mine.state_sha256,
@@ -94,7 +95,7 @@ async def test_a_peer_reports_every_micro_batch_until_its_first_step(task, monke
     """Its first micro-batch is slow (allocations, the first shard read), so the pace the
     backbone measures of it is low until it has stepped; a round's cap of it must rest on a
     fresh count, not on that pace over a stale one."""
-    monkeypatch.setattr(optimizer_module, "MIN_REPORT_GAP", 0.0)
+    monkeypatch.setattr(progress_module, "MIN_REPORT_GAP", 0.0)
     clock = Clock()
     tracker = two_ready_peers(clock, 40)
     progress: list[Progress] = []
@@ -109,8 +110,8 @@ async def test_a_peer_reports_every_micro_batch_until_its_first_step(task, monke
 
     model = initial_model(task, 7)
     opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
-                                 project_id="p", me="me", averager=alone, send=send,
-                                 target_batch_size=1000, report_interval=60.0)
+                                 project_id="p")
+    peer = lone_peer(opt, alone, send, target_batch_size=1000)
     await opt.mark_synced()
 
     def micro_batch(index):
@@ -123,13 +124,13 @@ async def test_a_peer_reports_every_micro_batch_until_its_first_step(task, monke
 
     for i in range(5):
         clock.now += 0.1
-        await opt.compute(micro_batch(i), i)
+        await peer.compute(micro_batch(i), i)
     assert [p.samples for p in progress] == [opt.accumulator.samples * (i + 1) // 5 for i in range(5)]
     assert tracker.peers["me"].samples == opt.accumulator.samples
     (start,) = [o.msg for o in tracker.handle("other", Progress(0, 40, 400.0, 2.0, 0.25))
                 if isinstance(o, Send) and o.to == "me" and isinstance(o.msg, RoundStart)]
-    assert await opt.run_round(start) is not None
+    assert await peer.run_round(start) is not None
     progress.clear()
     for i in range(5, 10):
-        await opt.compute(micro_batch(i), i)
+        await peer.compute(micro_batch(i), i)
     assert len(progress) == 1, "after its first step, the first micro-batch of an epoch and the interval"

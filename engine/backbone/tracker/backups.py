@@ -11,14 +11,16 @@ another look dead. A lost member votes on nothing and is credited with nothing."
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.backbone.tracker.outputs import Out, Send
 from engine.backbone.tracker.scheduling import OpenRound
 from engine.wire.control import Reassign
 
 if TYPE_CHECKING:
-    from engine.backbone.tracker import Tracker
+    from engine.backbone.tracker.membership import Members
+    from engine.backbone.tracker.scheduling import OpenRound
+    from engine.project import ProjectSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +37,16 @@ def backup_reducer(rnd: OpenRound, sends_only: set[str]) -> str | None:
     return max(candidates, key=lambda p: (share[p], -rnd.group.index(p)))
 
 
+class RoundKeeper(Protocol):
+    """What a round's backups need of the tracker."""
+
+    project: ProjectSpec
+    members: Members
+    round: OpenRound | None
+
+
 class Backups:
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: RoundKeeper) -> None:
         self.t = tracker
         self.reassigned = 0  # parts handed to a backup since the backbone started
 

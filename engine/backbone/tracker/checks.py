@@ -38,7 +38,7 @@ import logging
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
@@ -47,7 +47,11 @@ from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.wire.control import EMPTY_PART, Audit, AuditDone, Committed, RoundDone
 
 if TYPE_CHECKING:
-    from engine.backbone.tracker import Tracker
+    from collections.abc import Callable
+
+    from engine.backbone.tracker.membership import Members
+    from engine.backbone.tracker.pairs import Pairs
+    from engine.project import ProjectSpec
 
 log = logging.getLogger(__name__)
 # Checkers a reducer may leave without its inputs before its part counts as not shown.
@@ -59,6 +63,16 @@ MAX_UNCHECKED = 10_000
 # at least MIN_CHECK_TIME, at most the round's timeout; then has as long again to answer.
 CHECK_TIME_FACTOR = 4
 MIN_CHECK_TIME = 5.0
+
+
+class AuditedTracker(Protocol):
+    """What checking reducers needs of the tracker."""
+
+    clock: Callable[[], float]
+    members: Members
+    pairs: Pairs
+    project: ProjectSpec
+    round: OpenRound | None
 
 
 @dataclass
@@ -101,7 +115,7 @@ class RoundAudit:
 
 
 class Auditor:
-    def __init__(self, tracker: Tracker, rng: random.Random | None = None) -> None:
+    def __init__(self, tracker: AuditedTracker, rng: random.Random | None = None) -> None:
         self.t = tracker
         self.rng = rng or random.SystemRandom()
         self.drawn = 0

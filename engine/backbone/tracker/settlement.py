@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
 from engine.backbone.tracker.membership import PeerState
@@ -33,7 +33,16 @@ from engine.planning.sizes import encoded_size
 from engine.wire.control import AuditDone, RoundDone, Step
 
 if TYPE_CHECKING:
-    from engine.backbone.tracker import Tracker
+    from collections.abc import Callable
+
+    from engine.backbone.tracker.checks import Auditor
+    from engine.backbone.tracker.heldout import HeldOutScores
+    from engine.backbone.tracker.membership import Members, PeerState
+    from engine.backbone.tracker.outputs import Out
+    from engine.backbone.tracker.pairs import Pairs
+    from engine.backbone.tracker.scheduling import OpenRound, Scheduler
+    from engine.backbone.tracker.syncing import StateSources
+    from engine.project import ProjectSpec
 
 log = logging.getLogger(__name__)
 # After a round settles, how long it stays open for its auxiliary members' reports (what
@@ -44,8 +53,27 @@ log = logging.getLogger(__name__)
 REPORT_GRACE = 2.0
 
 
+class SettlingTracker(Protocol):
+    """What settling a round needs of the tracker."""
+
+    project: ProjectSpec
+    clock: Callable[[], float]
+    members: Members
+    pairs: Pairs
+    scheduler: Scheduler
+    sources: StateSources
+    audits: Auditor
+    heldout: HeldOutScores
+    round: OpenRound | None
+    epoch: int
+    state_sha256: str | None
+    expected_checkpoints: set[tuple[str, int]]
+
+    def resync(self, peer: PeerState, reason: str) -> list[Out]: ...
+
+
 class Settlement:
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: SettlingTracker) -> None:
         self.t = tracker
         self.closed: OpenRound | None = None  # the last round closed: its optional members may report late
 

@@ -6,7 +6,7 @@ it is accepted only for the settled epoch and state."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import CollaborationState, Out, Send
@@ -14,13 +14,35 @@ from engine.wire.control import BadState, Ready, SyncPlan, SyncRequest
 from engine.wire.types import StateSource
 
 if TYPE_CHECKING:
-    from engine.backbone.tracker import Tracker
+    from collections.abc import Callable
+
+    from engine.backbone.tracker.membership import Members, PeerState
+    from engine.backbone.tracker.outputs import Out
+    from engine.backbone.tracker.pairs import Pairs
+    from engine.backbone.tracker.scheduling import OpenRound
+    from engine.project import ProjectSpec
+    from engine.wire.control import CheckpointInfo
 
 log = logging.getLogger(__name__)
 
 
+class SyncingTracker(Protocol):
+    """What finding a state source needs of the tracker."""
+
+    project: ProjectSpec
+    clock: Callable[[], float]
+    members: Members
+    pairs: Pairs
+    round: OpenRound | None
+    epoch: int
+    state_sha256: str | None
+    checkpoint: CheckpointInfo | None
+
+    def resync(self, peer: PeerState, reason: str) -> list[Out]: ...
+
+
 class StateSources:
-    def __init__(self, tracker: Tracker, holders_due: float = 0.0) -> None:
+    def __init__(self, tracker: SyncingTracker, holders_due: float = 0.0) -> None:
         self.t = tracker
         self.holders_due = holders_due  # until then, a restart's peers may still come back
         self._deferred = False  # an asker waits for them

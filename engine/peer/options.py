@@ -1,0 +1,25 @@
+"""How a peer is asked to run: what `cotrain peer`'s flags and the app's settings set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.governor.limits import Limits
+
+
+@dataclass
+class PeerOptions:
+    backbone_url: str
+    project_id: str
+    name: str = ""
+    max_epochs: int | None = None
+    threads: int | None = None
+    data_dir: str | None = None
+    data_seed: int | None = None
+    slowdown: float = 1.0  # behave like a device this many times slower (tests, benchmarks)
+    ice_addresses: list[str] | None = None
+    user_token: str | None = None
+    reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
+    limits: Limits = field(default_factory=Limits)
+    relay_only: bool = False  # connect to other peers through TURN only
+    auxiliary: bool = False  # reduce parts of rounds only: no training (engine/peer/auxiliary.py)

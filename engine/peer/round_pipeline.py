@@ -1,0 +1,89 @@
+"""One round as this peer runs it, top to bottom:
+
+1. take     the gradient accumulated since the last step (training/optimizer.py)
+2. tell     the backbone what we bring: its last evidence of our pace (peer/progress.py)
+3. plan     the round as we take part in it, from its RoundStart (averaging/round_plan.py)
+4. exchange our parts out, the others' in (averaging/allreduce.py: the protocol)
+5. reduce   and check the parts we reduce (averaging/tensor_parts.py, averaging/robust.py)
+6. apply    the averaged gradient with the optimizer's step (training/optimizer.py)
+7. report   how it went (RoundDone); the backbone settles the step when the group agrees
+
+A round that fails gives the gradient back to the accumulator: it counts in the next one."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from engine.averaging.errors import AveragingError
+from engine.averaging.round_plan import RoundPlan
+from engine.averaging.tensor_parts import Averaged
+from engine.peer.progress import ProgressReporter, SendControl
+from engine.project import AggregationSpec, CompressionMethod
+from engine.training.accumulator import Accumulated
+from engine.training.optimizer import CollaborativeOptimizer
+from engine.wire.control import RoundDone, RoundStart, Step
+
+log = logging.getLogger(__name__)
+
+Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Averaged]]
+# A round waits for the micro-batch under way only while the rest of it fits in this share
+# of the round's timeout; a slower device drops that micro-batch instead of stalling everyone.
+ROUND_WAIT_SHARE = 0.2
+
+
+class RoundPipeline:
+    def __init__(self, optimizer: CollaborativeOptimizer, progress: ProgressReporter, average: Averager,
+                 send: SendControl, *, me: str, target_batch_size: int,
+                 aggregation: AggregationSpec | None = None, compression: CompressionMethod = "none") -> None:
+        self.optimizer = optimizer
+        self.progress = progress
+        self.average = average
+        self.send = send
+        self.me = me
+        self.target_batch_size = target_batch_size
+        self.aggregation = aggregation or AggregationSpec()
+        self.compression = compression
+        self.last_step: RoundDone | None = None  # how our last step went, told the backbone again
+
+    async def run(self, start: RoundStart) -> tuple[Step, Accumulated] | None:
+        """Take part in the round ``start``; returns the step taken and what this peer brought
+        to it, or None if the round failed."""
+        if self.me not in start.group:
+            return None
+        opt = self.optimizer
+        taken = await opt.begin_round(start.epoch, ROUND_WAIT_SHARE * start.timeout)
+        if taken is None:
+            await self.send(RoundDone(start.round_id, start.epoch, ok=False,
+                                      error=f"not ready for epoch {start.epoch}"))
+            return None
+        try:
+            await self.progress.report_taken(taken)
+            began = time.monotonic()
+            plan = RoundPlan.of(start, self.me, self.aggregation, self.target_batch_size, self.compression)
+            try:
+                averaged = await self.average(plan, taken.vector, taken.samples, taken.loss_sum,
+                                              start.timeout)
+                digest, proof = await opt.step(averaged.vector, start.epoch, start.nonce)
+            except AveragingError as exc:
+                log.warning("round for epoch %d failed: %s", start.epoch, exc)
+                await opt.give_back(taken, start.epoch)
+                await self.send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc),
+                                          unreachable=exc.suspects, waiting=exc.waiting))
+                return None
+        finally:
+            opt.end_round()
+        seconds = time.monotonic() - began
+        opt.keep_taken(start.epoch, taken)
+        self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
+                                   samples=averaged.samples, loss=averaged.loss, seconds=seconds,
+                                   received=averaged.received, commitment=averaged.commitment,
+                                   numel=averaged.vector.numel(), proof=proof)
+        await self.send(self.last_step)
+        self.progress.stepped()
+        step = Step(epoch=opt.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
+                    peers=len(start.group), round_seconds=seconds, state_sha256=digest)
+        return step, taken

@@ -1,0 +1,45 @@
+"""The state before a step the collaboration has not settled on yet: if the round is
+discarded, the peer goes back to it at once instead of downloading it; if the step would
+make the state not finite, it is never taken."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.training.accumulator import Accumulated
+
+
+@dataclass
+class Kept:
+    epoch: int
+    state_sha256: str
+    model: dict[str, torch.Tensor]
+    optimizer: dict[int, Any]
+    taken: Accumulated | None = None  # what we brought to the step: computed on this state
+
+
+def keep(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int, state_sha256: str) -> Kept:
+    return Kept(epoch, state_sha256, {k: v.clone() for k, v in model.state_dict().items()},
+                copy.deepcopy(optimizer.state_dict()["state"]))
+
+
+def put_back(kept: Kept, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The kept parameters and optimizer state (its hyperparameters stay as they are)."""
+    model.load_state_dict(kept.model)
+    groups = optimizer.state_dict()["param_groups"]
+    optimizer.load_state_dict({"state": kept.optimizer, "param_groups": groups})
+
+
+def is_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in _state_tensors(model, optimizer))
+
+
+def _state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    yield from (p.detach() for p in model.parameters())
+    for slots in optimizer.state.values():
+        yield from (t for t in slots.values() if isinstance(t, torch.Tensor) and t.is_floating_point())
