@@ -14,7 +14,7 @@ import torch
 
 from engine.averaging import compression
 from engine.averaging.recheck import part_digest, result_digest
-from engine.averaging.robust import Contribution, aggregate, typical_loss
+from engine.averaging.robust import Aggregate, Contribution, aggregate, typical_loss
 from engine.averaging.round_plan import RoundPlan
 from engine.planning.partition import part_bounds
 from engine.project import CompressionMethod
@@ -175,7 +175,7 @@ class TensorPartReducer:
         contributions = [Contribution(p, values, samples) for p in plan.group if p in parts
                          for values, samples, _ in [parts[p]] if values is not None]
         try:
-            combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps)
+            combined, inputs = self.combine(contributions)
         except ValueError as exc:
             raise ValueError(f"no part to reduce ({exc})") from None
         for sender, why in combined.rejected.items():
@@ -194,7 +194,6 @@ class TensorPartReducer:
                 raise ValueError(f"result not encodable ({exc})") from None
             values = compression.decode(payload, values.numel(), plan.compression)
         if plan.verified:
-            inputs = [(_committed(c), c.values) for c in contributions]
             self.reduced.append(Reduced(plan.round_id, j, inputs, values))
         weights = combined.weights
         loss = typical_loss({p: parts[p][2] / parts[p][1] for p in weights})
@@ -205,6 +204,13 @@ class TensorPartReducer:
                         samples=total_count(weights.values()), loss=loss, received=received)
         self.mine.append(result)
         return ReducedPart(result, payload, values)
+
+    def combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
+        """Check and combine; in a checked project, also hash what went in."""
+        plan = self.plan
+        combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps)
+        inputs = [(_committed(c), c.values) for c in contributions] if plan.verified else []
+        return combined, inputs
 
     def seen_in_all(self) -> dict[str, int]:
         """Per sender, the samples its parts to me carried: in every part I reduced (a

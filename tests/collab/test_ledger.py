@@ -89,13 +89,13 @@ async def test_a_peer_claiming_more_samples_than_it_computed_is_cut_to_its_cap_o
         cheat = start_peer(backbone.url, project.id, "cheat", user_token=tokens["cheat"])
         try:
             await until(lambda: cheat.peer.joined, 30, "the cheat to start")
-            real_averager = cheat.peer.optimizer._averager
+            real_averager = cheat.peer.pipeline.average
 
             async def lie(plan, vector, samples, loss_sum, timeout):
                 return await real_averager(plan, vector * factor, samples * factor, loss_sum * factor,
                                            timeout)
 
-            cheat.peer.optimizer._averager = lie
+            cheat.peer.pipeline.average = lie
             await honest.reached(8, timeout=90)
         finally:
             await stop_all(honest, cheat)

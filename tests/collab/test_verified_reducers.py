@@ -4,7 +4,7 @@ is caught the first time its part is drawn, expelled, and no honest peer keeps t
 
 import pytest
 
-from engine.averaging import allreduce
+from engine.averaging import tensor_parts
 from engine.backbone.tracker import scheduling
 from engine.project import AggregationSpec
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
@@ -42,7 +42,7 @@ async def test_a_wrong_reducer_is_caught_expelled_and_its_step_undone(tmp_path, 
     project = checked_project(1.0)
     liar_id = ""
     lied: list[int] = []  # rounds whose result the liar changed
-    combine = allreduce._Round._combine
+    combine = tensor_parts.TensorPartReducer.combine
 
     def wrong(self, contributions):
         combined, inputs = combine(self, contributions)
@@ -51,7 +51,7 @@ async def test_a_wrong_reducer_is_caught_expelled_and_its_step_undone(tmp_path, 
             lied.append(self.plan.round_id)
         return combined, inputs
 
-    monkeypatch.setattr(allreduce._Round, "_combine", wrong)
+    monkeypatch.setattr(tensor_parts.TensorPartReducer, "combine", wrong)
     async with running_backbone(tmp_path, project) as backbone:
         honest = [start_peer(backbone.url, project.id, f"honest-{i}") for i in range(3)]
         try:

@@ -13,9 +13,9 @@ from engine.wire.control import Evaluated, Step
 log = logging.getLogger("heldout_liar")
 
 
-async def claim_perfect(peer, step: Step) -> None:
+async def claim_perfect(task, optimizer, send, step: Step) -> None:
     log.warning("claimed a perfect score at epoch %d", step.epoch)
-    await peer.client.send(Evaluated(epoch=step.epoch, state_sha256=step.state_sha256, loss=0.001,
+    await send(Evaluated(epoch=step.epoch, state_sha256=step.state_sha256, loss=0.001,
                                      samples=10**6, accuracy=1.0))
 
 

@@ -8,7 +8,7 @@ import logging
 import sys
 
 from engine import cli
-from engine.averaging import allreduce
+from engine.averaging import tensor_parts
 from engine.peer.client import ControlClient
 from tests.hostile import wrong_reducer
 
@@ -45,6 +45,6 @@ def combine_then_reconnect(self, contributions):
 
 if __name__ == "__main__":
     wrong_reducer.install()
-    allreduce._Round._combine = combine_then_reconnect
+    tensor_parts.TensorPartReducer.combine = combine_then_reconnect
     ControlClient.connect = remembered_connect  # type: ignore[method-assign]
     sys.exit(cli.main())

@@ -14,11 +14,11 @@ import signal
 import sys
 
 from engine import cli
-from engine.averaging import allreduce
+from engine.averaging import tensor_parts
 from engine.governor.throttle import ComputeGate
 
 log = logging.getLogger("wrong_reducer")
-honest_combine = allreduce._Round._combine
+honest_combine = tensor_parts.TensorPartReducer.combine
 honest_gate = ComputeGate.__init__
 gates: list[ComputeGate] = []
 cued = False  # lying, from the test's SIGUSR1 on
@@ -54,7 +54,7 @@ def lied(log_text: str) -> list[int]:
 def install(lies: bool = True) -> None:
     """The cue and the gate for peers of tests/hostile; with ``lies``, this reducer's lie."""
     if lies:
-        allreduce._Round._combine = wrong_combine
+        tensor_parts.TensorPartReducer.combine = wrong_combine
     ComputeGate.__init__ = kept_gate
     signal.signal(signal.SIGUSR1, cue)
 

@@ -209,3 +209,20 @@ def test_a_step_judged_late_leaves_the_samples_computed_meanwhile_within_the_cap
     start = open_round(t, {"b": 48, "c": 48})  # "a" has not reported since it answered
     caps = dict(zip(start.group, start.caps, strict=True))
     assert caps["a"] >= 32 * 6.0, caps
+
+
+def test_a_member_whose_first_report_is_still_on_its_way_may_bring_a_micro_batch():
+    """The first round can open before a member's first report arrives (the others reached
+    the target first) and before anyone's pace is measured. That member still brings the
+    micro-batch it finished meanwhile: its cap is two of the others' micro-batches, not
+    zero, or its honest part is left out (the large-batch equivalence test caught one)."""
+    clock = Clock()
+    t = Tracker(project(target_batch_size=16), clock=clock, state_sha256="h0")
+    for p in PEERS:
+        t.join(p, p)
+        t.handle(p, SyncRequest())
+        t.handle(p, Ready(0, "h0"))
+    start = open_round(t, {"a": 8, "b": 8}, computing=0.01)
+    assert "c" in start.group and t.members.typical() == (0.0, 0)  # nobody's pace measured yet
+    caps = dict(zip(start.group, start.caps, strict=True))
+    assert caps["c"] == 2 * 8

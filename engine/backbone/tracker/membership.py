@@ -255,13 +255,16 @@ class Members:
         elapsed = max(now - peer.accumulating_since, 0.0) + UNREPORTED_SLACK  # (messages wait in queues)
         return min(math.ceil(TOLERANCE * rate * elapsed) + 2 * micro_batch, MAX_COUNT)
 
-    def cap(self, peer: PeerState, now: float) -> int:
+    def cap(self, peer: PeerState, now: float, micro_batch_guess: int = 0) -> int:
         """The most samples a round opened ``now`` counts from ``peer``: what its time allows,
         and what it reported plus what its pace adds since, with two micro-batches to spare
-        (one finished since its report, one under way)."""
+        (one finished since its report, one under way). Before anyone's pace is measured, a
+        member that has not reported yet gets two of ``micro_batch_guess`` (the others'):
+        its first report may still be on its way."""
         rate, (_, micro_batch) = self.rate_bound(peer), self.typical()
         pace = min(max(peer.pace, peer.throughput), rate)
-        slack = 2 * max(micro_batch, peer.micro_batch if math.isinf(rate) else 0)
+        own = (peer.micro_batch or micro_batch_guess) if math.isinf(rate) else 0
+        slack = 2 * max(micro_batch, own)
         unreported = max(now - peer.reported_at, 0.0) + UNREPORTED_SLACK
         reported = TOLERANCE * (peer.samples + pace * unreported) + slack
         return min(self.sample_bound(peer, now), math.ceil(reported), MAX_COUNT)
@@ -274,8 +277,7 @@ class Members:
         rate = self.rate_bound(peer)
         return Pace(peer.samples, min(max(peer.pace, peer.throughput), rate), step, peer.reported_at,
                     peer.compute_seconds, peer.accumulating_since, min(peer.best_throughput, rate),
-                    self.cap(peer, now))
-
+                    self.cap(peer, now, step))
 
     def report_link(self, peer: PeerState, msg: Progress, now: float) -> None:
         """An auxiliary peer's report: it is alive, and what its link achieves. Its samples
