@@ -23,10 +23,12 @@ from engine.averaging.errors import AveragingError
 from engine.averaging.round_plan import RoundChanges, RoundPlan
 from engine.peer.backbone_loop import ControlLoop
 from engine.peer.events import Aggregated, Joined, RoundFailed, StatusChanged
+from engine.peer.links import all_links_relayed, keep_measured, offered_addresses, reported_link
 from engine.peer.runner import Peer
 from engine.peer.training_loop import HEARTBEAT
 from engine.tasks import create_task
 from engine.training.params import trainable
+from engine.transport.backends import restrict_host_addresses
 from engine.transport.ice import ice_configuration
 from engine.transport.mesh import PeerMesh
 from engine.wire.control import (
@@ -78,11 +80,11 @@ class AuxiliaryPeer(Peer):
         return self.numel > 0
 
     def _loops(self) -> list[Coroutine[Any, Any, Any]]:
-        self.spawn(self._measure_link())
+        self.spawn(keep_measured(self.bandwidth, self.client, self.stopping_event))
         return [self.control.run(), self._heartbeat(), self.stopping_event.wait()]
 
     async def _start(self) -> None:
-        self._restrict_addresses()
+        restrict_host_addresses(offered_addresses(self.options))
         reply = await self.client.join(PeerRole.AUXILIARY)
         self.peer_id = reply.peer_id
         project = reply.project
@@ -112,9 +114,9 @@ class AuxiliaryPeer(Peer):
         share by that."""
         while True:
             if self.joined:
-                upload, download = self._link_estimate()
+                upload, download = reported_link(self.bandwidth, self.upload, self.download)
                 await self.client.send(Progress(epoch=self.collab_epoch, samples=0, samples_per_second=0.0,
-                                                client_mode=self.relay_only or self._all_links_relayed(),
+                                                client_mode=self.relay_only or all_links_relayed(self.mesh),
                                                 upload=upload, download=download))
             await asyncio.sleep(HEARTBEAT / 2)
 

@@ -50,12 +50,10 @@ class ControlledPeer(Protocol):
     collab_epoch: int
     status: Status | None
     emit: Callable[[PeerEvent], None]
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
 
     @property
     def running(self) -> bool: ...
-
-    @property
-    def stopping(self) -> bool: ...
 
     @property
     def stopping_event(self) -> asyncio.Event: ...
@@ -74,8 +72,6 @@ class ControlledPeer(Protocol):
 
     @property
     def state_sync(self) -> StateSync: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
 
     def stop(self, reason: str = "stopped") -> None: ...
 
@@ -100,7 +96,7 @@ class ControlLoop:
         while True:
             async for msg in client.messages():
                 self.dispatch(msg)
-            if peer.stopping:
+            if peer.stopping_event.is_set():
                 return
             reason = client.close_reason
             log.warning("lost the backbone (%s); reconnecting", reason)

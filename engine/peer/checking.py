@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import torch
@@ -39,14 +39,13 @@ class AuditingPeer(Protocol):
     peer_id: str
     mailbox: Mailbox
     client: ControlClient
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
 
     @property
     def project(self) -> ProjectSpec: ...
 
     @property
     def mesh(self) -> PeerMesh: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
 
 
 class Audits:

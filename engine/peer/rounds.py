@@ -52,6 +52,8 @@ class RoundingPeer(Protocol):
     bandwidth: Bandwidth
     history: list[EpochCompleted]
     emit: Callable[[PeerEvent], None]
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
+    track: Callable[[asyncio.Task], None]
 
     @property
     def project(self) -> ProjectSpec: ...
@@ -70,10 +72,6 @@ class RoundingPeer(Protocol):
 
     @property
     def state_sync(self) -> StateSync: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task: ...
-
-    def track(self, task: asyncio.Task) -> None: ...
 
     def check_behind(self) -> None: ...
 

@@ -1,32 +1,32 @@
 """One peer of a collaboration, from joining to leaving.
 
 Four activities share one event loop, each in its own module: the control loop
-(control.py: messages from the backbone, reconnecting when it goes away), the training
-loop (training.py: micro-batches on the compute thread), rounds (rounds.py: opened by the
-backbone, averaged over the mesh) and state downloads (state_sync.py: whenever the peer is
-behind). This module owns the peer's life: start, the governor's controls, shutdown.
-"""
+(backbone_loop.py: messages from the backbone, reconnecting when it goes away), the
+training loop (training_loop.py: micro-batches on the compute thread), rounds (rounds.py
+and round_pipeline.py: opened by the backbone, averaged over the mesh) and state downloads
+(state_sync.py: whenever the peer is behind). This module owns the peer's life: start, the
+governor's controls, shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
 from engine.peer.backbone_loop import ControlLoop
-from engine.peer.bandwidth import PROBE_SECONDS, REPROBE_EVERY, Bandwidth
+from engine.peer.background import PeerTasks
+from engine.peer.bandwidth import Bandwidth
 from engine.peer.checking import Audits
-from engine.peer.client import BackboneError, ControlClient
+from engine.peer.client import ControlClient
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
+from engine.peer.links import all_links_relayed, keep_measured, offered_addresses, reported_link
 from engine.peer.options import PeerOptions
 from engine.peer.progress import ProgressReporter
 from engine.peer.project_data import project_task
@@ -44,7 +44,7 @@ from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.state import state_budget
 from engine.transport.backends import restrict_host_addresses
 from engine.transport.counters import LinkCounters
-from engine.transport.ice import ice_configuration, is_loopback_host
+from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.transport.shaping import RateLimiter
@@ -53,7 +53,6 @@ from engine.wire.types import IcePolicy
 
 log = logging.getLogger(__name__)
 CHECKPOINT_UPLOAD_TIMEOUT = 120.0
-PROBE_TIMEOUT = 30.0  # a probe moves for PROBE_SECONDS; past this the backbone is not answering
 
 
 class Peer:
@@ -77,7 +76,9 @@ class Peer:
         self.bandwidth = Bandwidth()
         self._stop = asyncio.Event()
         self._stop_reason = ""
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks = PeerTasks(lambda error: self.stop(f"internal error: {error}"))
+        self.spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task] = self.tasks.spawn
+        self.track: Callable[[asyncio.Task], None] = self.tasks.track
         self._mesh: PeerMesh | None = None
         self._opt: CollaborativeOptimizer | None = None
         self._progress: ProgressReporter | None = None
@@ -131,10 +132,6 @@ class Peer:
         return self._task
 
     @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
-    @property
     def stopping_event(self) -> asyncio.Event:
         return self._stop
 
@@ -172,15 +169,18 @@ class Peer:
         threads = limits.threads or self.options.threads
         if self._opt is not None and threads:
             self.spawn(self._opt.thread.set_threads(threads))
-        if self._opt is not None:
-            self.spawn(self._compute_on(choose_device(limits.use_gpu)))
+        if self._opt is None:
+            return
+        placement = choose_device(limits.use_gpu)
 
-    async def _compute_on(self, placement: Placement) -> None:
-        if placement != self._placement:
-            self._placement = placement
-            await self.optimizer.set_compute_device(placement.device)
-            log.info("computing on %s", placement.description)
-            self.emit(ComputingOn(placement.description))
+        async def compute_there() -> None:
+            if placement != self._placement:
+                self._placement = placement
+                await self.optimizer.set_compute_device(placement.device)
+                log.info("computing on %s", placement.description)
+                self.emit(ComputingOn(placement.description))
+
+        self.spawn(compute_there())
 
     def traffic(self) -> LinkCounters:
         return self._mesh.totals() if self._mesh is not None else LinkCounters()
@@ -213,7 +213,7 @@ class Peer:
     def _loops(self) -> list[Coroutine[Any, Any, Any]]:
         """What runs until the peer stops (the first to end stops the rest), once started."""
         self.spawn(self._first_sync())
-        self.spawn(self._measure_link())
+        self.spawn(keep_measured(self.bandwidth, self.client, self._stop))
         seed = data_seed(self.options.data_seed, self.peer_id)
         training = training_loop(self.task, self.optimizer, self.progress, self.project.precision, seed)
         return [self.control.run(), training, heartbeat_loop(self.progress), self._stop.wait()]
@@ -223,7 +223,7 @@ class Peer:
         threads = opts.threads or opts.limits.threads
         if threads:
             torch.set_num_threads(threads)
-        self._restrict_addresses()
+        restrict_host_addresses(offered_addresses(opts))
         reply = await self.client.join()
         self.peer_id = reply.peer_id
         project = reply.project
@@ -235,7 +235,8 @@ class Peer:
             asyncio.get_running_loop(), self.emit, self.download)
         # Off the loop: the first optimizer imports torch's compiler stack, seconds of CPU on a
         # busy machine that would otherwise starve this peer's sockets and links.
-        model, optimizer = await asyncio.to_thread(self._build_model, project)
+        seed = data_seed(opts.data_seed, self.peer_id)
+        model, optimizer = await asyncio.to_thread(_built, self.task, project, seed)
         self.gate.install(model)
         # In local mode the project's optimizer steps this peer's own copy of the model.
         local = LocalSteps(project.local, partial(build_optimizer, project.optimizer),
@@ -253,8 +254,9 @@ class Peer:
                                            gate=self.gate, local=local)
         self._progress = ProgressReporter(self._opt, self.client.send, project.target_batch_size,
                                           reply.report_interval)
-        self._progress.client_mode = lambda: relay_only or self._all_links_relayed()
-        self._progress.link_estimate = self._link_estimate
+        mesh = self._mesh
+        self._progress.client_mode = lambda: relay_only or all_links_relayed(mesh)
+        self._progress.link_estimate = partial(reported_link, self.bandwidth, self.upload, self.download)
         self._pipeline = RoundPipeline(self._opt, self._progress, self.rounds.average, self.client.send,
                                        me=self.peer_id, target_batch_size=project.target_batch_size,
                                        aggregation=project.aggregation, compression=project.compression)
@@ -265,50 +267,9 @@ class Peer:
         self._sync = StateSync(self.client, self._mesh, self.mailbox, self._opt, self._progress,
                                self.fresh_model, self.emit)
 
-    def _restrict_addresses(self) -> None:
-        """Offer only the addresses asked for (loopback, for a backbone on this machine)."""
-        opts = self.options
-        addresses = opts.ice_addresses
-        if addresses is None and is_loopback_host(urlparse(opts.backbone_url).hostname or ""):
-            addresses = ["127.0.0.1"]
-        restrict_host_addresses(addresses)
-
-    def _link_estimate(self) -> tuple[float | None, float | None]:
-        link = self.bandwidth.estimate(self.upload.rate, self.download.rate)
-        return link.upload, link.download
-
-    async def _measure_link(self) -> None:
-        """Probe the link against the backbone now and every REPROBE_EVERY; a probe that
-        fails leaves the last estimate and is tried again later."""
-        while not self.stopping:
-            if self.bandwidth.probe_due():
-                try:
-                    client = self.client
-                    upload = await asyncio.wait_for(client.probe_upload(PROBE_SECONDS), PROBE_TIMEOUT)
-                    download = await asyncio.wait_for(client.probe_download(PROBE_SECONDS), PROBE_TIMEOUT)
-                    self.bandwidth.probed(upload, download)
-                    log.info("link: %.1f Mbit/s up, %.1f Mbit/s down", upload * 8e-6, download * 8e-6)
-                except (BackboneError, asyncio.TimeoutError) as exc:
-                    log.info("could not measure the link: %s", exc or "the backbone stopped answering")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), REPROBE_EVERY / 10)
-
-    def _build_model(self, project: ProjectSpec) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        model = self.fresh_model()
-        warm_up(self.task, model, project.precision, data_seed(self.options.data_seed, self.peer_id))
-        return model, collaboration_optimizer(project, model)
-
     def fresh_model(self) -> torch.nn.Module:
         assert self.client.join_reply is not None
         return initial_model(self.task, self.client.join_reply.project.seed)
-
-    def _all_links_relayed(self) -> bool:
-        """Client mode, detected: every link that tells leaves through our own TURN relay while
-        the other side is reachable without one (a link relayed because the other side is
-        behind one does not count: a shaped-links run saw a peer on a slow direct link take
-        itself for a client when its first link was to a relay-only peer)."""
-        known = [relayed for relayed in self.mesh.relayed_here().values() if relayed is not None]
-        return bool(known) and all(known)
 
     async def _shutdown(self) -> None:
         pending = [t for t in self.rounds.uploads if not t.done()]
@@ -316,8 +277,7 @@ class Peer:
             # The collaboration asked us for this checkpoint; if we are the last peer to
             # leave, it is the state the next one resumes from.
             await asyncio.wait(pending, timeout=CHECKPOINT_UPLOAD_TIMEOUT)
-        for task in list(self._tasks):
-            task.cancel()
+        self.tasks.cancel_all()
         if self._mesh is not None:
             await self._mesh.close()
         await self.client.close()
@@ -325,25 +285,6 @@ class Peer:
             await self._files.close()  # a micro-batch waiting for a shard gives up
         if self._opt is not None:
             self._opt.thread.shutdown()
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
-        """A task of this peer's: cancelled when it stops; if it fails, the peer stops."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def track(self, task: asyncio.Task) -> None:
-        """A task that may fail on its own (a peer's request served): cancelled on stop."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        error = None if task.cancelled() else task.exception()
-        if error is not None:
-            log.error("peer task failed: %r", error, exc_info=error)
-            self.stop(f"internal error: {error}")
 
     # --- catching up --------------------------------------------------------------------
 
@@ -376,3 +317,11 @@ class Peer:
     async def resync(self, epoch: int | None = None, state_sha256: str | None = None) -> None:
         if not await self.state_sync.resync(epoch, state_sha256):
             self.stop("could not obtain the collaboration's state")
+
+
+def _built(task: Task, project: ProjectSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The project's model, warmed up (so the backbone times our pace from a warm start), and
+    its optimizer."""
+    model = initial_model(task, project.seed)
+    warm_up(task, model, project.precision, seed)
+    return model, collaboration_optimizer(project, model)

@@ -222,18 +222,6 @@ class PeerMesh:
                         self._max_payload, self.upload)
         return connection, link
 
-    def _heard(self, peer_id: str, transports: list[Transport]) -> None:
-        """Remember which stacks ``peer_id`` has, for our next offer to it (bounded: a stream
-        of new identities must not grow it without end)."""
-        self._transports.pop(peer_id, None)
-        self._transports[peer_id] = transports
-        if len(self._transports) > 4 * self.max_connections:
-            del self._transports[next(iter(self._transports))]
-
-    def _signal(self, kind: SignalKind, conn: str, sdp: str, connection: StackConnection) -> SignalData:
-        return SignalData(kind=kind, conn=conn, sdp=sdp, transport=connection.transport,
-                          transports=self.transports)
-
     def redial_in(self, peer_id: str) -> float:
         """Seconds before a new offer to ``peer_id`` goes out (0 unless it failed lately)."""
         return self._redial.left(peer_id)
@@ -252,9 +240,10 @@ class PeerMesh:
             if wait:
                 await asyncio.sleep(wait)  # a pause between attempts, not a synchronisation
             sdp = await asyncio.wait_for(connection.offer(), self.connect_timeout)
-            await self._send_signal(peer_id, self._signal(SignalKind.OFFER, offer.conn, sdp, connection))
+            signal = _signal(SignalKind.OFFER, offer.conn, sdp, connection, self.transports)
+            await self._send_signal(peer_id, signal)
             answer = await asyncio.wait_for(offer.answer, self.connect_timeout)
-            self._heard(peer_id, answer.transports)
+            _remember(self._transports, peer_id, answer.transports, 4 * self.max_connections)
             await connection.accept(answer.sdp)
             await asyncio.wait_for(connection.opened(), self.connect_timeout)
             self._adopt(link)
@@ -299,12 +288,13 @@ class PeerMesh:
         old = self._links.get(sender)
         if old is not None:
             await old.close()  # the other side thinks this link is dead: start over
-        self._heard(sender, signal.transports)
+        _remember(self._transports, sender, signal.transports, 4 * self.max_connections)
         transport = backends.for_answer(self.transports, signal.transport)
         connection, link = self._new_connection(sender, transport)
         try:
             sdp = await asyncio.wait_for(connection.answer(signal.sdp), self.connect_timeout)
-            await self._send_signal(sender, self._signal(SignalKind.ANSWER, signal.conn, sdp, connection))
+            answer = _signal(SignalKind.ANSWER, signal.conn, sdp, connection, self.transports)
+            await self._send_signal(sender, answer)
             await asyncio.wait_for(connection.opened(), self.connect_timeout)
         except BaseException as exc:
             await connection.close()
@@ -362,3 +352,19 @@ def _retrieve(future: asyncio.Future) -> None:
     """Mark a failed arrival as seen: whoever waited for it has given up already."""
     if not future.cancelled():
         future.exception()
+
+
+def _signal(kind: SignalKind, conn: str, sdp: str, connection: StackConnection,
+            transports: list[Transport]) -> SignalData:
+    """What a signal carries: the description, the stack it is for, and the stacks we have."""
+    return SignalData(kind=kind, conn=conn, sdp=sdp, transport=connection.transport, transports=transports)
+
+
+def _remember(stacks: dict[str, list[Transport]], peer_id: str, transports: list[Transport],
+              most: int) -> None:
+    """Which stacks ``peer_id`` has, for our next offer to it; the ``most`` heard last only
+    (a stream of new identities must not grow it without end)."""
+    stacks.pop(peer_id, None)
+    stacks[peer_id] = transports
+    if len(stacks) > most:
+        del stacks[next(iter(stacks))]
