@@ -121,10 +121,13 @@ class BackboneCalls(QObject):
             self._in_flight.add(key)
         reply = _Reply(self)
         self._replies.add(reply)
+        # ``finish`` holds what it needs, not ``self``: a reply deleted last must not drop its
+        # parent along with it (Qt would delete the reply twice).
+        replies, in_flight = self._replies, self._in_flight
 
         def finish() -> None:
-            self._replies.discard(reply)
-            self._in_flight.discard(key)
+            replies.discard(reply)
+            in_flight.discard(key)
             reply.deleteLater()
 
         reply.done.connect(on_done)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import weakref
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
@@ -61,8 +62,9 @@ class InstanceServer(QObject):
         self.server.newConnection.connect(self._accept)
 
     def _accept(self) -> None:
+        guard = weakref.proxy(self)  # a socket deleted last must not drop its server's owner
         while (socket := self.server.nextPendingConnection()) is not None:
-            socket.readyRead.connect(lambda s=socket: self._read(s))
+            socket.readyRead.connect(lambda s=socket, g=guard: g._read(s))
             socket.disconnected.connect(socket.deleteLater)
 
     def _read(self, socket: QLocalSocket) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
@@ -121,10 +122,13 @@ class WorkerManager(QObject):
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONUNBUFFERED", "1")
         process.setProcessEnvironment(env)
-        process.readyReadStandardOutput.connect(lambda: self._read(process))
-        process.readyReadStandardError.connect(lambda: self._log(process))
-        process.finished.connect(lambda code, status: self._finished(process, code, status))
-        process.errorOccurred.connect(lambda error: self._error(process, error))
+        # The process's connections must not keep its manager alive: when a finished process
+        # is deleted last, dropping the manager with it would delete the process twice.
+        manager = weakref.proxy(self)
+        process.readyReadStandardOutput.connect(lambda: manager._read(process))
+        process.readyReadStandardError.connect(lambda: manager._log(process))
+        process.finished.connect(lambda code, status: manager._finished(process, code, status))
+        process.errorOccurred.connect(lambda error: manager._error(process, error))
         self.process, self.pid = process, 0
         self._started_at = time.monotonic()
         process.start(self.command[0], self.command[1:])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 
@@ -76,3 +78,38 @@ def test_a_worker_of_another_protocol_version_is_refused(qtbot, home, tmp_path):
     wait_until(lambda: stopped, 20, "the mismatched worker to be stopped")
     problems = [e for e in events if isinstance(e, p.Problem)]
     assert problems and problems[0].fatal and "install it again" in problems[0].message
+
+
+DROPPED_MANAGER = """
+import os
+import subprocess
+import sys
+from pathlib import Path
+from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop
+from PySide6.QtWidgets import QApplication
+from app.manager import WorkerManager
+
+app = QApplication([])
+
+def supervise_one_crash():
+    manager = WorkerManager(command=[sys.executable, "-c", "raise SystemExit(3)"], log_path=Path(sys.argv[1]))
+    loop = QEventLoop()
+    manager.crashed.connect(lambda what, delay: loop.quit())
+    manager.start()
+    loop.exec()  # left inside the crash signal: the finished process is still to be deleted
+    manager.stop()
+
+supervise_one_crash()
+QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+print("still running")
+"""
+
+
+def test_a_manager_dropped_before_its_finished_worker_is_deleted_does_not_crash(tmp_path):
+    """The finished QProcess held the manager's last reference: deleting it deleted the manager,
+    which deleted the process again (a segfault in CI, after the test that drops a manager)."""
+    child = subprocess.run([sys.executable, "-c", DROPPED_MANAGER, str(tmp_path / "worker.log")],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "still running"
