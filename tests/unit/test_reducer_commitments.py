@@ -212,3 +212,31 @@ def test_a_checker_that_let_a_check_lapse_is_asked_to_check_nothing_for_a_while(
         pass_every_check(t, start, outs)
         assert t.round is None
     assert t.members.get(lapsed.checker).proven and lapsed.checker not in asked
+
+
+def test_a_checker_resting_after_a_lapse_is_asked_when_a_lie_would_otherwise_discard_the_round():
+    """In a round of three whose third member let a check lapse a while ago, a liar's verdict
+    alone discarded every round: CI saw a collaboration lose rounds for two minutes so."""
+    clock = Clock()
+    t = ready_tracker(clock, peers=("a", "b", "c"))
+    t.project.aggregation.verify_probability = 1.0
+    t.audits.rng = random.Random(4)
+    start = open_round(t, {p: 40 for p in "abc"})
+    results = [f"{j}" * 64 for j in range(3)]
+    outs = []
+    for member in start.group:
+        inputs = [Committed(sender=s, samples=40, sha256="p" * 64) for s in start.group]
+        commitment = Commitment(sent=["p" * 64] * 3, results=results,
+                                reduced=[PartInputs(index=start.group.index(member), inputs=inputs)])
+        outs += t.handle(member, done(start, commitment=commitment))
+    first = first_audit(outs, 0)
+    resting = next(p for p in "abc" if p not in (first.checker, first.reducer))
+    t.members.get(resting).checks_nothing_until = clock.now + 60
+    for j in (1, 2):
+        audit = first_audit(outs, j)
+        t.handle(audit.checker, AuditDone(round_id=start.round_id, index=j, ok=True))
+    second = first_audit(t.handle(first.checker, AuditDone(round_id=start.round_id, index=0, ok=False)), 0)
+    assert second.checker == resting
+    t.handle(second.checker, AuditDone(round_id=start.round_id, index=0, ok=True))
+    assert t.epoch == 1
+    assert t.members.get(first.checker).excluded_until > clock.now + 600
