@@ -8,7 +8,6 @@ reads a project folder on this computer (authoring, checks, tests).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -103,11 +102,8 @@ class FetchedFiles:
 
     async def _fetch(self, ref: FileRef) -> Path:
         # Another process of this computer may be fetching it: wait for it, then look again.
-        lock = await asyncio.to_thread(_hold, self.cache.lock(ref))
-        try:
+        async with exclusive(self.cache.lock(ref)):
             return await self._download(ref)
-        finally:
-            lock.close()
 
     async def _download(self, ref: FileRef) -> Path:
         found = self.cache.find(ref)
@@ -136,8 +132,3 @@ class FetchedFiles:
                 await asyncio.sleep(pause)
                 pause *= 2
 
-
-def _hold(path: Path) -> contextlib.ExitStack:
-    stack = contextlib.ExitStack()
-    stack.enter_context(exclusive(path))
-    return stack

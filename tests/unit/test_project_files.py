@@ -163,3 +163,20 @@ def test_a_folder_whose_files_do_not_match_its_manifest_does_not_load(tmp_path, 
     shard.write_bytes(shard.read_bytes() + b"\n")
     with pytest.raises(ValueError, match=r"bytes; .*project.json says"):
         load_project_folder(project.root)
+
+
+async def test_peers_sharing_a_cache_in_one_process_with_its_backbone_all_get_their_files(tmp_path, project):
+    """Waiting for another download's lock held a thread of asyncio's default executor; with
+    more waiters than its threads, the backbone in the same process could not open the file
+    the lock holder was fetching, and every download stalled (CI: three peers, two minutes)."""
+    shards = project.spec.data.shards
+    async with running_backbone(tmp_path / "bb", projects_dir=project.root.parent) as backbone:
+        peers = [await fetched(backbone.url, project, tmp_path / "cache") for _ in range(12)]
+        try:
+            got = await asyncio.wait_for(
+                asyncio.gather(*(files.get(ref) for files in peers for ref in shards)), 20)
+        finally:
+            for files in peers:
+                await files.close()
+    assert [path.read_bytes() for path in got] == \
+        [(project.root / ref.path).read_bytes() for _ in peers for ref in shards]
