@@ -25,10 +25,6 @@ async def alone(plan, vector, samples, loss_sum, timeout) -> Averaged:
     return Averaged(vector / samples, samples, loss_sum / samples, {plan.me: samples})
 
 
-async def nowhere(message) -> None:
-    pass
-
-
 @pytest.fixture(scope="module")
 def task():
     return create_task("demo-lm", dict(TINY), None)

@@ -23,8 +23,7 @@ class CreditRecords(Repository):
                        owners: dict[str, int | None]) -> None:
         """Every member's credit for a settled round and their users' totals, atomically."""
         now = time.time()
-        db = self._transaction()
-        try:
+        with self._transaction() as db:
             credited = aggregated = 0
             for peer_id, credit in credits.items():
                 user_id = owners.get(peer_id)
@@ -52,17 +51,12 @@ class CreditRecords(Repository):
             db.execute("UPDATE collaborations SET credited_samples = credited_samples + ?, "
                        "aggregated_bytes = aggregated_bytes + ? WHERE project=?",
                        (credited, aggregated, project))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def withdraw_credits(self, project: str, peer_id: str, round_ids: list[int], why: str) -> int:
         """Take back ``peer_id``'s credit for these rounds (its user's total too); returns the
         samples withdrawn. Rows already withdrawn are left as they are."""
         now = time.time()
-        db = self._transaction()
-        try:
+        with self._transaction() as db:
             samples = aggregated = 0
             for round_id in round_ids:
                 row = db.execute(
@@ -87,10 +81,6 @@ class CreditRecords(Repository):
             db.execute("UPDATE collaborations SET credited_samples = credited_samples - ?, "
                        "aggregated_bytes = aggregated_bytes - ? WHERE project=?",
                        (samples, aggregated, project))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         return samples
 
     def leaderboard(self, project: str, limit: int, offset: int,

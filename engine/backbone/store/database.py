@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.backbone.accounts import LEGACY_HASH
@@ -162,6 +164,14 @@ class Repository:
     def __init__(self, database: Database) -> None:
         self.db = database.connection
 
-    def _transaction(self) -> sqlite3.Connection:
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """All of it or none of it (a failed COMMIT rolls back too)."""
         self.db.execute("BEGIN IMMEDIATE")
-        return self.db
+        try:
+            yield self.db
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise

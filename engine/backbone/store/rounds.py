@@ -44,18 +44,13 @@ class RoundRecords(Repository):
 
     def record_step(self, project: str, step: Step) -> None:
         """The step and the collaboration's new epoch, atomically."""
-        db = self._transaction()
-        try:
+        with self._transaction() as db:
             db.execute(
                 "INSERT OR IGNORE INTO steps VALUES (?,?,?,?,?,?,?,?,?)",
                 (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
                  step.round_seconds, step.state_sha256, time.time()),
             )
             self.set_collaboration(project, step.epoch, step.state_sha256)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def steps(self, project: str) -> list[Step]:
         rows = self.db.execute(
