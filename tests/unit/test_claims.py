@@ -8,7 +8,7 @@ from engine.backbone.tracker import Identity, Tracker
 from engine.backbone.tracker.membership import MAX_PACE_RATIO, UNREPORTED_SLACK
 from engine.wire import control
 from engine.wire.codec import encode_text
-from engine.wire.control import Progress, Ready, Resync, SyncRequest
+from engine.wire.control import Progress, Ready, Resync, RoundStart, SyncRequest
 from engine.wire.types import MAX_COUNT, MAX_RATE
 from tests.unit.test_tracker import Clock, done, open_round, project, sent
 
@@ -226,3 +226,26 @@ def test_a_member_whose_first_report_is_still_on_its_way_may_bring_a_micro_batch
     assert "c" in start.group and t.members.typical() == (0.0, 0)  # nobody's pace measured yet
     caps = dict(zip(start.group, start.caps, strict=True))
     assert caps["c"] == 2 * 8
+
+
+def test_a_member_whose_first_pace_timed_its_warm_up_counts_what_it_computed_since():
+    """A first report times the warm-up too: a member that reported one micro-batch after
+    0.23 s (35 samples/s) went on at the others' 150 samples/s, and brought 48 samples to a
+    round that opened 0.06 s after its report. Its cap (1.5 x (8 + 35 x 0.31) + 16 = 44)
+    cut its honest part (the large-batch equivalence test caught it in CI)."""
+    clock = Clock()
+    t = Tracker(project(target_batch_size=96), clock=clock, state_sha256="h0")
+    for p in PEERS:
+        t.join(p, p)
+        t.handle(p, SyncRequest())
+        t.handle(p, Ready(0, "h0"))
+    clock.now += 0.23
+    t.handle("c", Progress(0, 8, 35.0))
+    clock.now += 0.06
+    outs = t.handle("a", Progress(0, 40, 150.0)) + t.handle("b", Progress(0, 56, 150.0))
+    starts = [m for _, m in sent(outs, RoundStart)]
+    caps = dict(zip(starts[0].group, starts[0].caps, strict=True))
+    assert caps["c"] >= 48
+    fastest = 56 / 0.29  # the others' paces, as the backbone timed them
+    assert caps["c"] <= math.ceil(1.5 * (8 + fastest * (0.06 + UNREPORTED_SLACK))) + 2 * 8, \
+        "no more than the others' pace allows"

@@ -203,7 +203,7 @@ class Tracker:
             # The micro-batch that was under way when the round opened, reported: evidence
             # (its cap was sent with the round, and stays).
             cap = rnd.members[peer.peer_id].cap
-            rnd.members[peer.peer_id] = replace(self.members.pace(peer, [peer], now), cap=cap)
+            rnd.members[peer.peer_id] = replace(self.members.pace(peer, now), cap=cap)
         if not self.members.may_reach(self.project.target_batch_size, peer, self.epoch, now):
             return []
         return self._maybe_open_round()

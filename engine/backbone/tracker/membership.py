@@ -255,29 +255,37 @@ class Members:
         elapsed = max(now - peer.accumulating_since, 0.0) + UNREPORTED_SLACK  # (messages wait in queues)
         return min(math.ceil(TOLERANCE * rate * elapsed) + 2 * micro_batch, MAX_COUNT)
 
-    def cap(self, peer: PeerState, now: float, micro_batch_guess: int = 0) -> int:
+    def cap(self, peer: PeerState, now: float, micro_batch_guess: int = 0, pace_floor: float = 0.0) -> int:
         """The most samples a round opened ``now`` counts from ``peer``: what its time allows,
         and what it reported plus what its pace adds since, with two micro-batches to spare
         (one finished since its report, one under way). Before anyone's pace is measured, a
         member that has not reported yet gets two of ``micro_batch_guess`` (the others'):
-        its first report may still be on its way."""
+        its first report may still be on its way. Its pace counts as at least ``pace_floor``
+        (the round's typical member's): a first pace timed over the warm-up says little, and
+        the floor gives nobody more than reporting faster could (paces are claims too)."""
         rate, (_, micro_batch) = self.rate_bound(peer), self.typical()
-        pace = min(max(peer.pace, peer.throughput), rate)
+        pace = min(max(peer.pace, peer.throughput, pace_floor), rate)
         own = (peer.micro_batch or micro_batch_guess) if math.isinf(rate) else 0
         slack = 2 * max(micro_batch, own)
         unreported = max(now - peer.reported_at, 0.0) + UNREPORTED_SLACK
         reported = TOLERANCE * (peer.samples + pace * unreported) + slack
         return min(self.sample_bound(peer, now), math.ceil(reported), MAX_COUNT)
 
-    def pace(self, peer: PeerState, members: list[PeerState], now: float) -> Pace:
-        """``peer``'s evidence when a round opens ``now``, to judge its claim when it ends."""
-        # A newcomer that has not reported yet still finishes the micro-batch under way;
-        # the same task runs everywhere, so the others' micro-batch size is a fair guess.
-        step = peer.micro_batch or max(p.micro_batch for p in members)
+    def paces(self, members: list[PeerState], now: float) -> dict[str, Pace]:
+        """The members' evidence when a round opens ``now``, to judge their claims when it
+        ends. A newcomer that has not reported yet still finishes the micro-batch under way:
+        the same task runs everywhere, so the others' micro-batch size is a fair guess."""
+        guess = max(p.micro_batch for p in members)
+        floor = statistics.median_high(max(p.pace, p.throughput) for p in members)
+        return {p.peer_id: self.pace(p, now, guess, floor) for p in members}
+
+    def pace(self, peer: PeerState, now: float, micro_batch_guess: int = 0, pace_floor: float = 0.0) -> Pace:
+        """``peer``'s evidence now (see ``paces`` and ``cap``)."""
+        step = peer.micro_batch or micro_batch_guess
         rate = self.rate_bound(peer)
         return Pace(peer.samples, min(max(peer.pace, peer.throughput), rate), step, peer.reported_at,
                     peer.compute_seconds, peer.accumulating_since, min(peer.best_throughput, rate),
-                    self.cap(peer, now, step))
+                    self.cap(peer, now, step, pace_floor))
 
     def report_link(self, peer: PeerState, msg: Progress, now: float) -> None:
         """An auxiliary peer's report: it is alive, and what its link achieves. Its samples

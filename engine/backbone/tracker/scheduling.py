@@ -227,7 +227,7 @@ class Scheduler:
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
-            members={p.peer_id: self.members.pace(p, members, now) for p in members}, optional=optional,
+            members=self.members.paces(members, now), optional=optional,
             auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined else 1,
         )
         log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s in %d "
