@@ -196,6 +196,8 @@ class Session:
                 await self._retry_later(backoff, f"This computer's backbone could not start ({exc})",
                                         hosting=True)
                 continue
+            if self._leaving:
+                break  # left while the backbone started: nobody would stop a peer started now
             if self._key != f"{key} {command.project}":
                 self._shown, self._earlier = (0, 0), 0
             self._key, self._backbone_url = f"{key} {command.project}", url
