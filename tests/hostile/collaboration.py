@@ -94,6 +94,7 @@ class Collaboration:
     def __init__(self, root: Path, project: ProjectSpec | None = None, peers: int = 3,
                  backbone_args: tuple[str, ...] = (), folder: ProjectFolder | None = None) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.project = folder.spec if folder else project or hostile_project()
         self.folder = folder  # a project with data, served from its folder
         self.names = [f"honest-{i}" for i in range(peers)]

@@ -32,6 +32,7 @@ PROBABILITY = 0.5
 CAUGHT_WITHIN = math.ceil(math.log(1e-3) / math.log(1 - PROBABILITY))
 HELD_OUT = 16  # batches the final model is evaluated on
 MARGIN = 0.05
+STRANGER_ATTEMPTS = 2
 
 
 def project(method: str) -> ProjectSpec:
@@ -51,7 +52,21 @@ class Run:
 
 
 async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
-    """The collaboration trained to the epoch of its first checkpoint, and that checkpoint's loss."""
+    """The collaboration trained to the epoch of its first checkpoint, and that checkpoint's loss.
+
+    A stranger is in a round only when its Ready for the new epoch beats the honest peers'
+    reports, one or two rounds of the sixty here: a run in which it got none proves nothing
+    either way (CI saw one), and is run again, once."""
+    for attempt in range(STRANGER_ATTEMPTS):
+        done = await run_once(root / f"run-{attempt}", spec, attack)
+        if done is not None:
+            return done
+    raise AssertionError(f"no poisoned part reached a reducer in {STRANGER_ATTEMPTS} runs: "
+                         "the test proves nothing")
+
+
+async def run_once(root: Path, spec: ProjectSpec, attack: str | None) -> Run | None:
+    """``run``'s collaboration; None if the stranger sent no poisoned part."""
     epochs = spec.checkpoint_every
     # Equal shares with a wrong reducer: the LP may give a peer no part (its link measured
     # slow), and one that reduces nothing cannot lie. The average is the same either way.
@@ -74,7 +89,8 @@ async def run(root: Path, spec: ProjectSpec, attack: str | None = None) -> Run:
                     await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
                 finally:
                     task.cancel()
-                assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
+                if not poisoner.sent:
+                    return None
                 return Run(collab.checkpoint_loss(epochs, HELD_OUT), collab, poisoner.sent,
                            left_out(collab, stranger.peer_id), collab.credited(adversary.peer_ids),
                            poisoner.harmless)
