@@ -15,14 +15,20 @@ from tests.unit.test_tracker import Clock, done, open_round, project, sent
 PEERS = ("a", "b", "c")
 
 
-def honest_collaboration(clock, epochs=2, **kw):
-    """Three honest peers that settled ``epochs`` rounds, each computing 32 samples a
-    second: proven, with measured paces."""
-    t = Tracker(project(target_batch_size=96, **kw), clock=clock, state_sha256="h0")
+def ready_peers(clock, **kw):
+    """A collaboration at epoch 0 that PEERS joined, each ready with its state."""
+    t = Tracker(project(**kw), clock=clock, state_sha256="h0")
     for p in PEERS:
         t.join(p, p)
         t.handle(p, SyncRequest())
         t.handle(p, Ready(0, "h0"))
+    return t
+
+
+def honest_collaboration(clock, epochs=2, **kw):
+    """Three honest peers that settled ``epochs`` rounds, each computing 32 samples a
+    second: proven, with measured paces."""
+    t = ready_peers(clock, target_batch_size=96, **kw)
     for epoch in range(epochs):
         start = open_round(t, {p: 32 for p in PEERS})
         for p in PEERS:
@@ -217,11 +223,7 @@ def test_a_member_whose_first_report_is_still_on_its_way_may_bring_a_micro_batch
     micro-batch it finished meanwhile: its cap is two of the others' micro-batches, not
     zero, or its honest part is left out (the large-batch equivalence test caught one)."""
     clock = Clock()
-    t = Tracker(project(target_batch_size=16), clock=clock, state_sha256="h0")
-    for p in PEERS:
-        t.join(p, p)
-        t.handle(p, SyncRequest())
-        t.handle(p, Ready(0, "h0"))
+    t = ready_peers(clock, target_batch_size=16)
     start = open_round(t, {"a": 8, "b": 8}, computing=0.01)
     assert "c" in start.group and t.members.typical() == (0.0, 0)  # nobody's pace measured yet
     caps = dict(zip(start.group, start.caps, strict=True))
@@ -234,11 +236,7 @@ def test_a_member_whose_first_pace_timed_its_warm_up_counts_what_it_computed_sin
     round that opened 0.06 s after its report. Its cap (1.5 x (8 + 35 x 0.31) + 16 = 44)
     cut its honest part (the large-batch equivalence test caught it in CI)."""
     clock = Clock()
-    t = Tracker(project(target_batch_size=96), clock=clock, state_sha256="h0")
-    for p in PEERS:
-        t.join(p, p)
-        t.handle(p, SyncRequest())
-        t.handle(p, Ready(0, "h0"))
+    t = ready_peers(clock, target_batch_size=96)
     clock.now += 0.23
     t.handle("c", Progress(0, 8, 35.0))
     clock.now += 0.06

@@ -97,10 +97,9 @@ def test_a_passed_check_clears_what_a_reducer_would_lose():
     assert t.epoch == 1 and t.audits.unchecked == {}
 
 
-def test_in_a_round_of_three_a_lying_checker_cannot_discard_it():
-    """Before: one checker said wrong, the other right, and with nobody left to ask the round
-    was discarded and nobody expelled -- a lie that cost its teller nothing."""
-    clock = Clock()
+def reduced_round_of_three(clock):
+    """A round of a, b and c, every part checked, each member reporting the part it reduced;
+    the tracker, the round and what it sent."""
     t = ready_tracker(clock, peers=("a", "b", "c"))
     t.project.aggregation.verify_probability = 1.0
     t.audits.rng = random.Random(4)
@@ -112,6 +111,14 @@ def test_in_a_round_of_three_a_lying_checker_cannot_discard_it():
         commitment = Commitment(sent=["p" * 64] * 3, results=results,
                                 reduced=[PartInputs(index=start.group.index(member), inputs=inputs)])
         outs += t.handle(member, done(start, commitment=commitment))
+    return t, start, outs
+
+
+def test_in_a_round_of_three_a_lying_checker_cannot_discard_it():
+    """Before: one checker said wrong, the other right, and with nobody left to ask the round
+    was discarded and nobody expelled -- a lie that cost its teller nothing."""
+    clock = Clock()
+    t, start, outs = reduced_round_of_three(clock)
     for j in (1, 2):
         audit = first_audit(outs, j)
         t.handle(audit.checker, AuditDone(round_id=start.round_id, index=j, ok=True))
@@ -218,17 +225,7 @@ def test_a_checker_resting_after_a_lapse_is_asked_when_a_lie_would_otherwise_dis
     """In a round of three whose third member let a check lapse a while ago, a liar's verdict
     alone discarded every round: CI saw a collaboration lose rounds for two minutes so."""
     clock = Clock()
-    t = ready_tracker(clock, peers=("a", "b", "c"))
-    t.project.aggregation.verify_probability = 1.0
-    t.audits.rng = random.Random(4)
-    start = open_round(t, {p: 40 for p in "abc"})
-    results = [f"{j}" * 64 for j in range(3)]
-    outs = []
-    for member in start.group:
-        inputs = [Committed(sender=s, samples=40, sha256="p" * 64) for s in start.group]
-        commitment = Commitment(sent=["p" * 64] * 3, results=results,
-                                reduced=[PartInputs(index=start.group.index(member), inputs=inputs)])
-        outs += t.handle(member, done(start, commitment=commitment))
+    t, start, outs = reduced_round_of_three(clock)
     first = first_audit(outs, 0)
     resting = next(p for p in "abc" if p not in (first.checker, first.reducer))
     t.members.get(resting).checks_nothing_until = clock.now + 60
