@@ -135,7 +135,7 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
             if raw.type == WSMsgType.TEXT:
                 reason = _on_peer_message(backbone, session, raw.data)
                 if reason:
-                    log.info("closing %s: %s", peer_id, reason)
+                    log.warning("closing %s: %s", peer_id, reason)
                     await ws.close(code=1008, message=reason.encode()[:120])
                     break
             elif raw.type == WSMsgType.BINARY:

@@ -151,9 +151,12 @@ class ControlLoop:
         elif isinstance(msg, Audit):
             peer.audits.on_audit(msg)
         elif isinstance(msg, Resync):
-            log.info("resync requested: %s", msg.reason)
             peer.collab_epoch = msg.epoch
-            if (msg.epoch, msg.state_sha256) != (peer.optimizer.epoch, peer.optimizer.state_hash):
+            held = (peer.optimizer.epoch, peer.optimizer.state_hash)
+            # A step of ours the collaboration did not keep is worth a user's notice; catching up is not.
+            undone = held != (msg.epoch, msg.state_sha256) and held[0] >= msg.epoch
+            (log.warning if undone else log.info)("resync to epoch %d requested: %s", msg.epoch, msg.reason)
+            if held != (msg.epoch, msg.state_sha256):
                 peer.rounds.undone()
             peer.resync_later(msg.epoch, msg.state_sha256)
         elif isinstance(msg, Status):

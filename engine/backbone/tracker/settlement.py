@@ -150,6 +150,8 @@ class Settlement:
     def audit_done(self, peer: PeerState, msg: AuditDone) -> list[Out]:
         rnd = self.t.round
         if rnd is None or rnd.round_id != msg.round_id or rnd.audit is None or rnd.settled_to is not None:
+            log.info("%s: %s's verdict on part %d of round %d came after the round ended", self.t.project.id,
+                     peer.peer_id, msg.index, msg.round_id)
             return []
         return self.audited(rnd, self.t.audits.done(rnd, msg, peer.peer_id))
 
@@ -253,7 +255,7 @@ class Settlement:
             if rnd.audit is not None and rnd.audit.failed:
                 why = "a part of the round did not check out: " + "; ".join(
                     p.why for p in rnd.audit.parts if p.passed is False)[:500]
-            log.info("%s: round %d for epoch %d: %s", t.project.id, rnd.round_id, rnd.epoch, why)
+            log.warning("%s: round %d for epoch %d discarded: %s", t.project.id, rnd.round_id, rnd.epoch, why)
             t.scheduler.retry_later()
             for member, outcome in rnd.outcomes.items():
                 peer = t.members.get(member)
