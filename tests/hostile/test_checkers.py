@@ -62,6 +62,30 @@ async def test_a_lying_checker_in_rounds_of_three_is_expelled_and_no_round_is_lo
     assert all(p.epoch >= window.last_epoch for p in honest)
 
 
+async def test_a_lying_checker_beside_one_other_voter_and_a_newcomer_stalls_nothing(tmp_path, report_figure):
+    """With two voters, one verdict against a part and nobody left to ask discards the round:
+    before, a liar so discarded every round, and the newcomer beside them, proven only by a
+    round that settles, never became the third voter that would outvote it."""
+    collab, honest = await with_dishonest_checker(tmp_path, 1)
+    try:
+        liar = collab.peers[0]
+        await collab.until(lambda: "lied as the checker" in liar.log.read_text(errors="replace"), 60,
+                           "the liar's first lie")
+        honest.append(collab.start_peer("newcomer", "--data-seed", "5"))
+        await collab.until(lambda: backbone_lines(collab, "disagreed with the other checkers"), 180,
+                           "the lying checker expelled")
+        window = await timed_epochs(collab, 20, 120)
+    finally:
+        collab.stop()
+    apart = backbone_lines(collab, "keeping them apart")
+    discarded = backbone_lines(collab, "discarded")
+    report_figure(f"a checker that calls every part wrong, beside one voter and a newcomer: "
+                  f"{len(discarded)} rounds discarded, the disputing pair kept apart {len(apart)} times, "
+                  f"expelled; then {window.rate:.2f} epochs/s")
+    assert apart and len(discarded) <= 2 * len(apart)
+    assert all(p.epoch >= window.last_epoch for p in honest)
+
+
 async def test_a_silent_checker_holds_a_round_seconds_and_is_asked_ever_less(tmp_path, report_figure):
     """With demo-lm's round timeout a silent checker held rounds four minutes; now a checker
     has a few times the round's own duration (at least MIN_CHECK_TIME) and as long again,

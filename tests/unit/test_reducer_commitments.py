@@ -1,7 +1,8 @@
 """What the reducer checks hold against (issue: a stranger with no compute): a reducer's own
 part is fixed before it sees anyone else's, a caught reducer loses the credit of what it
-reduced unchecked, a lying checker cannot discard rounds of three, a silent one costs
-seconds, and parts are drawn at the stated probability. Driven without a network."""
+reduced unchecked, a lying checker can neither discard rounds of three nor stall two
+voters, a silent one costs seconds, and parts are drawn at the stated probability. Driven
+without a network."""
 
 import math
 import random
@@ -9,7 +10,16 @@ import random
 from engine.backbone.tracker import RecordCredits
 from engine.backbone.tracker.checks import MIN_CHECK_TIME
 from engine.backbone.tracker.outputs import WithdrawCredits
-from engine.wire.control import EMPTY_PART, Audit, AuditDone, Commitment, Committed, PartInputs
+from engine.wire.control import (
+    EMPTY_PART,
+    Audit,
+    AuditDone,
+    Commitment,
+    Committed,
+    PartInputs,
+    Ready,
+    SyncRequest,
+)
 from tests.unit.test_reducer_checks import PEERS, checked_tracker, first_audit, run_round
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 
@@ -237,3 +247,50 @@ def test_a_checker_resting_after_a_lapse_is_asked_when_a_lie_would_otherwise_dis
     t.handle(second.checker, AuditDone(round_id=start.round_id, index=0, ok=True))
     assert t.epoch == 1
     assert t.members.get(first.checker).excluded_until > clock.now + 600
+
+
+def test_a_lying_checker_beside_one_other_voter_cannot_stall_the_collaboration():
+    """With two voters and a newcomer on probation, a checker that called the other voter's
+    part wrong discarded every round: nobody was left to outvote it, and the newcomer, who
+    is proven only by a round that settles, never became that third voter."""
+    clock = Clock()
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.audits.rng = random.Random(4)
+    liar, lies = "b", 0
+
+    def play_round(samples):
+        nonlocal lies
+        start = open_round(t, samples)
+        results = [f"{j}" * 64 for j in range(len(start.group))]
+        outs = []
+        for j, member in enumerate(start.group):
+            inputs = [Committed(sender=s, samples=40, sha256="p" * 64) for s in start.group]
+            reduced = [PartInputs(index=j, inputs=inputs)] if start.shares[j] > 0 else []
+            commitment = Commitment(sent=["p" * 64] * len(start.group), results=results, reduced=reduced)
+            outs += t.handle(member, done(start, digest=f"h{start.epoch + 1}", commitment=commitment))
+        while audits := list({a.index: a for _, a in sent(outs, Audit)}.values()):  # (to reducer and checker)
+            outs = []
+            for audit in audits:
+                lies += audit.checker == liar
+                outs += t.handle(audit.checker, AuditDone(round_id=start.round_id, index=audit.index,
+                                                          ok=audit.checker != liar))
+        for p in t.members.peers.values():  # back on the settled state, as told
+            if not p.ready:
+                t.handle(p.peer_id, Ready(t.epoch, t.state_sha256))
+        return start
+
+    t.project.aggregation.verify_probability = 0.0
+    play_round({"a": 60, "b": 60})  # a and b prove themselves
+    t.project.aggregation.verify_probability = 1.0
+    t.join("c", "c")
+    t.handle("c", SyncRequest())
+    t.handle("c", Ready(t.epoch, t.state_sha256))
+    first = play_round({p: 120 for p in "abc"})
+    assert "c" in first.optional and lies == 1 and t.epoch == 1, "the lie, alone, discards the round"
+    groups = [play_round({p: 120 for p in "abc"}).group for _ in range(10)]
+    assert t.epoch == 11 and all(len(g) == 2 for g in groups), "rounds go on without one of the two"
+    clock.now += 60  # the pair's pause is over: in a round of three, the lie costs its teller
+    while t.members.get(liar).excluded_until <= clock.now and t.epoch < 30:
+        play_round({p: 120 for p in "abc"})
+    assert t.members.get(liar).excluded_until > clock.now + 600
+    assert t.members.get("a").excluded_until == 0 and t.members.get("c").excluded_until == 0

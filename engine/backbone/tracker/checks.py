@@ -12,7 +12,10 @@ only once every drawn part checks out. The verdicts:
   decide, and a checker on the other side is expelled (a lying checker costs itself); an
   even split with nobody left to ask (a round of three voters) passes the part and expels
   the checkers against it: a wrong result has every honest checker against it, so only a
-  dishonest majority of those voters could split on it;
+  dishonest majority of those voters could split on it; one verdict against and no other
+  voter to ask (two voters, a newcomer on probation beside them) discards the round and
+  keeps the two apart for a while: rounds go on without one of them, and prove the
+  newcomer, who can decide the next dispute;
 - two checkers find the result wrong: the reducer is expelled, and the round is discarded
   on every member (each goes back to the state it kept and takes its gradient to the next
   round, so the part is redone); so is a reducer that combined another part of its own
@@ -246,6 +249,15 @@ class Auditor:
                 self._concluded(rnd, part)
             else:
                 part.passed, part.why = False, "no checker left to decide"
+                if not agree and part.verdicts:
+                    # One voter against the result and none left to ask: the reducer is wrong or
+                    # the checker lies. Rounds go on without one of the two (proving newcomers,
+                    # who decide next time); else the lie alone would discard every round.
+                    (checker,) = part.verdicts
+                    log.warning("%s: round %d: nobody left to tell whether %s or %s is right about part %d: "
+                                "keeping them apart", self.t.project.id, rnd.round_id, checker, part.reducer,
+                                part.index)
+                    self.t.pairs.keep_apart(checker, part.reducer)
             return []
         checker = self.rng.choice(candidates)
         part.asked.append(checker)
