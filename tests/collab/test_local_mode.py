@@ -22,7 +22,11 @@ async def test_a_killed_peer_and_a_late_joiner_leave_every_outer_step_agreed(tmp
         tracker = backbone.trackers[project.id]
         peers = {f"p{i}": await spawn_peer(backbone.url, project.id, f"p{i}", tmp_path) for i in range(3)}
         try:
-            await until(lambda: all(p.epoch >= 2 for p in peers.values()), 120, "three peers at outer step 2")
+            # Each has brought samples to a step: a peer slow to start (CI's load) joins at a later
+            # outer step with nothing of its own in the first one it takes, and earns no credit.
+            brought = lambda p: p.epoch >= 2 and any(e["my_samples"] for e in p.epochs)  # noqa: E731
+            await until(lambda: all(brought(p) for p in peers.values()), 120,
+                        "three peers at outer step 2, each with samples in a step")
             during = tracker.round.round_id if tracker.round is not None else None
             peers["p0"].kill()
             await peers["p0"].process.wait()

@@ -75,10 +75,10 @@ async def test_a_lying_checker_beside_one_other_voter_and_a_newcomer_stalls_noth
         await collab.until(lambda: backbone_lines(collab, "disagreed with the other checkers"), 180,
                            "the lying checker expelled")
         window = await timed_epochs(collab, 20, 120)
+        apart = backbone_lines(collab, "keeping them apart")
+        discarded = backbone_lines(collab, "discarded")  # (not those of peers leaving at the end)
     finally:
         collab.stop()
-    apart = backbone_lines(collab, "keeping them apart")
-    discarded = backbone_lines(collab, "discarded")
     report_figure(f"a checker that calls every part wrong, beside one voter and a newcomer: "
                   f"{len(discarded)} rounds discarded, the disputing pair kept apart {len(apart)} times, "
                   f"expelled; then {window.rate:.2f} epochs/s")
