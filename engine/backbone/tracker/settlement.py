@@ -150,8 +150,9 @@ class Settlement:
     def audit_done(self, peer: PeerState, msg: AuditDone) -> list[Out]:
         rnd = self.t.round
         if rnd is None or rnd.round_id != msg.round_id or rnd.audit is None or rnd.settled_to is not None:
-            log.info("%s: %s's verdict on part %d of round %d came after the round ended", self.t.project.id,
-                     peer.peer_id, msg.index, msg.round_id)
+            if self.closed is not None and self.closed.round_id == msg.round_id:  # (others: nobody asked)
+                log.info("%s: %s's verdict on part %d of round %d came after the round ended",
+                         self.t.project.id, peer.peer_id, msg.index, msg.round_id)
             return []
         return self.audited(rnd, self.t.audits.done(rnd, msg, peer.peer_id))
 
