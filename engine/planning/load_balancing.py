@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Shares below this are solver noise: dropped, so nobody opens a link for a few bytes.
-NEGLIGIBLE_SHARE = 1e-6
+# Shares below this are dropped: the tie-break's slack leaves shares of a few millionths
+# (solver noise, and in a small model a part of no element at all), and a reducer taking a
+# thousandth of the vector changes the round's time by about as much.
+NEGLIGIBLE_SHARE = 1e-3
 # The tie-break may give up this much of the optimum for balance across reducers.
 TIE_SLACK = 1e-6
 

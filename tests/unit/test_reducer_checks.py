@@ -9,6 +9,7 @@ import torch
 from engine.averaging.recheck import part_digest, recheck, result_digest
 from engine.averaging.robust import Contribution, aggregate
 from engine.backbone.tracker import RecordStep
+from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec
 from engine.wire.control import Audit, AuditDone, Commitment, Committed, PartInputs, Ready, Resync
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
@@ -234,3 +235,27 @@ def test_parts_are_drawn_with_the_projects_probability():
         draws += len({a.index for _, a in sent(outs, Audit)})
         assert t.round is None
     assert 0.18 < draws / (200 * len(PEERS)) < 0.32
+
+
+def test_a_share_too_small_to_hold_an_element_is_never_drawn():
+    """The LP may leave a member a share of a few millionths, whose part holds no element of
+    the vector: nobody reduces it, so nobody can say what went in. CI saw every round of
+    three discarded for 30 s ("its reducer did not commit to what it combined")."""
+    t, _ = checked_tracker()
+    start = open_round(t, {p: 30 for p in PEERS})
+    numel = 100_000
+    t.round.shares = [0.6, 0.4 - 3e-6, 3e-6, 0.0]
+    sizes = [hi - lo for lo, hi in part_bounds(numel, t.round.shares)]
+    assert sizes[2] == 0 and t.round.share_of(2) > 0
+    results = [f"{j}" * 64 if sizes[j] else None for j in range(len(start.group))]
+    outs = []
+    for j, member in enumerate(start.group):
+        inputs = [Committed(sender=s, samples=30, sha256="p" * 64) for s in start.group]
+        reduced = [PartInputs(index=j, inputs=inputs)] if sizes[j] else []
+        commitment = Commitment(sent=["p" * 64] * len(start.group), results=results, reduced=reduced)
+        outs += t.handle(member, done(start, commitment=commitment, numel=numel))
+    assert {a.index for _, a in sent(outs, Audit)} == {0, 1}
+    for _, audit in sent(outs, Audit):
+        if audit.checker != "-":
+            t.handle(audit.checker, AuditDone(round_id=start.round_id, index=audit.index, ok=True))
+    assert t.epoch == 1

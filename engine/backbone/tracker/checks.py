@@ -146,8 +146,9 @@ class Auditor:
         p = self.t.project.aggregation.verify_probability
         parts = []
         if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
+            sizes = rnd.part_sizes(majority) or [int(rnd.share_of(j) > 0) for j in range(len(rnd.reducers))]
             parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.reducers)
-                     if rnd.share_of(j) > 0 and self.rng.random() < p]
+                     if sizes[j] > 0 and self.rng.random() < p]
         self.drawn += len(parts)
         return RoundAudit(majority, parts)
 
@@ -167,7 +168,10 @@ class Auditor:
         inputs = commitment.inputs_of(part.index) if commitment is not None else None
         holds_state = part.reducer in rnd.auxiliary or vote(done) == audit.majority
         if not done.ok or inputs is None or not holds_state:
-            part.passed, part.why = False, "its reducer did not commit to what it combined"
+            why = (f"its round failed ({done.error})" if not done.ok else "it names no inputs for the part"
+                   if inputs is None else "its state is not the majority's")
+            part.passed = False
+            part.why = f"its reducer {part.reducer} did not commit to what it combined: {why}"
             return []
         holders = _holders(rnd, audit.majority)
         applied = Counter(result for p in holders if (result := _applied(rnd, p, part.index)))

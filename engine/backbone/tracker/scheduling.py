@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
 from engine.planning.load_balancing import Balance, Member, balance, equal_shares, round_time
+from engine.planning.partition import part_bounds
 from engine.project import ProjectSpec
 from engine.wire.control import RoundDone, RoundStart
 
@@ -98,6 +99,16 @@ class OpenRound:
     def share_of(self, part: int) -> float:
         """The fraction of the vector part ``part`` holds."""
         return self.shares[part // self.pieces] / self.pieces
+
+    def part_sizes(self, holding: Vote) -> list[int] | None:
+        """The elements in each part, as the peers that report the state ``holding`` cut
+        their vector (None: none said its length). A share of a few millionths may hold
+        none: nobody reduces such a part, so nobody can be asked what went in."""
+        lengths = [o.numel for p, o in self.outcomes.items()
+                   if p in self.voters and vote(o) == holding and o.numel > 0]
+        if not lengths:
+            return None
+        return [hi - lo for lo, hi in part_bounds(statistics.median_low(lengths), self.shares, self.pieces)]
 
     @property
     def voters(self) -> list[str]:

@@ -28,7 +28,6 @@ from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.evaluators import evaluators
-from engine.planning.partition import part_bounds
 from engine.planning.sizes import encoded_size
 from engine.wire.control import AuditDone, RoundDone, Step
 
@@ -330,11 +329,9 @@ class Settlement:
         """Each auxiliary reducer's credit: the bytes of the parts it reduced, from each
         sender the reducers saw bring samples. The vector's length is what the voters that
         hold the settled state say it is."""
-        lengths = [o.numel for p, o in rnd.outcomes.items()
-                   if p in rnd.voters and rnd.holds_settled(o) and o.numel > 0]
-        if not lengths:
+        sizes = rnd.part_sizes(rnd.settled_vote) if rnd.settled_vote is not None else None
+        if sizes is None:
             return {}
-        sizes = [hi - lo for lo, hi in part_bounds(statistics.median_low(lengths), rnd.shares, rnd.pieces)]
         out = {}
         for aux in rnd.auxiliary_reducers():
             outcome = rnd.outcomes.get(aux)
