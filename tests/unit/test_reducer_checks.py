@@ -259,3 +259,21 @@ def test_a_share_too_small_to_hold_an_element_is_never_drawn():
         if audit.checker != "-":
             t.handle(audit.checker, AuditDone(round_id=start.round_id, index=audit.index, ok=True))
     assert t.epoch == 1
+
+
+def test_a_voter_that_says_the_vector_is_one_element_long_hides_no_part_from_the_draw():
+    """Which parts hold elements is cut from the length the holders report: with two voters,
+    a liar saying 1 (a valid length) would have made every part but the first look empty,
+    so its own part went unchecked, if the lower of the two lengths counted."""
+    clock = Clock()
+    t = ready_tracker(clock, peers=("a", "b"))
+    t.project.aggregation.verify_probability = 1.0
+    start = open_round(t, {"a": 60, "b": 60})
+    results = [f"{j}" * 64 for j in range(2)]
+    outs = []
+    for j, member in enumerate(start.group):
+        inputs = [Committed(sender=s, samples=60, sha256="p" * 64) for s in start.group]
+        reduced = [PartInputs(index=j, inputs=inputs)]
+        commitment = Commitment(sent=["p" * 64] * 2, results=results, reduced=reduced)
+        outs += t.handle(member, done(start, commitment=commitment, numel=1 if member == "b" else 100_000))
+    assert {a.index for _, a in sent(outs, Audit)} == {0, 1}

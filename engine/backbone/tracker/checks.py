@@ -146,9 +146,12 @@ class Auditor:
         p = self.t.project.aggregation.verify_probability
         parts = []
         if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
-            sizes = rnd.part_sizes(majority) or [int(rnd.share_of(j) > 0) for j in range(len(rnd.reducers))]
+            # The longest length a holder reports: a liar can only add parts to the draw,
+            # never hide one from it (holders of one state hold one model: one length).
+            lengths = rnd.lengths(majority)
+            sizes = rnd.part_sizes(max(lengths)) if lengths else [1] * len(rnd.reducers)
             parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.reducers)
-                     if sizes[j] > 0 and self.rng.random() < p]
+                     if rnd.share_of(j) > 0 and sizes[j] > 0 and self.rng.random() < p]
         self.drawn += len(parts)
         return RoundAudit(majority, parts)
 

@@ -100,15 +100,16 @@ class OpenRound:
         """The fraction of the vector part ``part`` holds."""
         return self.shares[part // self.pieces] / self.pieces
 
-    def part_sizes(self, holding: Vote) -> list[int] | None:
-        """The elements in each part, as the peers that report the state ``holding`` cut
-        their vector (None: none said its length). A share of a few millionths may hold
-        none: nobody reduces such a part, so nobody can be asked what went in."""
-        lengths = [o.numel for p, o in self.outcomes.items()
-                   if p in self.voters and vote(o) == holding and o.numel > 0]
-        if not lengths:
-            return None
-        return [hi - lo for lo, hi in part_bounds(statistics.median_low(lengths), self.shares, self.pieces)]
+    def lengths(self, holding: Vote) -> list[int]:
+        """The vector's length as each voter that reports the state ``holding`` says it is
+        (all alike, unless one lies: they hold one model)."""
+        return [o.numel for p, o in self.outcomes.items()
+                if p in self.voters and vote(o) == holding and o.numel > 0]
+
+    def part_sizes(self, numel: int) -> list[int]:
+        """The elements in each part of a vector of ``numel``: a share of a few millionths
+        may hold none, and nobody reduces such a part."""
+        return [hi - lo for lo, hi in part_bounds(numel, self.shares, self.pieces)]
 
     @property
     def voters(self) -> list[str]:

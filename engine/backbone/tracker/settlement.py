@@ -329,9 +329,10 @@ class Settlement:
         """Each auxiliary reducer's credit: the bytes of the parts it reduced, from each
         sender the reducers saw bring samples. The vector's length is what the voters that
         hold the settled state say it is."""
-        sizes = rnd.part_sizes(rnd.settled_vote) if rnd.settled_vote is not None else None
-        if sizes is None:
+        lengths = rnd.lengths(rnd.settled_vote) if rnd.settled_vote is not None else []
+        if not lengths:
             return {}
+        sizes = rnd.part_sizes(statistics.median_low(lengths))  # (a liar inflates no credit)
         out = {}
         for aux in rnd.auxiliary_reducers():
             outcome = rnd.outcomes.get(aux)
