@@ -141,6 +141,10 @@ class ProjectSpec(Struct, kw_only=True):
     # outer step in ``local`` mode.
     target_batch_size: Annotated[int, Meta(ge=1, le=10**9)] = 128
     mode: ProjectMode = "sync"
+    # Peers go on computing while a round averages and steps: the next gradient is computed
+    # on the state before that step (one step stale, as hivemind's delayed updates), so the
+    # round's time hides behind compute. Sync mode only.
+    overlap: bool = False
     local: LocalSpec = field(default_factory=LocalSpec)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     compression: CompressionMethod = "none"
@@ -154,6 +158,11 @@ class ProjectSpec(Struct, kw_only=True):
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     # Only peers logged in to an account may join: no free identities (see SECURITY.md).
     require_account: bool = False
+
+    def __post_init__(self) -> None:
+        if self.overlap and self.mode == "local":
+            raise ValueError("overlap applies to sync rounds: in local mode peers already train "
+                             "between rounds, on their own copy")
 
 
 class Catalog(Struct):

@@ -70,6 +70,9 @@ class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):
     step: Step
     my_samples: Count
     my_batches: Annotated[list[int], Meta(max_length=10**6)] = field(default_factory=list)
+    # The epoch of the state those were computed on: the step's own in sync rounds, the one
+    # before it in overlapped rounds (None: both, after a failed round gave its gradient back).
+    computed_on: int | None = None
     paths: Annotated[dict[PeerId, LinkPath | None], Meta(max_length=MAX_GROUP)] = \
         field(default_factory=dict)  # peer -> how its link connects
     # This peer's own time in the round: averaging, then applying the step (the step's

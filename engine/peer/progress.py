@@ -35,20 +35,26 @@ class ProgressReporter:
         self._mine_in_status = 0
 
     async def report(self, force: bool = False) -> None:
-        """Tell the backbone how far we are: every ``report_interval``, and at once when the
-        collaboration is likely to have reached its target, so rounds open without lag.
-        Until our first step, at once too: the pace the backbone measures of us includes our
-        first micro-batch (allocations, the first shard read: several of the next ones' time),
-        so only fresh counts keep a round's cap of us above what we bring."""
+        """Tell the backbone how far we are, if a report is due (or ``force``)."""
         opt = self.optimizer
+        if opt.synced and not opt.in_round and (force or self.due()):
+            await self._report(opt.accumulator.samples, opt.accumulator.loss_sum,
+                               opt.accumulator.compute_seconds)
+
+    def due(self) -> bool:
+        """Whether to report now: every ``report_interval``, and at once when the collaboration
+        is likely to have reached its target, so rounds open without lag. Until our first
+        step, at once too: the pace the backbone measures of us includes our first
+        micro-batch (allocations, the first shard read: several of the next ones' time), so
+        only fresh counts keep a round's cap of us above what we bring. (Also asked on the
+        compute thread after each micro-batch: it only reads.)"""
+        if self.optimizer.in_round:
+            return False  # (overlapped rounds: what accumulates meanwhile is told after the step)
         now = time.monotonic()
         since = now - self._last_report
-        first_of_epoch = self._reported_samples == 0 and opt.accumulator.samples > 0
-        due = since >= self.report_interval or first_of_epoch or (
+        first_of_epoch = self._reported_samples == 0 and self.optimizer.accumulator.samples > 0
+        return since >= self.report_interval or first_of_epoch or (
             since >= MIN_REPORT_GAP and (not self._stepped_once or self._target_in_reach(now)))
-        if not opt.synced or opt.in_round or not (force or due):
-            return
-        await self._report(opt.accumulator.samples, opt.accumulator.loss_sum, opt.accumulator.compute_seconds)
 
     async def report_taken(self, taken: Accumulated) -> None:
         """What we bring to a round, as the backbone's last evidence before it judges our

@@ -120,6 +120,7 @@ class Rounds:
             return
         step, taken = outcome
         completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
+                                   computed_on=taken.computed_on,
                                    paths=peer.mesh.paths(), averaging_seconds=step.round_seconds,
                                    averaging_began=time.time() - step.round_seconds)
         trainers = [p for p in start.group if p not in start.auxiliary]
@@ -157,7 +158,8 @@ class Rounds:
             return  # not what the collaboration settled on: a Resync undoes it
         peer = self.peer
         completed = EpochCompleted(step=settled, my_samples=completed.my_samples,
-                                   my_batches=completed.my_batches, paths=completed.paths,
+                                   my_batches=completed.my_batches, computed_on=completed.computed_on,
+                                   paths=completed.paths,
                                    averaging_seconds=completed.averaging_seconds,
                                    averaging_began=completed.averaging_began)
         peer.history.append(completed)

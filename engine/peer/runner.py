@@ -251,7 +251,7 @@ class Peer:
                               upload=self.upload)
         self._opt = CollaborativeOptimizer(model, optimizer, project.schedule, project_id=project.id,
                                            clip_grad_norm=project.optimizer.clip_grad_norm,
-                                           gate=self.gate, local=local)
+                                           gate=self.gate, local=local, overlap=project.overlap)
         self._progress = ProgressReporter(self._opt, self.client.send, project.target_batch_size,
                                           reply.report_interval)
         mesh = self._mesh

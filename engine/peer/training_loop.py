@@ -5,7 +5,6 @@ before either."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 
@@ -26,18 +25,22 @@ HEARTBEAT = 5.0  # well inside the backbone's peer timeout (15 s by default)
 async def training_loop(task: Task, opt: CollaborativeOptimizer, progress: ProgressReporter,
                         precision: Precision, seed: int) -> None:
     scaler = LossScaler() if precision == "fp16" else None
-    for index in itertools.count():
-        def micro_batch(index: int = index) -> tuple[int, float]:
-            batch = task.batch(seed, index).to(opt.compute_device)
-            with autocast(precision, opt.compute_device):
-                loss_sum = task.loss(opt.compute_model, batch).float() * batch.size
-            if scaler is None:
-                loss_sum.backward()
-            elif not scaler.backward(loss_sum, opt.accumulator.params):
-                raise MicroBatchAbandoned  # it overflowed: no gradient was added
-            return batch.size, float(loss_sum.detach())
 
-        if await opt.compute(micro_batch, index):
+    def micro_batch(index: int) -> tuple[int, float]:
+        batch = task.batch(seed, index).to(opt.compute_device)
+        with autocast(precision, opt.compute_device):
+            loss_sum = task.loss(opt.compute_model, batch).float() * batch.size
+        if scaler is None:
+            loss_sum.backward()
+        elif not scaler.backward(loss_sum, opt.accumulator.params):
+            raise MicroBatchAbandoned  # it overflowed: no gradient was added
+        return batch.size, float(loss_sum.detach())
+
+    index = 0
+    while True:
+        used, added = await opt.compute_run(micro_batch, index, progress.due)
+        index += used
+        if added:
             await progress.report()
 
 

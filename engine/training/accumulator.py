@@ -17,6 +17,9 @@ class Accumulated:
     loss_sum: float = 0.0
     batches: list[int] = field(default_factory=list)
     compute_seconds: float = 0.0
+    # The epoch of the state the gradient was computed on (None: more than one, after a
+    # failed round's gradient was given back to one computed on a newer state).
+    computed_on: int | None = 0
 
 
 class GradientAccumulator:
@@ -35,9 +38,13 @@ class GradientAccumulator:
         self.loss_sum = 0.0
         self.batches: list[int] = []
         self.compute_seconds = 0.0
+        self.computed_on: int | None = 0
 
-    def add(self, samples: int, loss_sum: float, batch_id: int, seconds: float = 0.0) -> None:
-        """Record a micro-batch whose summed loss was just back-propagated."""
+    def add(self, samples: int, loss_sum: float, batch_id: int, seconds: float = 0.0,
+            on_epoch: int = 0) -> None:
+        """Record a micro-batch whose summed loss was just back-propagated on the state of
+        ``on_epoch``."""
+        self._computed(on_epoch)
         self.samples += samples
         self.loss_sum += loss_sum
         self.batches.append(batch_id)
@@ -46,7 +53,7 @@ class GradientAccumulator:
     def take(self) -> Accumulated:
         """Hand over everything accumulated and start afresh."""
         taken = Accumulated(flat_grad(self.params), self.samples, self.loss_sum, self.batches,
-                            self.compute_seconds)
+                            self.compute_seconds, self.computed_on)
         self.clear()
         return taken
 
@@ -62,6 +69,8 @@ class GradientAccumulator:
     def restore_counts(self, taken: Accumulated) -> None:
         """Count what ``taken`` brought again, its gradient aside (local mode keeps that
         in its parameters)."""
+        if taken.samples:
+            self._computed(taken.computed_on)
         self.samples += taken.samples
         self.loss_sum += taken.loss_sum
         self.batches[:0] = taken.batches
@@ -71,3 +80,6 @@ class GradientAccumulator:
         for p in self.params:
             p.grad = None
         self.samples, self.loss_sum, self.batches, self.compute_seconds = 0, 0.0, [], 0.0
+
+    def _computed(self, on_epoch: int | None) -> None:
+        self.computed_on = on_epoch if self.samples == 0 or self.computed_on == on_epoch else None

@@ -28,14 +28,25 @@ class ComputeThread:
         self._busy = False
         self._batch_began: float | None = None  # when the micro-batch under way started
         self._outlasted_wait = False
+        self._waiting: set[object] = set()  # jobs handed to the thread, not yet begun
 
     @property
     def busy(self) -> bool:
         """Whether the thread is working right now."""
         return self._busy
 
-    async def run(self, fn: Callable[[], T]) -> T:
+    @property
+    def others_waiting(self) -> bool:
+        """(On the thread.) Whether more work waits behind the job under way."""
+        return bool(self._waiting)
+
+    def run(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``fn`` behind the work handed over before it (queued at once, not when the
+        caller first awaits, so a run of micro-batches under way yields to it)."""
+        ticket = object()
+
         def gated() -> T:
+            self._waiting.discard(ticket)
             self._busy = True
             self.gate.enter()
             try:
@@ -44,7 +55,10 @@ class ComputeThread:
                 self.gate.leave()
                 self._busy = False
 
-        return await asyncio.get_running_loop().run_in_executor(self.executor, gated)
+        self._waiting.add(ticket)
+        future = asyncio.get_running_loop().run_in_executor(self.executor, gated)
+        future.add_done_callback(lambda _: self._waiting.discard(ticket))
+        return future
 
     def timed(self, micro_batch: Callable[[], T]) -> T:
         """(On the thread.) Run a micro-batch and remember how long it took: what waits for

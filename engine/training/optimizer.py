@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 import torch
@@ -26,7 +28,7 @@ from engine.project import ScheduleSpec
 from engine.training.accumulator import Accumulated, GradientAccumulator
 from engine.training.compute_copy import follow_master, place
 from engine.training.compute_thread import ComputeThread
-from engine.training.kept_state import Kept, is_finite, keep, put_back
+from engine.training.kept_state import Kept, all_finite, is_finite, keep, put_back
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import lr_at
 from engine.training.params import set_grads, state_proof, trainable
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 
 MicroBatch = Callable[[], tuple[int, float]]
 SNAPSHOT_WAIT = 5.0  # the same for a state snapshot a joiner or a checkpoint waits for
+RUN_SECONDS = 0.1  # the longest run of micro-batches between two looks from the event loop
 
 
 class UnsafeStep(AveragingError):
@@ -60,11 +63,13 @@ class CollaborativeOptimizer:
         gate: ComputeGate | None = None,
         compute_device: torch.device | None = None,
         local: LocalSteps | None = None,
+        overlap: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer  # in local mode, the outer one
         self.schedule = schedule
         self.local = local
+        self.overlap = overlap  # compute goes on during rounds, on the state before their step
         self.project_id = project_id
         self.clip_grad_norm = clip_grad_norm
         self.params = trainable(model)
@@ -73,11 +78,12 @@ class CollaborativeOptimizer:
         self.gate = self.thread.gate
         self.accumulator = GradientAccumulator(self.params)
         self.compute_device = compute_device
-        self.compute_model = place(model, compute_device, self.gate, local, self.accumulator)
+        self.compute_model = place(model, compute_device, self.gate, local, self.accumulator, overlap)
         stepping = local.inner if local is not None else optimizer
         assert stepping is not None
         self.base_lr = stepping.param_groups[0]["lr"]
         self.epoch = 0
+        self._copy_epoch = 0  # overlapped: the epoch of the state micro-batches run on
         self.state_hash = ""  # of the state held now ("" before any)
         self.kept: Kept | None = None
         self._round_over = asyncio.Event()
@@ -104,22 +110,38 @@ class CollaborativeOptimizer:
         """Run ``micro_batch`` on the compute thread: it back-propagates the loss *summed*
         over its samples (mean loss x samples) and returns (samples, summed loss). False if
         it did not run or was abandoned: then no gradient was added."""
+        _, added = await self.compute_run(lambda _: micro_batch(), batch_id, lambda: True)
+        return added > 0
+
+    async def compute_run(self, micro_batch: Callable[[int], tuple[int, float]], first_id: int,
+                          report_due: Callable[[], bool]) -> tuple[int, int]:
+        """Micro-batches ``first_id``, ``first_id + 1``, ... in one job on the compute thread,
+        until a report is due, ``RUN_SECONDS`` pass, or other work waits for the thread (a
+        round, a snapshot: they never wait longer than for one micro-batch). A hop to the
+        thread and back per micro-batch cost about 0.45 ms, 5% of a small model's. Returns
+        how many ids it used and how many added a gradient."""
         await self._computable.wait()
 
-        def work() -> bool:
-            if not self._computable.is_set():
-                return False  # a round opened (or a pause) while this one waited in the queue
-            try:
-                samples, loss_sum = self.thread.timed(micro_batch)
-            except MicroBatchAbandoned:
-                return False  # stopped inside the forward pass: no gradient was added
-            self.accumulator.add(samples, loss_sum, batch_id, self.thread.last_micro_batch_seconds)
-            if self.local is not None:
-                self.local.after_micro_batch(samples, self._lr())
-            self.throughput.add(samples)
-            return True
+        def work() -> tuple[int, int]:
+            began, used, added = time.perf_counter(), 0, 0
+            while self._computable.is_set():  # (cleared when a round opens or on a pause)
+                batch_id = first_id + used
+                used += 1
+                try:
+                    samples, loss_sum = self.thread.timed(partial(micro_batch, batch_id))
+                except MicroBatchAbandoned:
+                    break  # stopped inside the forward pass: no gradient was added
+                self.accumulator.add(samples, loss_sum, batch_id, self.thread.last_micro_batch_seconds,
+                                     self._copy_epoch if self.overlap else self.epoch)
+                if self.local is not None:
+                    self.local.after_micro_batch(samples, self._lr())
+                self.throughput.add(samples)
+                added += 1
+                if report_due() or self.thread.others_waiting or time.perf_counter() - began >= RUN_SECONDS:
+                    break
+            return used, added
 
-        return bool(await self.thread.run(work))
+        return await self.thread.run(work)
 
     def pause(self, paused: bool) -> None:
         """Start no micro-batch while paused; the one under way stops at its next layer
@@ -142,7 +164,10 @@ class CollaborativeOptimizer:
         def take() -> Accumulated:
             if self.local is not None:
                 return self.local.take(self.model, self.accumulator, self._lr())
-            return self.accumulator.take()
+            taken = self.accumulator.take()
+            if self.overlap:  # the next gradient is computed on this state, during the round
+                self._follow_master()
+            return taken
 
         taken = await self.thread.run_promptly(take, budget)
         self.generation += 1
@@ -189,7 +214,10 @@ class CollaborativeOptimizer:
         """Move micro-batches to ``device`` (None: the CPU), keeping what is accumulated."""
         if device != self.compute_device:
             def move() -> None:
-                self.compute_model = place(self.model, device, self.gate, self.local, self.accumulator)
+                # (overlapped, the copy holds the state the gradient under way is computed on)
+                source = self.compute_model if self.overlap else self.model
+                self.compute_model = place(source, device, self.gate, self.local, self.accumulator,
+                                           self.overlap)
                 self.compute_device = device
 
             await self.thread.run(move)
@@ -197,7 +225,7 @@ class CollaborativeOptimizer:
     def _apply(self, vector: torch.Tensor, epoch: int) -> str:
         """Take the step. Whatever the round delivered, a state that is not finite is never
         taken: the step is refused (UnsafeStep) and the state stays as it was."""
-        if not bool(torch.isfinite(vector).all()):
+        if not all_finite([vector]):
             raise UnsafeStep("the averaged gradient is not finite: refusing the step")
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
             self.kept = keep(self.model, self.optimizer, epoch, self.state_hash)
@@ -214,8 +242,9 @@ class CollaborativeOptimizer:
             put_back(self.kept, self.model, self.optimizer)
             self.kept = None
             raise UnsafeStep("the step would make the model's state not finite: refusing it")
-        follow_master(self.model, self.compute_model, self.local)
         self.epoch = epoch + 1
+        if not self.overlap:  # (overlapped, the copy takes it when the next round takes the gradient)
+            self._follow_master()
         return self._rehash()
 
     # --- state ------------------------------------------------------------------------
@@ -237,8 +266,8 @@ class CollaborativeOptimizer:
         def work() -> str:
             self.model.load_state_dict(fresh.state_dict())
             self.optimizer.state.clear()
-            follow_master(self.model, self.compute_model, self.local)
             self.epoch, self.kept = 0, None
+            self._follow_master()
             return self._rehash()
 
         return await self.thread.run(work)
@@ -247,7 +276,7 @@ class CollaborativeOptimizer:
         """Adopt a downloaded state (checked by the caller); returns its hash."""
         def work() -> str:
             self.epoch = load_state(state, self.model, self.optimizer, self.project_id)
-            follow_master(self.model, self.compute_model, self.local)
+            self._follow_master()
             self.kept = None
             return self._rehash()
 
@@ -270,8 +299,8 @@ class CollaborativeOptimizer:
             if kept is None or kept.epoch != epoch or kept.state_sha256 != digest:
                 return False
             put_back(kept, self.model, self.optimizer)
-            follow_master(self.model, self.compute_model, self.local)
             self.epoch, self.state_hash, self.kept = kept.epoch, kept.state_sha256, None
+            self._follow_master()
             self.accumulator.clear()
             if kept.taken is not None and self.local is not None:
                 self.local.restore(self.model, kept.taken, self.accumulator)
@@ -290,6 +319,11 @@ class CollaborativeOptimizer:
         """Until no round of ours is under way: state must not land under a round's step."""
         await self._round_over.wait()
 
+    def _follow_master(self) -> None:
+        """(On the thread.) Micro-batches run on the state held now, from here on."""
+        follow_master(self.model, self.compute_model, self.local)
+        self._copy_epoch = self.epoch
+
     def _rehash(self) -> str:
         """The hash of the whole state a joiner would receive: parameters, optimizer state,
         epoch (computed after every change, on the compute thread)."""
@@ -303,7 +337,7 @@ class CollaborativeOptimizer:
         self._update()
 
     def _update(self) -> None:
-        if self._synced and not self._in_round and not self.paused:
+        if self._synced and (self.overlap or not self._in_round) and not self.paused:
             self._computable.set()
         else:
             self._computable.clear()
@@ -314,7 +348,7 @@ class CollaborativeOptimizer:
         def work() -> T | None:
             if self.epoch != epoch:
                 return None
-            model = self.compute_model
+            model = self.model if self.overlap else self.compute_model  # (an overlapped copy lags)
             model.eval()
             try:
                 with torch.no_grad():

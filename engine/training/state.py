@@ -77,8 +77,9 @@ def state_sha256(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch
                         numbers, epoch)
 
 
-def _raw(tensor: torch.Tensor) -> bytes:
-    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+def _raw(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes, without a copy when it is on the CPU and contiguous already."""
+    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().data
 
 
 def pack_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,

@@ -1,7 +1,12 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
 same model, micro-batch and target batch, alternating runs of at least 30 s: demo-lm as shipped, and the
 catalog's albert-mini (a transformers ALBERT) and digits (a transformers ResNet) on their
-shards, served by the backbone.
+shards, served by the backbone; digits also with steps of 1024 samples, and both digits
+runs again with overlapped rounds (the project option ``overlap``).
+
+The peer's time is counted from its first step after its link measurement (3 s when it
+joins, then one every half hour: a tenth of a 30-s run, not of a volunteer's session) to its
+last; checkpoints and held-out scores, which the plain loop does not compute, are off.
 
     python -m tests.bench.compute [--quick]
 """
@@ -23,7 +28,7 @@ import torch
 from msgspec.structs import replace
 
 from engine.catalog_data import builtin_folder
-from engine.peer.events import EpochCompleted, Synced
+from engine.peer.events import EpochCompleted
 from engine.peer.options import PeerOptions
 from engine.peer.runner import Peer
 from engine.project import ProjectSpec, load_catalog
@@ -39,10 +44,11 @@ def workloads(root: Path) -> list[tuple[ProjectSpec, ProjectFolder | None]]:
     (demo,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
     folders = [builtin_folder(root, name) for name in ("albert-mini", "digits")]
     found = [(f.spec, f) for f in folders if f is not None]
-    # digits steps every 35 ms of compute at its own target batch: the same model with steps of
+    # digits steps every 30 ms of compute at its own target batch: the same model with steps of
     # half a second shows what a round costs apart from how often rounds come.
-    found += [(replace(spec, target_batch_size=1024), f) for spec, f in found if spec.id == "digits"]
-    return [(demo, None), *found]
+    digits = [(spec, f) for spec, f in found if spec.id == "digits"]
+    digits += [(replace(spec, target_batch_size=1024), f) for spec, f in digits]
+    return [(demo, None), *found, *digits[1:], *((replace(spec, overlap=True), f) for spec, f in digits)]
 
 
 def plain_loop(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:
@@ -80,26 +86,25 @@ def served(spec: ProjectSpec, folder: ProjectFolder | None, where: Path) -> list
 
 
 def collaborative(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:
-    """Samples/s of a solo Cotrain peer, from the moment it is in sync to its last step. Its
+    """Samples/s of a solo Cotrain peer over ``epochs`` steps after its link measurement. Its
     backbone runs in a process of its own, as it does for volunteers (in the peer's process
     it took a quarter of the peer's time on digits)."""
-    spec = replace(spec, checkpoint_every=10**6)
+    spec = replace(spec, checkpoint_every=10**6, evaluate_every=10**6)
 
     async def run(url: str) -> float:
-        synced_at: list[float] = []
-        stepped_at: list[float] = []
+        steps: list[tuple[float, int]] = []  # (when, samples brought so far), after the link probe
 
         def on_event(event):
-            if isinstance(event, Synced):
-                synced_at.append(time.perf_counter())
-            elif isinstance(event, EpochCompleted):
-                stepped_at.append(time.perf_counter())
+            if isinstance(event, EpochCompleted) and (steps or not peer.bandwidth.probe_due()):
+                steps.append((time.perf_counter(), (steps[-1][1] if steps else 0) + event.my_samples))
+                if len(steps) > epochs:
+                    peer.stop("measured")
 
-        peer = Peer(PeerOptions(url, spec.id, "bench", max_epochs=epochs, threads=1,
-                                ice_addresses=["127.0.0.1"]), on_event)
-        await peer.run()
-        samples = sum(r.my_samples for r in peer.history)
-        return samples / (stepped_at[-1] - synced_at[0])
+        peer = Peer(PeerOptions(url, spec.id, "bench", threads=1, ice_addresses=["127.0.0.1"]), on_event)
+        if await peer.run() != "measured":
+            raise RuntimeError(f"the peer stopped before {epochs} steps after its link measurement")
+        (began, before), (ended, after) = steps[0], steps[-1]
+        return (after - before) / (ended - began)
 
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
@@ -133,7 +138,8 @@ def main(quick: bool = False) -> None:
             if not quick:
                 pace = plain_loop(spec, folder, 1)
                 epochs = max(least, math.ceil(RUN_SECONDS * pace / spec.target_batch_size))
-            print(f"\n== Compute overhead: {spec.id} ({spec.task}), micro-batch "
+            print(f"\n== Compute overhead: {spec.id}{', overlapped rounds' if spec.overlap else ''} "
+                  f"({spec.task}), micro-batch "
                   f"{spec.task_params['micro_batch']}, target batch {spec.target_batch_size}, 1 thread, "
                   f"{epochs} steps per run, {trials} alternating runs each", flush=True)
             plain, ours = [], []

@@ -1,4 +1,8 @@
-"""Synchronous large-batch training: peers end up exactly where one machine would."""
+"""Synchronous large-batch training: peers end up exactly where one machine would -- and
+with overlapped rounds, where one machine running the same delayed schedule would (each
+gradient computed on the state before the previous step)."""
+
+import copy
 
 import msgspec
 import pytest
@@ -18,22 +22,34 @@ pytestmark = pytest.mark.slow
 def reference_run(project, contributions, folder=None):
     """One process taking the same large-batch steps on the same samples.
 
-    ``contributions[e]`` lists the (seed, batch index) pairs every peer used in epoch e.
+    ``contributions[e]`` lists the (seed, batch index, epoch of the state it was computed on)
+    of every micro-batch of every peer in epoch e: e in sync rounds, e - 1 when overlapped.
     """
     files = FolderFiles(folder.root) if folder else None
     task = create_task(project.task, project.task_params, TaskData(project.data, files))
     model = initial_model(task, project.seed)
+    older = initial_model(task, project.seed)  # where a gradient of an earlier state is computed
     optimizer = build_optimizer(project.optimizer, model.parameters())
+    states = [copy.deepcopy(model.state_dict())]
     for epoch, batches in enumerate(contributions):
-        drawn = [task.batch(seed, index) for seed, index in batches]
-        total = sum(b.size for b in drawn)
-        for batch in drawn:
-            (task.loss(model, batch) * batch.size / total).backward()
+        drawn = [(task.batch(seed, index), on) for seed, index, on in batches]
+        total = sum(b.size for b, _ in drawn)
+        for on in sorted({on for _, on in drawn}):
+            where = model if on == epoch else older
+            if where is older:
+                older.load_state_dict(states[on])
+                older.zero_grad(set_to_none=True)
+            for batch, _ in [(b, o) for b, o in drawn if o == on]:
+                (task.loss(where, batch) * batch.size / total).backward()
+            if where is older:
+                for mine, theirs in zip(model.parameters(), older.parameters(), strict=True):
+                    mine.grad = theirs.grad.clone() if mine.grad is None else mine.grad + theirs.grad
         torch.nn.utils.clip_grad_norm_(model.parameters(), project.optimizer.clip_grad_norm)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(project.schedule, project.optimizer.lr, epoch)
         optimizer.step()
         optimizer.zero_grad()
+        states.append(copy.deepcopy(model.state_dict()))
     return model
 
 
@@ -76,8 +92,10 @@ def convnext_project(root):
 FAMILIES = {"demo-lm": None, "hf-masked-lm": albert_project, "image-classification": convnext_project}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path, monkeypatch, family):
+@pytest.mark.parametrize("family, overlap", [*((family, False) for family in FAMILIES),
+                                             ("demo-lm", True), ("hf-masked-lm", True)])
+async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path, monkeypatch, family,
+                                                                        overlap):
     monkeypatch.setenv("COTRAIN_HOME", str(tmp_path / "home"))  # the peers' shard cache
     build = FAMILIES[family]
     if build is None:
@@ -85,6 +103,10 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
     else:
         project, folder = build(tmp_path / "projects")
         where = {"projects_dir": folder.root.parent}
+    if overlap:
+        project = msgspec.structs.replace(project, overlap=True)
+        if folder is not None:
+            (folder.root / "project.json").write_bytes(encode(project))
     catalog = [project] if folder is None else []
     epochs = 5
     async with running_backbone(tmp_path / "bb", *catalog, **where) as backbone:
@@ -119,10 +141,17 @@ async def test_three_peers_match_one_large_batch_process_and_each_other(tmp_path
         for i, p in enumerate(peers):
             for r in p.history:
                 if r.step.epoch == epoch:
-                    batches += [(100 + i, index) for index in r.my_batches]
+                    assert r.computed_on is not None, "no round failed and gave its gradient back"
+                    batches += [(100 + i, index, r.computed_on) for index in r.my_batches]
         (samples,) = {r.step.samples for p in peers for r in p.history if r.step.epoch == epoch}
         assert len(batches) * project.task_params["micro_batch"] == samples >= project.target_batch_size
         contributions.append(batches)
+    # Overlapped, a gradient is computed on the state before the last step (a peer's first
+    # one after it joined, on the state it downloaded).
+    lag = 1 if overlap else 0
+    for p in peers:
+        ons = {r.step.epoch: r.computed_on for r in p.history}
+        assert all(on == max(epoch - 1 - lag, 0) for epoch, on in ons.items() if epoch > 2), ons
     reference = reference_run(project, contributions, folder)
     for p in peers:
         for (name, mine), (_, theirs) in zip(p.peer.optimizer.model.state_dict().items(),

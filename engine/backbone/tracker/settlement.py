@@ -211,8 +211,10 @@ class Settlement:
             return []
         if rnd.holds_settled(msg):
             peer.ready, peer.epoch, peer.strikes = True, t.epoch, 0
-            # It went on computing once it took its step: its time counts from its report.
-            t.members.restart_accumulation(peer, rnd.answered_at.get(peer.peer_id))
+            # It went on computing once it took its step (overlapped: once it took its
+            # gradient, when the round opened): its time counts from then.
+            since = rnd.opened_at if t.project.overlap else rnd.answered_at.get(peer.peer_id)
+            t.members.restart_accumulation(peer, since)
             return []
         if msg.ok:
             log.error("%s: peer %s dissented in round %d", t.project.id, peer.peer_id, rnd.round_id)

@@ -1,0 +1,105 @@
+"""Micro-batches run in runs on the compute thread, one hop from the event loop per run:
+a run ends when a report is due or anything else waits for the thread, so neither a round
+nor a report waits for more than the micro-batch under way."""
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from engine.project import OptimizerSpec, ScheduleSpec
+from engine.tasks import create_task, initial_model
+from engine.training import optimizer as optimizer_module
+from engine.training.kept_state import is_finite
+from engine.training.lr_schedule import build_optimizer
+from engine.training.optimizer import CollaborativeOptimizer
+from tests.collab.harness import TINY
+
+
+@pytest.fixture(scope="module")
+def task():
+    return create_task("demo-lm", dict(TINY), None)
+
+
+async def synced_optimizer(task) -> CollaborativeOptimizer:
+    model = initial_model(task, 7)
+    opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
+                                 project_id="p")
+    await opt.mark_synced()
+    return opt
+
+
+def counted(task, opt: CollaborativeOptimizer, ran: list[int],
+            after: dict[int, threading.Event] | None = None):
+    """A real micro-batch that records its id (and signals ``after[id]`` once done)."""
+    def micro_batch(index: int) -> tuple[int, float]:
+        batch = task.batch(1, index)
+        loss_sum = task.loss(opt.compute_model, batch) * batch.size
+        loss_sum.backward()
+        ran.append(index)
+        if after and index in after:
+            after[index].set()
+        return batch.size, float(loss_sum.detach())
+    return micro_batch
+
+
+async def test_a_run_ends_when_a_report_is_due(task):
+    opt = await synced_optimizer(task)
+    ran: list[int] = []
+    used, added = await opt.compute_run(counted(task, opt, ran), 10, lambda: len(ran) >= 3)
+    assert (used, added) == (3, 3)
+    assert ran == [10, 11, 12], "ids follow on from the first"
+    assert opt.accumulator.batches == [10, 11, 12] and opt.accumulator.samples == 3 * TINY["micro_batch"]
+
+
+async def long_run_under_way(task, monkeypatch):
+    """A run that would go on for ten minutes without yielding, two micro-batches in."""
+    monkeypatch.setattr(optimizer_module, "RUN_SECONDS", 600.0)
+    opt = await synced_optimizer(task)
+    ran: list[int] = []
+    second_done = {1: threading.Event()}
+    run = asyncio.ensure_future(opt.compute_run(counted(task, opt, ran, second_done), 0, lambda: False))
+    assert await asyncio.to_thread(second_done[1].wait, 30), "the run is under way"
+    return opt, run, ran
+
+
+async def test_a_round_opened_during_a_long_run_waits_for_one_micro_batch_only(task, monkeypatch):
+    opt, run, ran = await long_run_under_way(task, monkeypatch)
+    taken = await asyncio.wait_for(opt.begin_round(0, budget=30.0), 30)
+    used, added = await asyncio.wait_for(run, 30)
+    assert taken is not None
+    assert taken.batches == ran == list(range(used)), "all the run added, and nothing after it, was taken"
+    assert 2 <= used <= 3, "the run stopped after the micro-batch under way when the round opened"
+    assert added == used
+
+
+async def test_a_snapshot_for_a_joiner_waits_for_one_micro_batch_only(task, monkeypatch):
+    """A snapshot stops no computing: the run yields to it because it waits for the thread."""
+    opt, run, _ = await long_run_under_way(task, monkeypatch)
+    index, _ = await asyncio.wait_for(opt.snapshot(), 30)
+    used, _ = await asyncio.wait_for(run, 30)
+    assert index.meta.epoch == 0 and 2 <= used <= 3
+
+
+async def test_a_paused_peer_starts_no_run(task):
+    opt = await synced_optimizer(task)
+    opt.pause(True)
+    ran: list[int] = []
+    run = asyncio.ensure_future(opt.compute_run(counted(task, opt, ran), 0, lambda: True))
+    done, _ = await asyncio.wait({run}, timeout=0.5)
+    assert not done and ran == []
+    opt.pause(False)
+    assert await asyncio.wait_for(run, 30) == (1, 1)
+
+
+def test_finiteness_is_exact_even_where_a_quick_sum_overflows():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    with torch.no_grad():
+        model.weight.fill_(3e38)  # finite, but their sum is not
+    assert is_finite(model, opt)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        with torch.no_grad():
+            model.bias[2] = bad
+        assert not is_finite(model, opt)
