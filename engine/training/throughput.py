@@ -1,7 +1,10 @@
-"""Samples per second over a sliding window of wall-clock time."""
+"""Samples per second over a sliding window of wall-clock time. Micro-batches add to it on
+the compute thread while reports read it on the event loop (and on the compute thread):
+a lock keeps a sum from meeting an append ("deque mutated during iteration")."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -12,18 +15,21 @@ class Throughput:
         self._clock = clock
         self._events: deque[tuple[float, int]] = deque()
         self._start = clock()
+        self._lock = threading.Lock()
 
     def add(self, samples: int) -> None:
-        self._events.append((self._clock(), samples))
-        self._trim()
+        with self._lock:
+            self._events.append((self._clock(), samples))
+            self._trim()
 
     def rate(self) -> float:
-        self._trim()
-        if not self._events:
-            return 0.0
-        now = self._clock()
-        span = max(now - max(self._start, now - self.window), 1e-3)
-        return sum(n for _, n in self._events) / span
+        with self._lock:
+            self._trim()
+            if not self._events:
+                return 0.0
+            now = self._clock()
+            span = max(now - max(self._start, now - self.window), 1e-3)
+            return sum(n for _, n in self._events) / span
 
     def _trim(self) -> None:
         horizon = self._clock() - self.window
