@@ -1,6 +1,7 @@
 """Micro-batches run in runs on the compute thread, one hop from the event loop per run:
 a run ends when a report is due or anything else waits for the thread, so neither a round
-nor a report waits for more than the micro-batch under way."""
+nor a report waits for more than the micro-batch under way. Their forward passes carry few
+hooks: a pause still stops one partway."""
 
 import asyncio
 import threading
@@ -8,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from engine.governor.throttle import CHECKS, ComputeGate, MicroBatchAbandoned
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training import optimizer as optimizer_module
@@ -103,3 +105,26 @@ def test_finiteness_is_exact_even_where_a_quick_sum_overflows():
         with torch.no_grad():
             model.bias[2] = bad
         assert not is_finite(model, opt)
+
+
+def test_a_pause_stops_a_forward_pass_partway_with_a_few_hooks_only():
+    """The gate hooks a sixteenth of a deep model's modules, not each of them, and a pause
+    still stops its forward pass partway."""
+    layers = [torch.nn.Linear(4, 4) for _ in range(160)]
+    model = torch.nn.Sequential(*layers)
+    gate = ComputeGate()
+    gate.install(model)
+    hooked = sum(len(m._forward_pre_hooks) for m in model.modules())
+    assert 1 <= hooked <= CHECKS + 1
+    ran: list[int] = []
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda module, inputs, output, i=i: ran.append(i))
+    owner_back = layers[80].register_forward_hook(lambda module, inputs, output: gate.abandon(True))
+    with pytest.raises(MicroBatchAbandoned):
+        model(torch.ones(1, 4))
+    assert 80 <= max(ran) <= 80 + 160 // CHECKS + 1, "it stopped at the next hooked module"
+    owner_back.remove()
+    gate.abandon(False)
+    ran.clear()
+    model(torch.ones(1, 4))
+    assert len(ran) == 160
