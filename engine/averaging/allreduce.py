@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 # on a link like the others', little for a silent one to cost. Results still being sent
 # when the round is done get as long before the round returns (and go on after).
 GRACE = 0.1
-
 
 
 async def butterfly_allreduce(
@@ -116,6 +116,7 @@ class AllReduceRunner:
     last_result: dict[str, asyncio.Future] = field(default_factory=dict)  # per peer, the latest
     bytes_in: int = 0  # payload bytes of the parts I combined
     results_in: set[int] = field(default_factory=set)  # parts whose result we hold
+    first_sent: float | None = None  # when our first part was handed to its link
 
     def __post_init__(self) -> None:
         plan, parts = self.plan, self.parts
@@ -168,9 +169,11 @@ class AllReduceRunner:
         results = await all_or_none([self.exchange(j) for j in range(self.plan.parts) if self.parts.size(j)])
         await self._results_sent()
         try:
-            return outcome(results, self.parts, self.reducer)
+            averaged = outcome(results, self.parts, self.reducer)
         except ValueError as exc:
             raise AveragingError(str(exc)) from None
+        averaged.first_sent = self.first_sent
+        return averaged
 
     async def _results_sent(self) -> None:
         """Our results out, or as long again as the round took (they go on after)."""
@@ -250,6 +253,8 @@ class AllReduceRunner:
                 parts.shown[j] = await self._shown(j, link.peer_id)
             if j % self.plan.pieces:
                 await self.turns[j - 1].wait()  # the reducer's previous piece is on its way
+            if self.first_sent is None:
+                self.first_sent = time.monotonic()
             await link.send(header, payload)
         finally:
             self.turns[j].set()

@@ -47,6 +47,7 @@ class Averaged:
     received: dict[str, int]  # sender -> samples its part to me carried (empty: I reduced nothing)
     commitment: Commitment | None = None  # when the project checks reducers
     reduced: list[Reduced] = field(default_factory=list)  # the same: each part I reduced
+    first_sent: float | None = None  # (time.monotonic()) our first part went to its link; None: none did
 
 
 @dataclass

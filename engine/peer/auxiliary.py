@@ -37,6 +37,7 @@ from engine.wire.control import (
     Availability,
     BackboneMessage,
     IceServers,
+    Partners,
     Progress,
     Reassign,
     RoundDone,
@@ -195,6 +196,8 @@ class AuxiliaryControl(ControlLoop):
             peer.spawn(peer.mesh.handle_signal(msg.peer, msg.data))
         elif isinstance(msg, RoundStart):
             peer.round_started(msg)
+        elif isinstance(msg, Partners):
+            peer.mesh.warm(msg.peers)
         elif isinstance(msg, Reassign):
             peer.reassign(msg)
         elif isinstance(msg, Audit):

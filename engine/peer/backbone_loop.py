@@ -25,6 +25,7 @@ from engine.wire.control import (
     Availability,
     BackboneMessage,
     IceServers,
+    Partners,
     Reassign,
     Resync,
     RoundStart,
@@ -138,6 +139,8 @@ class ControlLoop:
             peer.state_sync.plan_arrived(msg)
         elif isinstance(msg, RoundStart):
             peer.spawn(peer.rounds.run(msg))
+        elif isinstance(msg, Partners):
+            peer.mesh.warm(msg.peers)
         elif isinstance(msg, Reassign):
             peer.rounds.reassign(msg)
         elif isinstance(msg, Step):

@@ -81,6 +81,10 @@ class EpochCompleted(Struct, tag_field="type", tag="epoch", kw_only=True):
     # last of them to begin to the last to finish.
     averaging_seconds: Seconds = 0.0
     averaging_began: Seconds = 0.0
+    # From the RoundStart to our gradient in hand (the micro-batch under way finished), and to
+    # our first part on its link (None: we sent none): how much of a round is set-up.
+    took_seconds: Seconds = 0.0
+    first_byte_seconds: Seconds | None = None
 
 
 class Aggregated(Struct, tag_field="type", tag="aggregated", kw_only=True):

@@ -62,6 +62,9 @@ class ConsoleReporter:
                                   "round_seconds": round(r.round_seconds, 3),
                                   "averaging_seconds": round(event.averaging_seconds, 3),
                                   "averaging_began": round(event.averaging_began, 3),
+                                  "took_seconds": round(event.took_seconds, 4),
+                                  "first_byte_seconds": None if event.first_byte_seconds is None
+                                  else round(event.first_byte_seconds, 4),
                                   "my_samples": event.my_samples,
                                   "paths": {p: str(v) if v else None for p, v in event.paths.items()}}),
                       flush=True)

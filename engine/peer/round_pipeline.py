@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -35,6 +36,18 @@ Averager = Callable[[RoundPlan, torch.Tensor, int, float, float], Awaitable[Aver
 ROUND_WAIT_SHARE = 0.2
 
 
+@dataclass
+class Stepped:
+    """A round this peer stepped in: the step, what it brought to it, and how soon after
+    the RoundStart it held its gradient (the micro-batch under way finished) and its first
+    part went to its link (None: it sent none, reducing the whole vector itself)."""
+
+    step: Step
+    taken: Accumulated
+    took_seconds: float
+    first_byte_seconds: float | None
+
+
 class RoundPipeline:
     def __init__(self, optimizer: CollaborativeOptimizer, progress: ProgressReporter, average: Averager,
                  send: SendControl, *, me: str, target_batch_size: int,
@@ -49,18 +62,19 @@ class RoundPipeline:
         self.compression = compression
         self.last_step: RoundDone | None = None  # how our last step went, told the backbone again
 
-    async def run(self, start: RoundStart) -> tuple[Step, Accumulated] | None:
-        """Take part in the round ``start``; returns the step taken and what this peer brought
-        to it, or None if the round failed."""
+    async def run(self, start: RoundStart) -> Stepped | None:
+        """Take part in the round ``start``; None if the round failed."""
         if self.me not in start.group:
             return None
         opt = self.optimizer
+        arrived = time.monotonic()
         taken = await opt.begin_round(start.epoch, ROUND_WAIT_SHARE * start.timeout)
         if taken is None:
             await self.send(RoundDone(start.round_id, start.epoch, ok=False,
                                       error=f"not ready for epoch {start.epoch}"))
             return None
         try:
+            took = time.monotonic()
             await self.progress.report_taken(taken)
             began = time.monotonic()
             plan = RoundPlan.of(start, self.me, self.aggregation, self.target_batch_size, self.compression)
@@ -86,4 +100,5 @@ class RoundPipeline:
         self.progress.stepped()
         step = Step(epoch=opt.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
                     peers=len(start.group), round_seconds=seconds, state_sha256=digest)
-        return step, taken
+        first_byte = None if averaged.first_sent is None else averaged.first_sent - arrived
+        return Stepped(step, taken, took - arrived, first_byte)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import torch
+from msgspec.structs import replace
 
 from engine.averaging.allreduce import butterfly_allreduce, round_key
 from engine.averaging.errors import AveragingError
@@ -118,11 +119,13 @@ class Rounds:
                 peer.emit(RoundFailed(start.epoch, "averaging failed"))
             peer.check_behind()
             return
-        step, taken = outcome
+        step, taken = outcome.step, outcome.taken
         completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
                                    computed_on=taken.computed_on,
                                    paths=peer.mesh.paths(), averaging_seconds=step.round_seconds,
-                                   averaging_began=time.time() - step.round_seconds)
+                                   averaging_began=time.time() - step.round_seconds,
+                                   took_seconds=outcome.took_seconds,
+                                   first_byte_seconds=outcome.first_byte_seconds)
         trainers = [p for p in start.group if p not in start.auxiliary]
         self._unsettled = (completed, start.checkpoint_by, trainers)
         self._confirm()
@@ -157,11 +160,7 @@ class Rounds:
         if settled.epoch != completed.step.epoch or settled.state_sha256 != completed.step.state_sha256:
             return  # not what the collaboration settled on: a Resync undoes it
         peer = self.peer
-        completed = EpochCompleted(step=settled, my_samples=completed.my_samples,
-                                   my_batches=completed.my_batches, computed_on=completed.computed_on,
-                                   paths=completed.paths,
-                                   averaging_seconds=completed.averaging_seconds,
-                                   averaging_began=completed.averaging_began)
+        completed = replace(completed, step=settled)
         peer.history.append(completed)
         peer.emit(completed)
         if peer.project.data is not None and peer.project.data.heldout and \

@@ -83,7 +83,7 @@ class CollaborativeOptimizer:
         assert stepping is not None
         self.base_lr = stepping.param_groups[0]["lr"]
         self.epoch = 0
-        self._copy_epoch = 0  # overlapped: the epoch of the state micro-batches run on
+        self._copy_epoch = 0  # the epoch of the state micro-batches run on (overlapped, it may lag)
         self.state_hash = ""  # of the state held now ("" before any)
         self.kept: Kept | None = None
         self._round_over = asyncio.Event()
@@ -132,7 +132,7 @@ class CollaborativeOptimizer:
                 except MicroBatchAbandoned:
                     break  # stopped inside the forward pass: no gradient was added
                 self.accumulator.add(samples, loss_sum, batch_id, self.thread.last_micro_batch_seconds,
-                                     self._copy_epoch if self.overlap else self.epoch)
+                                     self._copy_epoch)
                 if self.local is not None:
                     self.local.after_micro_batch(samples, self._lr())
                 self.throughput.add(samples)

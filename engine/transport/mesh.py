@@ -138,6 +138,22 @@ class PeerMesh:
         except asyncio.TimeoutError:
             raise LinkClosed(f"could not connect to {peer_id} in time", peer_id) from None
 
+    def warm(self, peer_ids: list[str]) -> None:
+        """Link to ``peer_ids`` in the background, before a round needs them: one that
+        cannot be reached now is dialled again (after its pause) when a round does. At most
+        half the connections are filled this way, so warming never closes a link in use."""
+        room = self.max_connections // 2 - len(self._links) - len(self._offers) - len(self._answering)
+        wanted = [p for p in peer_ids if p != self.me and p not in self._links and p not in self._offers
+                  and p not in self._answering and not self._shunned.left(p)]
+        for peer_id in wanted[:max(room, 0)]:
+            self.spawn(self._warm(peer_id))
+
+    async def _warm(self, peer_id: str) -> None:
+        try:
+            await self.link(peer_id)
+        except LinkClosed as exc:
+            log.info("could not link ahead to %s: %s", peer_id, exc)
+
     def connected(self) -> list[str]:
         return [p for p, link in self._links.items() if link.is_open]
 

@@ -42,7 +42,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[7] = WIRE_VERSION
+    v: Literal[8] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -363,6 +363,16 @@ class Status(ControlMessage, tag="status"):
     eta_seconds: Seconds | None = None
 
 
+MAX_PARTNERS = 100  # half a peer's connections: warming never crowds out links in use
+
+
+class Partners(ControlMessage, tag="partners"):
+    """The members a peer that just became ready will average with: it links to them now,
+    so its first round need not wait for links to be set up."""
+
+    peers: Annotated[list[PeerId], Meta(max_length=MAX_PARTNERS)]
+
+
 class IceServer(Struct, kw_only=True, omit_defaults=True):
     """A STUN or TURN server as RTCIceServer takes it."""
 
@@ -384,7 +394,7 @@ class IceServers(ControlMessage, tag="ice_servers"):
 PeerMessage = (Progress | SyncRequest | Ready | RoundDone | AuditDone | Signal | Availability | BadState
                | Evaluated | Ping)
 BackboneMessage = (Pong | SyncPlan | RoundStart | Reassign | Step | Audit | Resync | Status | Signal
-                   | IceServers)
+                   | IceServers | Partners)
 
 from_peer: Codec[PeerMessage] = Codec(
     PeerMessage, "control message", MAX_CONTROL_MESSAGE, WIRE_VERSION,

@@ -61,7 +61,7 @@ async def test_micro_batches_go_on_during_a_round_on_the_state_before_its_step(t
     release.set()
     outcome = await asyncio.wait_for(round_, 30)
     assert outcome is not None
-    step, taken = outcome
+    step, taken = outcome.step, outcome.taken
     assert step.epoch == opt.epoch == 1 and taken.batches == [0, 1] and taken.computed_on == 0
     assert opt.accumulator.batches == [2, 3, 4] and opt.accumulator.computed_on == 0, \
         "what was computed during the round waits for the next one"
@@ -77,7 +77,7 @@ async def test_micro_batches_go_on_during_a_round_on_the_state_before_its_step(t
     for copy, master in zip(opt.compute_model.parameters(), opt.model.parameters(), strict=True):
         assert torch.equal(copy.detach(), master.detach()), "taking the gradient moves the copy to the step"
     release.set()
-    _, taken = await asyncio.wait_for(second, 30)
+    taken = (await asyncio.wait_for(second, 30)).taken
     assert taken.batches == [2, 3, 4] and taken.computed_on == 0 and opt.epoch == 2
 
 

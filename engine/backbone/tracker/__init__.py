@@ -31,6 +31,7 @@ from engine.backbone.tracker.outputs import (
     WithdrawCredits,
 )
 from engine.backbone.tracker.pairs import Pairs
+from engine.backbone.tracker.partners import partners
 from engine.backbone.tracker.records import Identity
 from engine.backbone.tracker.scheduling import OpenRound, Scheduler
 from engine.backbone.tracker.settlement import Settlement
@@ -43,6 +44,7 @@ from engine.wire.control import (
     CheckpointInfo,
     ControlMessage,
     Evaluated,
+    Partners,
     Progress,
     Ready,
     Resync,
@@ -166,10 +168,14 @@ class Tracker:
         """An auxiliary peer holds no state and brings no gradient: it reports its link,
         reduces parts and shows them to checkers; the rest is not its to say."""
         if isinstance(msg, Progress):
+            first = peer.heard_at == 0.0
             self.members.report_link(peer, msg, self.clock())
-        elif isinstance(msg, RoundDone):
+            # (the first time: it links to the trainers before its first round)
+            linked_with = partners(self.members, self.pairs, peer, self.epoch, self.clock()) if first else []
+            return [Send(peer.peer_id, Partners(peers=linked_with))] if linked_with else []
+        if isinstance(msg, RoundDone):
             return self.settlement.round_done(peer, msg)
-        elif isinstance(msg, Availability):
+        if isinstance(msg, Availability):
             peer.paused = msg.paused
         return []
 

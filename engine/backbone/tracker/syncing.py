@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import CollaborationState, Out, Send
-from engine.wire.control import BadState, Ready, SyncPlan, SyncRequest
+from engine.backbone.tracker.partners import partners
+from engine.wire.control import BadState, Partners, Ready, SyncPlan, SyncRequest
 from engine.wire.types import StateSource
 
 if TYPE_CHECKING:
@@ -164,4 +165,6 @@ class StateSources:
         # (Else it is back at the state it kept from before a step that did not settle, with
         # the gradient it brought to that step: it accumulated since the time it had.)
         peer.ready, peer.epoch = True, msg.epoch
-        return self.answer_waiting(patient=True)  # it may serve those asking
+        out = self.answer_waiting(patient=True)  # it may serve those asking
+        linked_with = partners(t.members, t.pairs, peer, msg.epoch, t.clock())
+        return [*out, Send(peer.peer_id, Partners(peers=linked_with))] if linked_with else out

@@ -1,0 +1,21 @@
+"""Whom a peer that just became ready will average with, so it links to them before its
+first round: a link set up through signaling and ICE takes from a tenth of a second on
+loopback to seconds across NATs, and a round whose member still dials waits for it."""
+
+from __future__ import annotations
+
+from engine.backbone.tracker.membership import Members, PeerState
+from engine.backbone.tracker.pairs import Pairs
+from engine.wire.control import MAX_PARTNERS
+
+
+def partners(members: Members, pairs: Pairs, peer: PeerState, epoch: int, now: float) -> list[str]:
+    """The live trainers of ``epoch`` and (for a trainer) the auxiliary peers that ``peer``
+    may be grouped with (not kept apart from it), the proven first: at most MAX_PARTNERS, a
+    round with more links to the rest when it starts. (Auxiliary peers exchange with
+    trainers only.)"""
+    others = members.live(epoch) + ([] if peer.auxiliary else members.auxiliaries())
+    candidates = [p for p in others
+                  if p.peer_id != peer.peer_id and pairs.reachable(peer.peer_id, p.peer_id, now)]
+    candidates.sort(key=lambda p: (not p.proven, p.peer_id))
+    return [p.peer_id for p in candidates[:MAX_PARTNERS]]
