@@ -12,6 +12,7 @@ A round that fails gives the gradient back to the accumulator: it counts in the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -81,7 +82,7 @@ class RoundPipeline:
             try:
                 averaged = await self.average(plan, taken.vector, taken.samples, taken.loss_sum,
                                               start.timeout)
-                digest, proof = await opt.step(averaged.vector, start.epoch, start.nonce)
+                hashed, proof = await opt.step(averaged.vector, start.epoch, start.nonce)
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 await opt.give_back(taken, start.epoch)
@@ -90,6 +91,7 @@ class RoundPipeline:
                 return None
         finally:
             opt.end_round()
+        digest = await asyncio.wrap_future(hashed)  # (computed while micro-batches resumed)
         seconds = time.monotonic() - began
         opt.keep_taken(start.epoch, taken)
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
@@ -98,7 +100,8 @@ class RoundPipeline:
                                    numel=averaged.vector.numel(), proof=proof)
         await self.send(self.last_step)
         self.progress.stepped()
-        step = Step(epoch=opt.epoch, round_id=start.round_id, loss=averaged.loss, samples=averaged.samples,
-                    peers=len(start.group), round_seconds=seconds, state_sha256=digest)
+        step = Step(epoch=start.epoch + 1, round_id=start.round_id, loss=averaged.loss,
+                    samples=averaged.samples, peers=len(start.group), round_seconds=seconds,
+                    state_sha256=digest)
         first_byte = None if averaged.first_sent is None else averaged.first_sent - arrived
         return Stepped(step, taken, took - arrived, first_byte)

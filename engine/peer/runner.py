@@ -285,6 +285,7 @@ class Peer:
             await self._files.close()  # a micro-batch waiting for a shard gives up
         if self._opt is not None:
             self._opt.thread.shutdown()
+            self._opt.hash.close()
 
     # --- catching up --------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from typing import TypeVar
 
@@ -33,6 +34,7 @@ from engine.training.local import LocalSteps
 from engine.training.lr_schedule import lr_at
 from engine.training.params import set_grads, state_proof, trainable
 from engine.training.state import load_state, pack_state, state_sha256
+from engine.training.state_hash import StateHash
 from engine.training.throughput import Throughput
 from engine.wire.tensors import StateFile, StateIndex
 
@@ -84,7 +86,7 @@ class CollaborativeOptimizer:
         self.base_lr = stepping.param_groups[0]["lr"]
         self.epoch = 0
         self._copy_epoch = 0  # the epoch of the state micro-batches run on (overlapped, it may lag)
-        self.state_hash = ""  # of the state held now ("" before any)
+        self.hash = StateHash()  # of the state held now ("" before any)
         self.kept: Kept | None = None
         self._round_over = asyncio.Event()
         self._round_over.set()
@@ -105,6 +107,10 @@ class CollaborativeOptimizer:
     @property
     def in_round(self) -> bool:
         return self._in_round
+
+    @property
+    def state_hash(self) -> str:
+        return self.hash.value
 
     async def compute(self, micro_batch: MicroBatch, batch_id: int) -> bool:
         """Run ``micro_batch`` on the compute thread: it back-propagates the loss *summed*
@@ -173,12 +179,14 @@ class CollaborativeOptimizer:
         self.generation += 1
         return taken
 
-    async def step(self, vector: torch.Tensor, epoch: int, nonce: str | None) -> tuple[str, str | None]:
-        """Take the round's step; the new state's hash, and the proof (for ``nonce``) that we
-        hold it. UnsafeStep if the step would leave the state not finite."""
-        def work() -> tuple[str, str | None]:
-            digest = self._apply(vector, epoch)
-            return digest, state_proof(self.params, nonce) if nonce else None
+    async def step(self, vector: torch.Tensor, epoch: int,
+                   nonce: str | None) -> tuple[Future[str], str | None]:
+        """Take the round's step; the new state's hash (being computed beside the next
+        micro-batches), and the proof (for ``nonce``) that we hold it. UnsafeStep if the
+        step would leave the state not finite."""
+        def work() -> tuple[Future[str], str | None]:
+            hashed = self._apply(vector, epoch)
+            return hashed, state_proof(self.params, nonce) if nonce else None
 
         return await self.thread.run(work)
 
@@ -222,9 +230,10 @@ class CollaborativeOptimizer:
 
             await self.thread.run(move)
 
-    def _apply(self, vector: torch.Tensor, epoch: int) -> str:
+    def _apply(self, vector: torch.Tensor, epoch: int) -> Future[str]:
         """Take the step. Whatever the round delivered, a state that is not finite is never
         taken: the step is refused (UnsafeStep) and the state stays as it was."""
+        self.hash.before_change()
         if not all_finite([vector]):
             raise UnsafeStep("the averaged gradient is not finite: refusing the step")
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
@@ -245,7 +254,7 @@ class CollaborativeOptimizer:
         self.epoch = epoch + 1
         if not self.overlap:  # (overlapped, the copy takes it when the next round takes the gradient)
             self._follow_master()
-        return self._rehash()
+        return self.hash.start(self.model, self.optimizer, self.epoch)
 
     # --- state ------------------------------------------------------------------------
 
@@ -264,6 +273,7 @@ class CollaborativeOptimizer:
     async def reset(self, fresh: torch.nn.Module) -> str:
         """Start over from ``fresh`` (a newly initialised model) at epoch 0."""
         def work() -> str:
+            self.hash.before_change()
             self.model.load_state_dict(fresh.state_dict())
             self.optimizer.state.clear()
             self.epoch, self.kept = 0, None
@@ -275,6 +285,7 @@ class CollaborativeOptimizer:
     async def load(self, state: StateFile) -> str:
         """Adopt a downloaded state (checked by the caller); returns its hash."""
         def work() -> str:
+            self.hash.before_change()
             self.epoch = load_state(state, self.model, self.optimizer, self.project_id)
             self._follow_master()
             self.kept = None
@@ -298,8 +309,10 @@ class CollaborativeOptimizer:
             kept = self.kept
             if kept is None or kept.epoch != epoch or kept.state_sha256 != digest:
                 return False
+            self.hash.before_change()
             put_back(kept, self.model, self.optimizer)
-            self.epoch, self.state_hash, self.kept = kept.epoch, kept.state_sha256, None
+            self.hash.set(kept.state_sha256)
+            self.epoch, self.kept = kept.epoch, None
             self._follow_master()
             self.accumulator.clear()
             if kept.taken is not None and self.local is not None:
@@ -326,9 +339,9 @@ class CollaborativeOptimizer:
 
     def _rehash(self) -> str:
         """The hash of the whole state a joiner would receive: parameters, optimizer state,
-        epoch (computed after every change, on the compute thread)."""
-        self.state_hash = state_sha256(self.model, self.optimizer, self.epoch)
-        return self.state_hash
+        epoch (after a download or a reset, at once; after a step, beside compute)."""
+        self.hash.set(state_sha256(self.model, self.optimizer, self.epoch))
+        return self.hash.value
 
     async def mark_synced(self) -> None:
         await self.thread.run(self.accumulator.clear)

@@ -1,0 +1,78 @@
+"""After a step, the new state is hashed beside the next micro-batches, not before them
+(engine/training/state_hash.py); whatever changes the state waits for that hash."""
+
+import asyncio
+import threading
+
+import pytest
+
+from engine.averaging.tensor_parts import Averaged
+from engine.project import OptimizerSpec, ScheduleSpec
+from engine.tasks import create_task, initial_model
+from engine.training import state_hash
+from engine.training.lr_schedule import build_optimizer
+from engine.training.optimizer import CollaborativeOptimizer
+from engine.training.state import state_sha256
+from engine.wire.control import RoundDone, RoundStart
+from tests.collab.harness import TINY
+from tests.lone_peer import lone_peer
+from tests.unit.test_overlap import micro_batch
+
+
+@pytest.fixture(scope="module")
+def task():
+    return create_task("demo-lm", dict(TINY), None)
+
+
+class HeldHash:
+    """state_sha256 that waits for ``release`` once called; it notes the state's hash when
+    called and returns the one when released: they differ if the state changed meanwhile."""
+
+    def __init__(self) -> None:
+        self.hashing, self.release = threading.Event(), threading.Event()
+        self.when_called: list[str] = []
+
+    def __call__(self, model, optimizer, epoch):
+        self.when_called.append(state_sha256(model, optimizer, epoch))
+        self.hashing.set()
+        assert self.release.wait(30), "never released"
+        return state_sha256(model, optimizer, epoch)
+
+
+async def average_alone(plan, vector, samples, loss_sum, timeout) -> Averaged:
+    return Averaged(vector / samples, samples, loss_sum / samples, {plan.me: samples})
+
+
+async def test_micro_batches_resume_while_the_new_state_is_hashed(task, monkeypatch):
+    held = HeldHash()
+    monkeypatch.setattr(state_hash, "state_sha256", held)
+    model = initial_model(task, 7)
+    opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
+                                 project_id="p")
+    told: list = []
+
+    async def send(message) -> None:
+        told.append(message)
+
+    peer = lone_peer(opt, average_alone, send, target_batch_size=8)
+    await opt.mark_synced()
+    await opt.compute_run(micro_batch(task, opt), 0, lambda: len(opt.accumulator.batches) >= 2)
+    round_ = asyncio.ensure_future(peer.run_round(RoundStart(1, 0, ["me"], [1.0], 30.0)))
+    assert await asyncio.to_thread(held.hashing.wait, 30), "the step never hashed its state"
+
+    used, added = await asyncio.wait_for(
+        opt.compute_run(micro_batch(task, opt), 2, lambda: len(opt.accumulator.batches) >= 2), 30)
+    assert (used, added) == (2, 2) and not round_.done(), "computing waited for the hash"
+
+    # Loading a fresh state now must wait until the hash under way has read the stepped one.
+    fresh = initial_model(task, 8)
+    reset = asyncio.ensure_future(opt.reset(fresh))
+    held.release.set()
+    outcome = await asyncio.wait_for(round_, 30)
+    assert outcome is not None and outcome.step.epoch == 1
+    assert outcome.step.state_sha256 == held.when_called[0], "the state changed while it was hashed"
+    (done,) = [m for m in told if isinstance(m, RoundDone)]
+    assert done.ok and done.state_sha256 == held.when_called[0]
+    assert await asyncio.wait_for(reset, 30) == opt.state_hash == state_sha256(fresh, opt.optimizer, 0)
+    opt.thread.shutdown()
+    opt.hash.close()
