@@ -89,11 +89,11 @@ class RoundPipeline:
                 await self.send(RoundDone(start.round_id, start.epoch, ok=False, error=str(exc),
                                           unreachable=exc.suspects, waiting=exc.waiting))
                 return None
+            opt.keep_taken(start.epoch, taken)
+            digest = await asyncio.wrap_future(hashed)  # (computed while micro-batches resumed)
         finally:
             opt.end_round()
-        digest = await asyncio.wrap_future(hashed)  # (computed while micro-batches resumed)
         seconds = time.monotonic() - began
-        opt.keep_taken(start.epoch, taken)
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
                                    received=averaged.received, commitment=averaged.commitment,

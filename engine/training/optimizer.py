@@ -95,6 +95,7 @@ class CollaborativeOptimizer:
         self.generation = 0
         self._synced = False
         self._in_round = False
+        self._stepped = False  # the round's step is taken: compute resumes before the round ends
         self.paused = False
         self._computable = asyncio.Event()
 
@@ -164,7 +165,7 @@ class CollaborativeOptimizer:
         finishes if it fits in ``budget`` seconds; else it is dropped."""
         if not self._synced or epoch != self.epoch or self._in_round:
             return None
-        self._in_round = True
+        self._in_round, self._stepped = True, False
         self._round_over.clear()
         self._update()
         def take() -> Accumulated:
@@ -188,7 +189,12 @@ class CollaborativeOptimizer:
             hashed = self._apply(vector, epoch)
             return hashed, state_proof(self.params, nonce) if nonce else None
 
-        return await self.thread.run(work)
+        taken = await self.thread.run(work)
+        # Micro-batches resume on the new state; the round (and so any state that would land
+        # under it) ends once its hash is in and RoundDone is ready.
+        self._stepped = True
+        self._update()
+        return taken
 
     async def give_back(self, taken: Accumulated, epoch: int) -> None:
         """A round of ``epoch`` failed: what it took counts again, if our state is still that
@@ -296,7 +302,10 @@ class CollaborativeOptimizer:
     def settled(self, epoch: int, digest: str) -> None:
         """The collaboration settled on ``epoch`` with this state: if it is ours, the state
         kept from before our last step is no longer needed."""
-        if epoch == self.epoch and digest == self.state_hash:
+        hashed = self.hash.current
+        if not hashed.done():  # (checked once it is, rather than holding the event loop)
+            asyncio.wrap_future(hashed).add_done_callback(lambda _: self.settled(epoch, digest))
+        elif hashed.exception() is None and epoch == self.epoch and digest == hashed.result():
             self.kept = None
 
     async def restore(self, epoch: int, digest: str) -> bool:
@@ -350,7 +359,7 @@ class CollaborativeOptimizer:
         self._update()
 
     def _update(self) -> None:
-        if self._synced and (self.overlap or not self._in_round) and not self.paused:
+        if self._synced and (self.overlap or not self._in_round or self._stepped) and not self.paused:
             self._computable.set()
         else:
             self._computable.clear()

@@ -33,6 +33,11 @@ class StateHash:
         """The hash of the state held now; waits while it is being computed (one hash's time)."""
         return self._current.result()
 
+    @property
+    def current(self) -> Future[str]:
+        """The hash of the state held now, done or under way."""
+        return self._current
+
     def before_change(self) -> None:
         """Call before changing the state: the hash under way must finish reading it."""
         self._current.result()

@@ -139,9 +139,10 @@ class PeerMesh:
             raise LinkClosed(f"could not connect to {peer_id} in time", peer_id) from None
 
     def warm(self, peer_ids: list[str]) -> None:
-        """Link to ``peer_ids`` in the background, before a round needs them: one that
-        cannot be reached now is dialled again (after its pause) when a round does. At most
-        half the connections are filled this way, so warming never closes a link in use."""
+        """Link to ``peer_ids`` in the background, before a round needs them (one that
+        failed lately is dialled after its pause, as for a round; one that fails now, again
+        when a round needs it). At most half the connections are filled this way, so
+        warming never closes a link in use."""
         room = self.max_connections // 2 - len(self._links) - len(self._offers) - len(self._answering)
         wanted = [p for p in peer_ids if p != self.me and p not in self._links and p not in self._offers
                   and p not in self._answering and not self._shunned.left(p)]

@@ -51,3 +51,17 @@ def test_an_auxiliary_peer_is_told_the_trainers_once_when_first_heard_from():
     # It exchanges with trainers only: not with another auxiliary peer.
     assert sent(t.handle("y", report), Partners) == [("y", Partners(peers=["a", "b"]))]
     assert sent(t.handle("x", report), Partners) == []
+
+
+def test_two_peers_that_reduce_nothing_are_not_linked_and_reducers_come_first():
+    clock = Clock()
+    t = Tracker(project(), clock=clock)
+    ready(t, "a")
+    t.handle("a", Progress(0, 0, 0.0, client_mode=True))  # behind a relay: it sends only
+    t.join("x", "x", role=PeerRole.AUXILIARY)
+    t.handle("x", Progress(0, 0, 0.0, upload=1e6, download=1e6))
+    assert ready(t, "b") == ["x", "a"]  # the auxiliary reducer first
+    t.join("c", "c")
+    t.handle("c", SyncRequest())
+    t.members.get("c").sends_only_until = clock.now + 60  # checkers could not get its parts lately
+    assert sent(t.handle("c", Ready(0, "h0")), Partners) == [("c", Partners(peers=["x", "b"]))]

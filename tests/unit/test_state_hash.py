@@ -15,6 +15,7 @@ from engine.training.optimizer import CollaborativeOptimizer
 from engine.training.state import state_sha256
 from engine.wire.control import RoundDone, RoundStart
 from tests.collab.harness import TINY
+from tests.conftest import until
 from tests.lone_peer import lone_peer
 from tests.unit.test_overlap import micro_batch
 
@@ -43,13 +44,14 @@ async def average_alone(plan, vector, samples, loss_sum, timeout) -> Averaged:
     return Averaged(vector / samples, samples, loss_sum / samples, {plan.me: samples})
 
 
-async def test_micro_batches_resume_while_the_new_state_is_hashed(task, monkeypatch):
+async def step_with_held_hash(task, monkeypatch, told: list):
+    """A lone peer that computed two micro-batches and whose round's step is taken, its
+    state's hash held; the optimizer, the round under way and the held hash."""
     held = HeldHash()
     monkeypatch.setattr(state_hash, "state_sha256", held)
     model = initial_model(task, 7)
     opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
                                  project_id="p")
-    told: list = []
 
     async def send(message) -> None:
         told.append(message)
@@ -59,10 +61,17 @@ async def test_micro_batches_resume_while_the_new_state_is_hashed(task, monkeypa
     await opt.compute_run(micro_batch(task, opt), 0, lambda: len(opt.accumulator.batches) >= 2)
     round_ = asyncio.ensure_future(peer.run_round(RoundStart(1, 0, ["me"], [1.0], 30.0)))
     assert await asyncio.to_thread(held.hashing.wait, 30), "the step never hashed its state"
+    return opt, round_, held
+
+
+async def test_micro_batches_resume_while_the_new_state_is_hashed(task, monkeypatch):
+    told: list = []
+    opt, round_, held = await step_with_held_hash(task, monkeypatch, told)
 
     used, added = await asyncio.wait_for(
         opt.compute_run(micro_batch(task, opt), 2, lambda: len(opt.accumulator.batches) >= 2), 30)
     assert (used, added) == (2, 2) and not round_.done(), "computing waited for the hash"
+    assert opt.in_round, "the round ended before its state's hash was in: a resync could land under it"
 
     # Loading a fresh state now must wait until the hash under way has read the stepped one.
     fresh = initial_model(task, 8)
@@ -74,5 +83,17 @@ async def test_micro_batches_resume_while_the_new_state_is_hashed(task, monkeypa
     (done,) = [m for m in told if isinstance(m, RoundDone)]
     assert done.ok and done.state_sha256 == held.when_called[0]
     assert await asyncio.wait_for(reset, 30) == opt.state_hash == state_sha256(fresh, opt.optimizer, 0)
+    opt.thread.shutdown()
+    opt.hash.close()
+
+
+async def test_a_settled_step_is_checked_against_the_hash_once_it_is_in(task, monkeypatch):
+    opt, round_, held = await step_with_held_hash(task, monkeypatch, [])
+    assert opt.kept is not None  # the state before the step, until the step settles
+    opt.settled(1, "0" * 64)  # (another state: it releases nothing)
+    opt.settled(1, held.when_called[0])  # returns at once: the event loop never waits for a hash
+    held.release.set()
+    assert (await asyncio.wait_for(round_, 30)) is not None
+    await until(lambda: opt.kept is None, 10, "the kept state released once the hash matched")
     opt.thread.shutdown()
     opt.hash.close()

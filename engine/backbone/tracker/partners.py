@@ -11,11 +11,14 @@ from engine.wire.control import MAX_PARTNERS
 
 def partners(members: Members, pairs: Pairs, peer: PeerState, epoch: int, now: float) -> list[str]:
     """The live trainers of ``epoch`` and (for a trainer) the auxiliary peers that ``peer``
-    may be grouped with (not kept apart from it), the proven first: at most MAX_PARTNERS, a
-    round with more links to the rest when it starts. (Auxiliary peers exchange with
-    trainers only.)"""
+    may be grouped with and exchange with: not kept apart from it, and not both reducing
+    nothing (they send only to reducers). Auxiliary and proven peers first (the reducers
+    rounds need), at most MAX_PARTNERS: a round with more links to the rest when it starts.
+    (Auxiliary peers exchange with trainers only.)"""
     others = members.live(epoch) + ([] if peer.auxiliary else members.auxiliaries())
+    senders = members.sends_only()
     candidates = [p for p in others
-                  if p.peer_id != peer.peer_id and pairs.reachable(peer.peer_id, p.peer_id, now)]
-    candidates.sort(key=lambda p: (not p.proven, p.peer_id))
+                  if p.peer_id != peer.peer_id and pairs.reachable(peer.peer_id, p.peer_id, now)
+                  and not (peer.peer_id in senders and p.peer_id in senders)]
+    candidates.sort(key=lambda p: (not (p.auxiliary or p.proven), p.peer_id))
     return [p.peer_id for p in candidates[:MAX_PARTNERS]]
