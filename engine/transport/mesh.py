@@ -131,8 +131,10 @@ class PeerMesh:
         arrival = self._arrival(peer_id)
         if peer_id not in self._offers and peer_id not in self._answering:
             # An answer under way brings the link too; a second offer now would make the
-            # other side drop the link it is about to open, as if ours had died.
-            self.spawn(self._offer(peer_id))
+            # other side drop the link it is about to open, as if ours had died. (So the
+            # offer is registered here, not when its task starts: a second ``link`` in the
+            # same turn of the loop -- a round's beside a warming one -- must see it.)
+            self.spawn(self._offer(peer_id, self._new_offer(peer_id)))
         try:
             return await asyncio.wait_for(asyncio.shield(arrival), timeout or self.connect_timeout)
         except asyncio.TimeoutError:
@@ -247,11 +249,16 @@ class PeerMesh:
         """Seconds before ``peer_id``, whose frames broke the rules, may connect again."""
         return self._shunned.left(peer_id)
 
-    async def _offer(self, peer_id: str) -> None:
+    def _new_offer(self, peer_id: str) -> tuple[_Offer, PeerLink]:
         transport = backends.for_offer(self.transports, self._transports.get(peer_id))
         connection, link = self._new_connection(peer_id, transport)
         offer = _Offer(uuid.uuid4().hex, connection, asyncio.get_running_loop().create_future())
         self._offers[peer_id] = offer
+        return offer, link
+
+    async def _offer(self, peer_id: str, new: tuple[_Offer, PeerLink]) -> None:
+        offer, link = new
+        connection = offer.connection
         try:
             wait = self.redial_in(peer_id)
             if wait:

@@ -89,6 +89,21 @@ async def test_simultaneous_connects_settle_on_one_working_link(stack):
         await asyncio.gather(*(m.close() for m in meshes.values()))
 
 
+async def test_links_asked_for_in_one_turn_of_the_loop_share_one_offer(stack):
+    """A round's link beside a warming one (links set up ahead): a second offer to the same
+    peer would make it drop the link it is opening, as if ours had died."""
+    signals: list = []
+    meshes = make_meshes(["a", "b"], signals=signals)
+    try:
+        meshes["a"].warm(["b"])
+        first, second = await asyncio.gather(meshes["a"].link("b"), meshes["a"].link("b"))
+        assert first is second and first.is_open
+        assert [kind for sender, _, kind, _ in signals if sender == "a"] == [SignalKind.OFFER]
+        assert meshes["a"].connected() == ["b"] and meshes["b"].connected() == ["a"]
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
 async def test_a_peer_breaking_the_framing_loses_its_link_and_waiters_learn_at_once(stack):
     meshes = make_meshes(["a", "b"])
     try:
