@@ -33,9 +33,13 @@ async def synced_optimizer(task) -> CollaborativeOptimizer:
 
 
 def counted(task, opt: CollaborativeOptimizer, ran: list[int],
-            after: dict[int, threading.Event] | None = None):
-    """A real micro-batch that records its id (and signals ``after[id]`` once done)."""
+            after: dict[int, threading.Event] | None = None,
+            before: dict[int, threading.Event] | None = None):
+    """A real micro-batch that records its id (and signals ``after[id]`` once done; waits
+    for ``before[id]`` to start)."""
     def micro_batch(index: int) -> tuple[int, float]:
+        if before and index in before:
+            assert before[index].wait(30), "the test let this micro-batch start"
         batch = task.batch(1, index)
         loss_sum = task.loss(opt.compute_model, batch) * batch.size
         loss_sum.backward()
@@ -56,13 +60,23 @@ async def test_a_run_ends_when_a_report_is_due(task):
 
 
 async def long_run_under_way(task, monkeypatch):
-    """A run that would go on for ten minutes without yielding, two micro-batches in."""
+    """A run that would go on for ten minutes without yielding, two micro-batches in. Its
+    third micro-batch starts only once other work is queued for the thread, so however
+    slow the machine, the run has that one under way (or none) when the work arrives."""
     monkeypatch.setattr(optimizer_module, "RUN_SECONDS", 600.0)
     opt = await synced_optimizer(task)
     ran: list[int] = []
-    second_done = {1: threading.Event()}
-    run = asyncio.ensure_future(opt.compute_run(counted(task, opt, ran, second_done), 0, lambda: False))
+    second_done, third_may_start = {1: threading.Event()}, {2: threading.Event()}
+    queue = opt.thread.run
+
+    def queued(fn):
+        job = queue(fn)
+        third_may_start[2].set()
+        return job
+    run = asyncio.ensure_future(opt.compute_run(counted(task, opt, ran, second_done, third_may_start), 0,
+                                                lambda: False))
     assert await asyncio.to_thread(second_done[1].wait, 30), "the run is under way"
+    monkeypatch.setattr(opt.thread, "run", queued)
     return opt, run, ran
 
 
