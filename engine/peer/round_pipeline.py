@@ -82,7 +82,7 @@ class RoundPipeline:
             try:
                 averaged = await self.average(plan, taken.vector, taken.samples, taken.loss_sum,
                                               start.timeout)
-                hashed, proof = await opt.step(averaged.vector, start.epoch, start.nonce)
+                hashed, proved = await opt.step(averaged.vector, start.epoch, start.nonce)
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 await opt.give_back(taken, start.epoch)
@@ -91,6 +91,7 @@ class RoundPipeline:
                 return None
             opt.keep_taken(start.epoch, taken)
             digest = await asyncio.wrap_future(hashed)  # (computed while micro-batches resumed)
+            proof = await asyncio.wrap_future(proved)
         finally:
             opt.end_round()
         seconds = time.monotonic() - began

@@ -32,7 +32,7 @@ from engine.training.compute_thread import ComputeThread
 from engine.training.kept_state import Kept, all_finite, is_finite, keep, put_back
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import lr_at
-from engine.training.params import set_grads, state_proof, trainable
+from engine.training.params import set_grads, trainable
 from engine.training.state import load_state, pack_state, state_sha256
 from engine.training.state_hash import StateHash
 from engine.training.throughput import Throughput
@@ -181,15 +181,11 @@ class CollaborativeOptimizer:
         return taken
 
     async def step(self, vector: torch.Tensor, epoch: int,
-                   nonce: str | None) -> tuple[Future[str], str | None]:
-        """Take the round's step; the new state's hash (being computed beside the next
-        micro-batches), and the proof (for ``nonce``) that we hold it. UnsafeStep if the
-        step would leave the state not finite."""
-        def work() -> tuple[Future[str], str | None]:
-            hashed = self._apply(vector, epoch)
-            return hashed, state_proof(self.params, nonce) if nonce else None
-
-        taken = await self.thread.run(work)
+                   nonce: str | None) -> tuple[Future[str], Future[str | None]]:
+        """Take the round's step; the new state's hash and the proof (for ``nonce``) that
+        we hold it, both computed beside the next micro-batches. UnsafeStep if the step
+        would leave the state not finite."""
+        taken = await self.thread.run(lambda: self._apply(vector, epoch, nonce))
         # Micro-batches resume on the new state; the round (and so any state that would land
         # under it) ends once its hash is in and RoundDone is ready.
         self._stepped = True
@@ -236,14 +232,16 @@ class CollaborativeOptimizer:
 
             await self.thread.run(move)
 
-    def _apply(self, vector: torch.Tensor, epoch: int) -> Future[str]:
+    def _apply(self, vector: torch.Tensor, epoch: int,
+               nonce: str | None) -> tuple[Future[str], Future[str | None]]:
         """Take the step. Whatever the round delivered, a state that is not finite is never
         taken: the step is refused (UnsafeStep) and the state stays as it was."""
-        self.hash.before_change()
+        self.hash.before_change(step=True)
         if not all_finite([vector]):
             raise UnsafeStep("the averaged gradient is not finite: refusing the step")
+        copied = self.hash.copy(epoch)
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
-            self.kept = keep(self.model, self.optimizer, epoch, self.state_hash)
+            self.kept = copied or keep(self.model, self.optimizer, epoch, self.state_hash)
         set_grads(self.params, vector)
         if self.local is None:  # the outer step takes the pseudo-gradient as it is, at its own lr
             if self.clip_grad_norm:
@@ -260,7 +258,7 @@ class CollaborativeOptimizer:
         self.epoch = epoch + 1
         if not self.overlap:  # (overlapped, the copy takes it when the next round takes the gradient)
             self._follow_master()
-        return self.hash.start(self.model, self.optimizer, self.epoch)
+        return self.hash.start(self.model, self.optimizer, self.epoch, self.params, nonce)
 
     # --- state ------------------------------------------------------------------------
 
@@ -307,6 +305,7 @@ class CollaborativeOptimizer:
             asyncio.wrap_future(hashed).add_done_callback(lambda _: self.settled(epoch, digest))
         elif hashed.exception() is None and epoch == self.epoch and digest == hashed.result():
             self.kept = None
+            self.hash.settled()
 
     async def restore(self, epoch: int, digest: str) -> bool:
         """Go back to the state kept from before a step that did not settle, if it is the

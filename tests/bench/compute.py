@@ -1,12 +1,15 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
-same model, micro-batch and target batch, alternating runs of at least 30 s: demo-lm as shipped, and the
-catalog's albert-mini (a transformers ALBERT) and digits (a transformers ResNet) on their
-shards, served by the backbone; digits also with steps of 1024 samples, and both digits
-runs again with overlapped rounds (the project option ``overlap``).
+same model, micro-batch and target batch: demo-lm as shipped, and the catalog's albert-mini
+(a transformers ALBERT) and digits (a transformers ResNet) on their shards, served by the
+backbone; digits also with steps of 1024 samples, and both digits runs again with
+overlapped rounds (the project option ``overlap``).
 
-The peer's time is counted from its first step after its link measurement (3 s when it
-joins, then one every half hour: a tenth of a 30-s run, not of a volunteer's session) to its
-last; checkpoints and held-out scores, which the plain loop does not compute, are off.
+Five alternating runs of at least 20 s each; the ratio is the median of each peer run's
+over the plain run just before it (a shared machine's speed drifts by 10% within minutes:
+pairs side by side cancel most of it). The peer's time is counted from its first step
+after its link measurement (3 s when it joins, then one every half hour: a seventh of a
+20-s run, not of a volunteer's session) to its last; checkpoints and held-out scores,
+which the plain loop does not compute, are off.
 
     python -m tests.bench.compute [--quick]
 """
@@ -123,12 +126,12 @@ def collaborative(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) 
             backbone.wait(timeout=30)
 
 
-RUN_SECONDS = 30.0
+RUN_SECONDS = 20.0
 
 
 def main(quick: bool = False) -> None:
     torch.set_num_threads(1)
-    least, trials = (2, 1) if quick else (4, 3)
+    least, trials = (2, 1) if quick else (4, 5)
     with tempfile.TemporaryDirectory() as root:
         os.environ["COTRAIN_HOME"] = root  # the peer's shard cache
         for spec, folder in workloads(Path(root)):
@@ -147,9 +150,11 @@ def main(quick: bool = False) -> None:
                 plain.append(plain_loop(spec, folder, epochs))
                 ours.append(collaborative(spec, folder, epochs))
             p, c = statistics.median(plain), statistics.median(ours)
+            pairs = statistics.median(o / q for o, q in zip(ours, plain, strict=True))
             print(f"plain PyTorch loop   {p:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in plain)}")
             print(f"collaborative peer   {c:8.2f} samples/s   runs: {', '.join(f'{x:.2f}' for x in ours)}")
-            print(f"ratio collaborative / plain: {c / p:.3f} (target >= 0.95)", flush=True)
+            print(f"ratio collaborative / plain: {pairs:.3f} (target >= 0.95), the median of each run's over "
+                  f"the plain run just before it; of the medians {c / p:.3f}", flush=True)
 
 
 if __name__ == "__main__":

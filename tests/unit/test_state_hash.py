@@ -9,9 +9,12 @@ import pytest
 from engine.averaging.tensor_parts import Averaged
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
+from engine.training import optimizer as optimizer_module
 from engine.training import state_hash
+from engine.training.kept_state import keep
 from engine.training.lr_schedule import build_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
+from engine.training.params import state_proof
 from engine.training.state import state_sha256
 from engine.wire.control import RoundDone, RoundStart
 from tests.collab.harness import TINY
@@ -95,5 +98,62 @@ async def test_a_settled_step_is_checked_against_the_hash_once_it_is_in(task, mo
     held.release.set()
     assert (await asyncio.wait_for(round_, 30)) is not None
     await until(lambda: opt.kept is None, 10, "the kept state released once the hash matched")
+    opt.thread.shutdown()
+    opt.hash.close()
+
+
+class CountedKeep:
+    """kept_state.keep, counting where it ran: the state-hash thread or another."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def __call__(self, model, optimizer, epoch, digest):
+        self.threads.append(threading.current_thread().name)
+        return keep(model, optimizer, epoch, digest)
+
+
+async def test_the_copy_to_go_back_to_is_made_beside_compute_once_the_step_settles(task, monkeypatch):
+    """The proof and the copy of the new state are read with its hash, off the compute
+    thread; the copy waits until the step settles, so a peer never holds two copies."""
+    told: list = []
+    counted = CountedKeep()
+    monkeypatch.setattr(state_hash, "keep", counted)
+    monkeypatch.setattr(optimizer_module, "keep", counted)
+    model = initial_model(task, 7)
+    opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
+                                 project_id="p")
+
+    async def send(message) -> None:
+        told.append(message)
+
+    peer = lone_peer(opt, average_alone, send, target_batch_size=8)
+    await opt.mark_synced()
+    nonce = "ab" * 32
+
+    async def one_round(round_id: int, epoch: int):
+        await opt.compute_run(micro_batch(task, opt), 10 * round_id,
+                              lambda: len(opt.accumulator.batches) >= 2)
+        outcome = await asyncio.wait_for(peer.run_round(RoundStart(round_id, epoch, ["me"], [1.0], 30.0,
+                                                                   nonce=nonce)), 30)
+        assert outcome is not None and outcome.step.epoch == epoch + 1
+        return outcome
+
+    first = await one_round(1, 0)
+    assert counted.threads == ["cotrain-compute_0"], "the first step had no copy made ahead: it copied"
+    done = [m for m in told if isinstance(m, RoundDone)][-1]
+    assert done.proof == state_proof(opt.params, nonce), "the proof is of the stepped state"
+    assert opt.kept is not None and len(counted.threads) == 1, "no second copy while the step is unsettled"
+
+    opt.settled(1, first.step.state_sha256)
+    await until(lambda: len(counted.threads) == 2, 10, "the settled state copied")
+    assert counted.threads[1].startswith("state-hash"), "copied beside compute"
+
+    # The next step is discarded: the peer goes back to the copy, bit for bit.
+    await one_round(2, 1)
+    assert len(counted.threads) == 2, "the step used the copy made ahead"
+    assert await opt.restore(1, first.step.state_sha256)
+    assert opt.epoch == 1 and opt.state_hash == first.step.state_sha256
+    assert state_sha256(opt.model, opt.optimizer, 1) == first.step.state_sha256
     opt.thread.shutdown()
     opt.hash.close()
