@@ -47,11 +47,8 @@ async def average_alone(plan, vector, samples, loss_sum, timeout) -> Averaged:
     return Averaged(vector / samples, samples, loss_sum / samples, {plan.me: samples})
 
 
-async def step_with_held_hash(task, monkeypatch, told: list):
-    """A lone peer that computed two micro-batches and whose round's step is taken, its
-    state's hash held; the optimizer, the round under way and the held hash."""
-    held = HeldHash()
-    monkeypatch.setattr(state_hash, "state_sha256", held)
+async def synced_lone_peer(task, told: list):
+    """A lone peer, ready to compute; what it tells the backbone goes to ``told``."""
     model = initial_model(task, 7)
     opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
                                  project_id="p")
@@ -61,6 +58,15 @@ async def step_with_held_hash(task, monkeypatch, told: list):
 
     peer = lone_peer(opt, average_alone, send, target_batch_size=8)
     await opt.mark_synced()
+    return opt, peer
+
+
+async def step_with_held_hash(task, monkeypatch, told: list):
+    """A lone peer that computed two micro-batches and whose round's step is taken, its
+    state's hash held; the optimizer, the round under way and the held hash."""
+    held = HeldHash()
+    monkeypatch.setattr(state_hash, "state_sha256", held)
+    opt, peer = await synced_lone_peer(task, told)
     await opt.compute_run(micro_batch(task, opt), 0, lambda: len(opt.accumulator.batches) >= 2)
     round_ = asyncio.ensure_future(peer.run_round(RoundStart(1, 0, ["me"], [1.0], 30.0)))
     assert await asyncio.to_thread(held.hashing.wait, 30), "the step never hashed its state"
@@ -120,15 +126,7 @@ async def test_the_copy_to_go_back_to_is_made_beside_compute_once_the_step_settl
     counted = CountedKeep()
     monkeypatch.setattr(state_hash, "keep", counted)
     monkeypatch.setattr(optimizer_module, "keep", counted)
-    model = initial_model(task, 7)
-    opt = CollaborativeOptimizer(model, build_optimizer(OptimizerSpec(), model.parameters()), ScheduleSpec(),
-                                 project_id="p")
-
-    async def send(message) -> None:
-        told.append(message)
-
-    peer = lone_peer(opt, average_alone, send, target_batch_size=8)
-    await opt.mark_synced()
+    opt, peer = await synced_lone_peer(task, told)
     nonce = "ab" * 32
 
     async def one_round(round_id: int, epoch: int):
