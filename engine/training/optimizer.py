@@ -236,9 +236,9 @@ class CollaborativeOptimizer:
                nonce: str | None) -> tuple[Future[str], Future[str | None]]:
         """Take the step. Whatever the round delivered, a state that is not finite is never
         taken: the step is refused (UnsafeStep) and the state stays as it was."""
-        self.hash.before_change(step=True)
         if not all_finite([vector]):
             raise UnsafeStep("the averaged gradient is not finite: refusing the step")
+        self.hash.before_change(step=True)
         copied = self.hash.copy(epoch)
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
             self.kept = copied or keep(self.model, self.optimizer, epoch, self.state_hash)
@@ -304,8 +304,9 @@ class CollaborativeOptimizer:
         if not hashed.done():  # (checked once it is, rather than holding the event loop)
             asyncio.wrap_future(hashed).add_done_callback(lambda _: self.settled(epoch, digest))
         elif hashed.exception() is None and epoch == self.epoch and digest == hashed.result():
-            self.kept = None
-            self.hash.settled()
+            if self.kept is not None and self.kept.epoch < epoch:  # (not one a step under way just took)
+                self.kept = None
+            self.hash.settled(hashed)
 
     async def restore(self, epoch: int, digest: str) -> bool:
         """Go back to the state kept from before a step that did not settle, if it is the

@@ -10,21 +10,26 @@ of the state kept in case the next step is discarded (0.8 ms) moved there too: t
 made a step cost 4.8 ms of compute against a plain loop's 1.3.
 
 Micro-batches only read the state; what changes it (a step, a download, a restore) calls
-``before_change`` first, so the hash is always of the state it names. The copy waits until
-the collaboration settles the step (``settled``) or the next step comes, so a peer holds
-no more copies than the one it may go back to; a download or a restore needs none."""
+``before_change`` first, so the hash is always of the state it names. The copy is taken
+once the collaboration settles the step (``settled``) or the next step comes, so a peer
+holds no more copies than the one it may go back to; a download or a restore needs none.
+No job waits on the thread for that word: a peer that never gets it still exits."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 
 import torch
 
 from engine.training.kept_state import Kept, keep
 from engine.training.params import state_proof
 from engine.training.state import state_sha256
+
+log = logging.getLogger(__name__)
 
 
 def _known(value: str) -> Future[str]:
@@ -33,14 +38,24 @@ def _known(value: str) -> Future[str]:
     return future
 
 
+@dataclass
+class _Uncopied:
+    """A stepped state whose copy waits for the word to take it."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    epoch: int
+    digest: Future[str]
+
+
 class StateHash:
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="state-hash")
         self._current = _known("")  # "" before any state
-        self._reading: Future[None] = Future()  # the background pass over the state
+        self._reading: Future[None] = Future()  # the last job reading the state
         self._reading.set_result(None)
-        self._may_copy = threading.Event()  # set once it is decided whether to copy
-        self._copy_wanted = False
+        self._lock = threading.Lock()  # (asked from the event loop and the compute thread)
+        self._uncopied: _Uncopied | None = None
         self._copy: Kept | None = None
 
     @property
@@ -54,19 +69,20 @@ class StateHash:
         return self._current
 
     def before_change(self, step: bool = False) -> None:
-        """Call before changing the state: the pass under way must finish reading it. A
-        ``step`` keeps a copy of the state it changes: taken now, if it still waited."""
-        self._decide_copy(step)
-        self._reading.result()
+        """Call before changing the state: what reads it must finish first. A ``step``
+        keeps a copy of the state it changes: taken now, if it was not yet."""
+        with self._lock:
+            if step:
+                self._copy_now()
+            self._uncopied = None
+        wait([self._reading])
 
-    def settled(self) -> None:
-        """The state held before this one is no longer needed: copy this one now."""
-        self._decide_copy(True)
-
-    def _decide_copy(self, wanted: bool) -> None:
-        if not self._may_copy.is_set():  # (the first word decides)
-            self._copy_wanted = wanted
-            self._may_copy.set()
+    def settled(self, digest: Future[str]) -> None:
+        """The state whose hash is ``digest`` settled: the one before it is no longer
+        needed, so copy this one now (if it is still the one held)."""
+        with self._lock:
+            if self._uncopied is not None and self._uncopied.digest is digest:
+                self._copy_now()
 
     def set(self, digest: str) -> None:
         """The state changed to one whose hash is known (and of which there is no copy)."""
@@ -80,15 +96,12 @@ class StateHash:
 
     def start(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
               proof_of: Sequence[torch.Tensor], nonce: str | None) -> tuple[Future[str], Future[str | None]]:
-        """Read the state now held in the background: its hash, the proof for ``nonce`` that
-        we hold ``proof_of`` (None without one), then the copy. Nothing may change the state
-        before ``before_change`` returns."""
+        """Read the state now held in the background: its hash and the proof for ``nonce``
+        that we hold ``proof_of`` (None without one); its copy once asked. Nothing may change
+        the state before ``before_change`` returns."""
         self.before_change()
-        self._copy = None
-        self._may_copy.clear()
         digest: Future[str] = Future()
         proof: Future[str | None] = Future()
-        self._current = digest
 
         def read() -> None:
             try:
@@ -98,14 +111,29 @@ class StateHash:
                 for future in (digest, proof):
                     if not future.done():
                         future.set_exception(exc)
-                return
-            self._may_copy.wait()
-            if self._copy_wanted:
-                self._copy = keep(model, optimizer, epoch, digest.result())
 
         self._reading = self._executor.submit(read)
+        with self._lock:
+            self._current, self._copy = digest, None
+            self._uncopied = _Uncopied(model, optimizer, epoch, digest)
         return digest, proof
 
+    def _copy_now(self) -> None:
+        """(Holding the lock.) Copy the state waiting for it, after what reads it now."""
+        uncopied, self._uncopied = self._uncopied, None
+        if uncopied is None:
+            return
+
+        def copy() -> None:
+            state = uncopied
+            try:
+                self._copy = keep(state.model, state.optimizer, state.epoch, state.digest.result())
+            except Exception:  # (the step copies the state itself instead)
+                log.exception("could not copy the state beside compute")
+
+        self._reading = self._executor.submit(copy)
+
     def close(self) -> None:
-        self._decide_copy(False)
+        with self._lock:
+            self._uncopied = None
         self._executor.shutdown(wait=True)

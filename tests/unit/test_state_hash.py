@@ -2,7 +2,10 @@
 (engine/training/state_hash.py); whatever changes the state waits for that hash."""
 
 import asyncio
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -153,5 +156,43 @@ async def test_the_copy_to_go_back_to_is_made_beside_compute_once_the_step_settl
     assert await opt.restore(1, first.step.state_sha256)
     assert opt.epoch == 1 and opt.state_hash == first.step.state_sha256
     assert state_sha256(opt.model, opt.optimizer, 1) == first.step.state_sha256
+    opt.thread.shutdown()
+    opt.hash.close()
+
+
+def test_a_process_whose_last_step_never_settles_still_exits():
+    """The copy waits for a word that may never come (the backbone went away): no job may
+    wait for it on the thread, or the interpreter waits for that thread at exit."""
+    script = (
+        "import torch\n"
+        "from engine.training.state_hash import StateHash\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "hashed, _ = StateHash().start(model, torch.optim.SGD(model.parameters(), lr=0.1), 1,\n"
+        "                              list(model.parameters()), 'ab' * 32)\n"
+        "print(hashed.result())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip()) == 64
+
+
+async def test_a_copy_that_fails_beside_compute_costs_only_that_copy(task, monkeypatch):
+    """Out of memory while copying beside compute: the next step copies the state itself,
+    and everything after it works as before."""
+    def failing_keep(*args):
+        raise MemoryError("no room for the copy")
+
+    opt, peer = await synced_lone_peer(task, [])
+    monkeypatch.setattr(state_hash, "keep", failing_keep)
+    for epoch in range(3):
+        await opt.compute_run(micro_batch(task, opt), 10 * epoch, lambda: len(opt.accumulator.batches) >= 2)
+        start = RoundStart(epoch + 1, epoch, ["me"], [1.0], 30.0)
+        outcome = await asyncio.wait_for(peer.run_round(start), 30)
+        assert outcome is not None and outcome.step.epoch == epoch + 1
+        opt.settled(epoch + 1, outcome.step.state_sha256)
+    assert opt.kept is None and opt.epoch == 3
+    fresh = initial_model(task, 8)
+    assert await asyncio.wait_for(opt.reset(fresh), 30) == state_sha256(fresh, opt.optimizer, 0)
     opt.thread.shutdown()
     opt.hash.close()
