@@ -1,8 +1,7 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
 same model, micro-batch and target batch: demo-lm as shipped, and the catalog's albert-mini
 (a transformers ALBERT) and digits (a transformers ResNet) on their shards, served by the
-backbone; digits also with steps of 1024 samples, and both digits runs again with
-overlapped rounds (the project option ``overlap``).
+backbone; digits again with overlapped rounds (the project option ``overlap``).
 
 Five alternating runs of at least 20 s each; the ratio is the median of each peer run's
 over the plain run just before it (a shared machine's speed drifts by 10% within minutes:
@@ -47,11 +46,8 @@ def workloads(root: Path) -> list[tuple[ProjectSpec, ProjectFolder | None]]:
     (demo,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
     folders = [builtin_folder(root, name) for name in ("albert-mini", "digits")]
     found = [(f.spec, f) for f in folders if f is not None]
-    # digits steps every 30 ms of compute at its own target batch: the same model with steps of
-    # half a second shows what a round costs apart from how often rounds come.
-    digits = [(spec, f) for spec, f in found if spec.id == "digits"]
-    digits += [(replace(spec, target_batch_size=1024), f) for spec, f in digits]
-    return [(demo, None), *found, *digits[1:], *((replace(spec, overlap=True), f) for spec, f in digits)]
+    digits = [(replace(spec, overlap=True), f) for spec, f in found if spec.id == "digits"]
+    return [(demo, None), *found, *digits]
 
 
 def plain_loop(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:
