@@ -10,11 +10,12 @@ after its link measurement (3 s when it joins, then one every half hour: a seven
 20-s run, not of a volunteer's session) to its last; checkpoints and held-out scores,
 which the plain loop does not compute, are off.
 
-    python -m tests.bench.compute [--quick]
+    python -m tests.bench.compute [--quick] [--only PROJECT]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import os
@@ -125,12 +126,14 @@ def collaborative(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) 
 RUN_SECONDS = 20.0
 
 
-def main(quick: bool = False) -> None:
+def main(quick: bool = False, only: str | None = None) -> None:
     torch.set_num_threads(1)
     least, trials = (2, 1) if quick else (4, 5)
     with tempfile.TemporaryDirectory() as root:
         os.environ["COTRAIN_HOME"] = root  # the peer's shard cache
         for spec, folder in workloads(Path(root)):
+            if only is not None and spec.id != only:
+                continue
             # Runs of at least RUN_SECONDS: a peer measures its link for 3 s when it joins,
             # once in half an hour, and a run of a few steps would be mostly that.
             epochs = least
@@ -154,4 +157,8 @@ def main(quick: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one short pair of runs per workload")
+    parser.add_argument("--only", metavar="PROJECT", help="only this project's workloads (e.g. digits)")
+    args = parser.parse_args()
+    main(args.quick, args.only)

@@ -1,0 +1,279 @@
+"""Cotrain against hivemind.Optimizer end to end on home links: four peers in network
+namespaces, each on its own shaped cable (300/60, 100/20, 50/10 and 20/5 Mbit/s down/up,
+10-20 ms one way, so 20-40 ms between any two), training the same model from the same
+initial state on the same data (each peer its own order) to the same target batch, for the
+same wall time per configuration. One JSON line per system and configuration:
+
+- samples/s: the samples the collaboration's steps took, from its first step to its last;
+- bytes per sample: what the peers' cables carried to each other over those steps (to the
+  backbone's machine not: it is the project owner's, and its checkpoints are there for the
+  measure);
+- the held-out loss at the end (16 batches no peer trains on): of the backbone's newest
+  checkpoint for Cotrain, of the first peer's model for hivemind.
+
+    sudo python -m tests.bench.collaboration [--json] [--quick] [--seconds S]
+
+The full run trains a 22M-parameter demo-lm (a round moves 90 MB in fp32) for 600 s per
+configuration (about 70 minutes in all); ``--quick`` a 3.3M-parameter one for 150 s. hivemind
+1.1.12 runs in its own venv (tests/bench/hivemind_training.py says how to make it;
+``--hivemind PYTHON`` or $COTRAIN_HIVEMIND_PYTHON if not ~/hivemind-venv); without it its
+lines say why they are missing. Every peer trains on one thread: four peers share this
+machine's cores, so compute is a quarter of a real volunteer's and the links weigh less
+than they would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from engine.project import CompressionMethod, LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
+from tests.bench.local_mode import held_out_loss, sent_bytes
+from tests.collab.harness import TINY, tiny_project
+from tests.collab.processes import PeerProcess, terminate, write_catalog
+from tests.conftest import until
+from tests.nat.network import nat_network
+from tests.nat.services import REPO, spawn_peer_in
+from tests.nat.topology import Host, missing_requirements
+
+LINKS = [(300, 60, 10), (100, 20, 15), (50, 10, 20), (20, 5, 20)]  # Mbit/s down, up; ms one way
+# demo-lm shares its layers' weights: 22M parameters whatever the depth.
+FULL = dict(TINY, d_model=1536, heads=12, ff=4096, layers=2, embedding=128, seq_len=64, micro_batch=4)
+QUICK = dict(FULL, d_model=512, heads=8, ff=2048)  # 3.3M
+TARGET_BATCH = 128
+LR = 1e-3
+LOCAL_INNER_BATCH, LOCAL_INNER_STEPS = 16, 8  # DiLoCo: an outer step every 128 samples per peer
+HIVEMIND_PYTHON = Path.home() / "hivemind-venv" / "bin" / "python"
+
+
+@dataclass
+class Outcome:
+    system: str
+    config: str
+    steps: int = 0  # after the first
+    samples: int = 0  # the collaboration's, in those steps
+    seconds: float = 0.0  # from the first step to the last
+    to_peers: int = 0  # bytes the peers' cables carried to each other meanwhile
+    loss: float | None = None
+    error: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def line(self) -> dict:
+        rate = self.samples / self.seconds if self.seconds > 0 else 0.0
+        return {"system": self.system, "config": self.config, "samples_per_s": round(rate, 3),
+                "bytes_per_sample": round(self.to_peers / self.samples) if self.samples else None,
+                "heldout_loss": None if self.loss is None else round(self.loss, 4), "steps": self.steps,
+                "samples": self.samples, "seconds": round(self.seconds, 1), "error": self.error, **self.extra}
+
+
+def shape(host: Host, server: str, up_mbit: float, delay_ms: float) -> bool:
+    """``host``'s uplink: ``up_mbit`` with a home router's queue (0.4 s deep) and ``delay_ms``
+    on the way out; what goes to ``server`` is counted apart and not rate-limited. Whether
+    the delay is there: a kernel without netem (sch_netem) shapes rates only."""
+    host.run("iptables", "-I", "OUTPUT", "1", "-d", server, "-j", "ACCEPT")
+    tc = ["tc", "class", "add", "dev", "eth0", "parent", "1:"]
+    host.run("tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20",
+             "r2q", "1000")
+    host.run(*tc, "classid", "1:10", "htb", "rate", "1gbit")
+    host.run(*tc, "classid", "1:20", "htb", "rate", f"{up_mbit}mbit", "ceil", f"{up_mbit}mbit",
+             "burst", "32kb")
+    host.run("tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32", "match", "ip",
+             "dst", f"{server}/32", "flowid", "1:10")
+    queue = str(max(100, int(up_mbit * 1e6 * 0.4 / 8 / 1500)))  # packets
+    child = ["tc", "qdisc", "add", "dev", "eth0", "parent"]
+    try:
+        host.run(*child, "1:10", "handle", "10:", "netem", "delay", f"{delay_ms}ms", "limit", "10000")
+        host.run(*child, "1:20", "handle", "20:", "netem", "delay", f"{delay_ms}ms", "limit", queue)
+        return True
+    except RuntimeError as exc:
+        if "unknown" not in str(exc):
+            raise
+        host.run(*child, "1:20", "handle", "20:", "pfifo", "limit", queue)
+        return False
+
+
+def carried_between(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
+    """What the cables carried between two readings of ``sent_bytes``, but to the server."""
+    return sum((a[0] - a[1]) - (b[0] - b[1]) for a, b in zip(after, before, strict=True))
+
+
+def cotrain_project(model: dict, compression: CompressionMethod = "none", overlap: bool = False,
+                    local: bool = False) -> ProjectSpec:
+    common = dict(id="home-lm", task_params=model, compression=compression, overlap=overlap,
+                  optimizer=OptimizerSpec(name="adamw", lr=LR, clip_grad_norm=None, weight_decay=0.01),
+                  schedule=ScheduleSpec(type="constant", warmup_epochs=0, total_epochs=10**6),
+                  round_timeout=300, checkpoint_every=1, keep_checkpoints=2)
+    if not local:
+        return tiny_project(**common, target_batch_size=TARGET_BATCH)
+    return tiny_project(**common, mode="local",
+                        target_batch_size=len(LINKS) * LOCAL_INNER_BATCH * LOCAL_INNER_STEPS,
+                        local=LocalSpec(inner_batch_size=LOCAL_INNER_BATCH, outer_lr=0.7, outer_momentum=0.9))
+
+
+async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: ProjectSpec, port: int,
+                      budget: float) -> Outcome:
+    server = net.public.address
+    backbone, url = net.backbone(port, catalog=write_catalog(workdir / f"catalog-{port}.json", spec))
+    peers: list[PeerProcess] = []
+    began = time.monotonic()
+    try:
+        for i, host in enumerate(hosts):
+            peers.append(await spawn_peer_in(host, url, spec.id, f"{config.replace(' ', '-')}-{i}", workdir,
+                                             "--data-seed", str(i)))
+        await until(lambda: any(p.epochs for p in peers), budget, f"{config}: a first step")
+        first = max(p.epoch for p in peers)
+        before = [sent_bytes(h, server) for h in hosts]
+        await asyncio.sleep(max(budget - (time.monotonic() - began), 0))  # the budget is the measure
+        after = [sent_bytes(h, server) for h in hosts]
+    finally:
+        await terminate(*peers)
+        backbone.stop()
+    steps = {e["epoch"]: e["samples"] for p in peers for e in p.epochs}
+    times = [t for p in peers for e, t in zip(p.epochs, p.arrivals, strict=True) if e["epoch"] >= first]
+    outcome = Outcome("cotrain", config)
+    outcome.steps = len([e for e in steps if e > first])
+    outcome.samples = sum(s for e, s in steps.items() if e > first)
+    outcome.seconds = max(times) - min(times) if times else 0.0
+    outcome.to_peers = carried_between(before, after)
+    outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
+    return outcome
+
+
+@dataclass
+class HivemindPeer:
+    process: asyncio.subprocess.Process
+    lines: list[tuple[float, dict]] = field(default_factory=list)  # (arrival, line)
+    reader: asyncio.Task | None = None
+
+    @classmethod
+    async def start(cls, python: Path, host: Host, args: list[str], log: Path) -> HivemindPeer:
+        with open(log, "wb") as sink:
+            process = await asyncio.create_subprocess_exec(
+                *host.prefix(), str(python), str(REPO / "tests" / "bench" / "hivemind_training.py"), *args,
+                stdout=asyncio.subprocess.PIPE, stderr=sink, stdin=asyncio.subprocess.DEVNULL, cwd=REPO)
+        peer = cls(process)
+        peer.reader = asyncio.ensure_future(peer._read())
+        return peer
+
+    async def _read(self) -> None:
+        assert self.process.stdout is not None
+        async for line in self.process.stdout:
+            self.lines.append((time.monotonic(), json.loads(line)))
+
+    def said(self, key: str) -> list[tuple[float, dict]]:
+        return [(t, line) for t, line in self.lines if key in line]
+
+
+async def run_hivemind(python: Path, hosts: list[Host], server: str, workdir: Path, config: str, model: dict,
+                       budget: float, extra: list[str]) -> Outcome:
+    common = ["--seconds", str(budget), "--params", json.dumps(model), "--target-batch", str(TARGET_BATCH),
+              "--lr", str(LR), *extra]
+    name = config.replace(" ", "-")
+    peers = [await HivemindPeer.start(python, hosts[0], ["--address", hosts[0].address, "--data-seed", "0",
+                                                         "--evaluate", *common], workdir / f"{name}-0.log")]
+    try:
+        await until(lambda: peers[0].said("maddrs") or peers[0].process.returncode is not None, 120,
+                    f"{config}: the first peer's DHT")
+        if not peers[0].said("maddrs"):
+            return Outcome("hivemind", config, error=f"its first peer did not start: {workdir / name}-0.log")
+        maddrs = peers[0].said("maddrs")[0][1]["maddrs"]
+        for i, host in enumerate(hosts[1:], 1):
+            own = ["--address", host.address, "--data-seed", str(i), "--initial-peers", *maddrs]
+            peers.append(await HivemindPeer.start(python, host, [*own, *common], workdir / f"{name}-{i}.log"))
+        await until(lambda: any(p.said("applied") or p.process.returncode is not None for p in peers),
+                    budget + 120, f"{config}: a first epoch")
+        before = [sent_bytes(h, server) for h in hosts]
+        await asyncio.wait_for(asyncio.gather(*(p.process.wait() for p in peers)), budget + 300)
+        after = [sent_bytes(h, server) for h in hosts]
+    finally:
+        for p in peers:
+            if p.process.returncode is None:
+                p.process.kill()
+                await p.process.wait()
+    return hivemind_outcome(config, peers, carried_between(before, after))
+
+
+def hivemind_outcome(config: str, peers: list[HivemindPeer], to_peers: int) -> Outcome:
+    """The collaboration's samples in the epochs after the first any peer stepped into."""
+    epochs = [(t, line) for p in peers for t, line in p.said("applied")]
+    final = peers[0].said("final")
+    if not epochs:
+        return Outcome("hivemind", config, error="no peer stepped")
+    first = min(line["epoch"] for _, line in epochs)
+    samples = 0
+    for p in peers:
+        mine = p.said("applied")
+        base = max((line["applied"] for _, line in mine if line["epoch"] <= first), default=0)
+        samples += (mine[-1][1]["applied"] - base) if mine else 0
+    times = [t for t, _ in epochs]
+    last = max(line["epoch"] for _, line in epochs)
+    return Outcome("hivemind", config, steps=last - first, samples=samples, seconds=max(times) - min(times),
+                   to_peers=to_peers, loss=final[0][1]["loss"] if final else None)
+
+
+async def measure(net, workdir: Path, model: dict, budget: float, python: Path | None,
+                  print_line) -> None:
+    server = net.public.address
+    hosts, delayed = [], True
+    for down, up, delay in LINKS:
+        host = net.topology.public_peer(download_mbit=down)
+        delayed = shape(host, server, up, delay) and delayed
+        hosts.append(host)
+    links = {"links": [f"{down}/{up}" for down, up, _ in LINKS],
+             "delay_ms": [delay for *_, delay in LINKS] if delayed else "none: this kernel has no netem"}
+    configs = [("sync fp32", cotrain_project(model)), ("sync fp16", cotrain_project(model, "fp16")),
+               ("sync fp16 overlap", cotrain_project(model, "fp16", overlap=True)),
+               ("local H=8", cotrain_project(model, local=True))]
+    for i, (config, spec) in enumerate(configs):
+        outcome = await run_cotrain(net, hosts, workdir, config, spec, 8600 + i, budget)
+        print_line(replace(outcome, extra=links))
+    for config, extra in (("defaults", []), ("delayed fp16", ["--delayed", "--fp16"])):
+        if python is None:
+            outcome = Outcome("hivemind", config, error="no venv: see tests/bench/hivemind_training.py")
+        else:
+            outcome = await run_hivemind(python, hosts, server, workdir, config, model, budget, extra)
+        print_line(replace(outcome, extra=links))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="JSON lines only")
+    parser.add_argument("--quick", action="store_true", help="a 3.3M-parameter model, 150 s each")
+    parser.add_argument("--seconds", type=float, help="wall time per configuration")
+    parser.add_argument("--hivemind", type=Path, default=Path(os.environ.get("COTRAIN_HIVEMIND_PYTHON",
+                                                                             HIVEMIND_PYTHON)))
+    args = parser.parse_args()
+    model = QUICK if args.quick else FULL
+    budget = args.seconds or (150.0 if args.quick else 600.0)
+    python = args.hivemind if args.hivemind.exists() else None
+
+    def print_line(outcome: Outcome) -> None:
+        line = outcome.line()
+        if args.json:
+            print(json.dumps(line), flush=True)
+            return
+        rate, per = line["samples_per_s"], line["bytes_per_sample"]
+        loss = line["heldout_loss"] or 0
+        print(f"{outcome.system:<9}{outcome.config:<19}{rate:>10.2f}{per or 0:>16,}{loss:>10.4f}"
+              f"{outcome.steps:>7}{'  ' + outcome.error if outcome.error else ''}", flush=True)
+
+    if not args.json:
+        print(f"\n== Cotrain vs hivemind.Optimizer: {len(LINKS)} peers on home links, {budget:.0f} s each, "
+              f"demo-lm {model['d_model']}x{model['layers']}, target batch {TARGET_BATCH}")
+        print(f"{'system':<9}{'config':<19}{'samples/s':>10}{'B/sample':>16}{'held-out':>10}{'steps':>7}")
+    missing = missing_requirements()
+    if missing:
+        print(json.dumps({"skipped": missing}) if args.json else f"skipped: {missing}")
+        return
+    with tempfile.TemporaryDirectory(prefix="cotrain-bench-collab-") as tmp, nat_network(Path(tmp)) as net:
+        asyncio.run(measure(net, Path(tmp), model, budget, python, print_line))
+
+
+if __name__ == "__main__":
+    main()
