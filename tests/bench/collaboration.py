@@ -119,7 +119,9 @@ def cotrain_project(model: dict, compression: CompressionMethod = "none", overla
 async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: ProjectSpec, port: int,
                       budget: float) -> Outcome:
     server = net.public.address
-    backbone, url = net.backbone(port, catalog=write_catalog(workdir / f"catalog-{port}.json", spec))
+    # No TURN: relayed bytes would bypass the shaping and the count (the hosts are public).
+    catalog = write_catalog(workdir / f"catalog-{port}.json", spec)
+    backbone, url = net.backbone(port, turn=False, catalog=catalog)
     peers: list[PeerProcess] = []
     began = time.monotonic()
     try:
