@@ -13,8 +13,8 @@ CUE_EPOCH = 3
 
 
 async def start_cued(collab: Collaboration, module: str, *args: str, name: str = "liar") -> HonestPeer:
-    """The hostile peer ``module``: it comes first, honest and at 1% of a CPU (so it cannot
-    step alone), and computes at full speed and turns hostile on ``cue``."""
+    """The hostile peer ``module``: it comes first, honest and at 1% of a CPU (so it seldom
+    steps alone), and computes at full speed and turns hostile on ``cue``."""
     peer = collab.start_peer(name, "--data-seed", "3", "--cpu-percent", "1", *args,
                              command=[sys.executable, "-m", module])
     await collab.until(lambda: "in sync at epoch 0" in peer.log.read_text(errors="replace"), 120,
@@ -23,8 +23,14 @@ async def start_cued(collab: Collaboration, module: str, *args: str, name: str =
 
 
 async def cue(collab: Collaboration, peer: HonestPeer, honest: list[HonestPeer]) -> None:
-    """Once every honest peer has taken part in rounds: from then on it is hostile in rounds
-    with honest members, which can check it."""
+    """Once every honest peer holds the state, it computes at full speed: had it stepped alone
+    before they came (on a loaded machine, CI saw it), it would be the only proven member, and
+    its samples alone would open the rounds that prove the newcomers -- at 1% of a CPU, for
+    minutes. Once every honest peer has taken part in rounds, it turns hostile in rounds with
+    honest members, which can check it."""
+    await collab.until(lambda: all("in sync at epoch" in p.log.read_text(errors="replace") for p in honest),
+                       120, "every honest peer in sync")
+    peer.popen.send_signal(signal.SIGUSR2)
     await collab.until(lambda: all(p.epoch >= CUE_EPOCH for p in honest), 120,
                        f"every honest peer at epoch {CUE_EPOCH}")
     peer.popen.send_signal(signal.SIGUSR1)

@@ -4,10 +4,10 @@ member and applies it itself, so every hash agrees; it even commits to it, as ch
 asks. Started like ``cotrain peer`` (``python -m tests.hostile.wrong_reducer peer ...``);
 it logs "lied in round N" each time.
 
-Until the test's SIGUSR1 it reduces honestly; started with a small ``--cpu-percent``, it
-computes at full speed from that cue on as well. So a test can have it in the collaboration
-before the honest peers come, whatever the machine's load, without it stepping alone, and
-have it lie only in rounds where honest peers can check it."""
+Until the test's SIGUSR1 it reduces honestly. Started with a small ``--cpu-percent``, it
+computes at full speed from the test's SIGUSR2 (or SIGUSR1) on. So a test can have it in the
+collaboration before the honest peers come, whatever the machine's load, hardly able to step
+alone, and have it lie only in rounds where honest peers can check it."""
 
 import logging
 import signal
@@ -37,12 +37,17 @@ def kept_gate(self, *args, **kwargs) -> None:
     gates.append(self)
 
 
+def full_speed(signum, frame) -> None:
+    for gate in gates:
+        gate.set_cpu_percent(100)
+    log.warning("computing at full speed")
+
+
 def cue(signum, frame) -> None:
     global cued
     cued = True
-    for gate in gates:
-        gate.set_cpu_percent(100)
-    log.warning("computing at full speed, and lying")
+    full_speed(signum, frame)
+    log.warning("lying from now on")
 
 
 def lied(log_text: str) -> list[int]:
@@ -57,6 +62,7 @@ def install(lies: bool = True) -> None:
         tensor_parts.TensorPartReducer.combine = wrong_combine
     ComputeGate.__init__ = kept_gate
     signal.signal(signal.SIGUSR1, cue)
+    signal.signal(signal.SIGUSR2, full_speed)
 
 
 if __name__ == "__main__":
