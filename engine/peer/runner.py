@@ -236,8 +236,8 @@ class Peer:
         # Off the loop: the first optimizer imports torch's compiler stack, seconds of CPU on a
         # busy machine that would otherwise starve this peer's sockets and links.
         seed = data_seed(opts.data_seed, self.peer_id)
-        model, optimizer = await asyncio.to_thread(_built, self.task, project, seed)
-        self.gate.install(model)
+        model, optimizer, micro_batch_seconds = await asyncio.to_thread(_built, self.task, project, seed)
+        self.gate.install(model, micro_batch_seconds)
         # In local mode the project's optimizer steps this peer's own copy of the model.
         local = LocalSteps(project.local, partial(build_optimizer, project.optimizer),
                            project.optimizer.clip_grad_norm) if project.mode == "local" else None
@@ -320,9 +320,10 @@ class Peer:
             self.stop("could not obtain the collaboration's state")
 
 
-def _built(task: Task, project: ProjectSpec, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The project's model, warmed up (so the backbone times our pace from a warm start), and
-    its optimizer."""
+def _built(task: Task, project: ProjectSpec, seed: int
+           ) -> tuple[torch.nn.Module, torch.optim.Optimizer, float]:
+    """The project's model, warmed up (so the backbone times our pace from a warm start), its
+    optimizer, and how long the warm-up's micro-batch took."""
     model = initial_model(task, project.seed)
-    warm_up(task, model, project.precision, seed)
-    return model, collaboration_optimizer(project, model)
+    seconds = warm_up(task, model, project.precision, seed)
+    return model, collaboration_optimizer(project, model), seconds

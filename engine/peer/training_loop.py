@@ -55,15 +55,16 @@ def data_seed(chosen: int | None, peer_id: str) -> int:
     return chosen if chosen is not None else int(peer_id[:15], 16)
 
 
-def warm_up(task: Task, model: torch.nn.Module, precision: Precision, seed: int) -> None:
+def warm_up(task: Task, model: torch.nn.Module, precision: Precision, seed: int) -> float:
     """One micro-batch, thrown away, before the peer says it is ready: the first one in a
     process allocates, builds its kernels and reads its first shard, several times the
     next ones' time, and the backbone times a peer's pace from its Ready -- a pace timed
     over it cut honest first claims. Nothing of it stays: gradients, buffers (batch norm's
-    statistics) and the random stream are as they were, and the state is set by the sync."""
+    statistics) and the random stream are as they were, and the state is set by the sync.
+    Returns the seconds its forward and backward passes took (more than the next ones')."""
     buffers = {name: b.clone() for name, b in model.named_buffers()}
-    began = time.perf_counter()
     batch = task.batch(seed, 0)  # (from its own generator; it may wait on a download)
+    began = time.perf_counter()
     with RANDOM_STREAM, torch.random.fork_rng(devices=[]), autocast(precision, None):
         loss = task.loss(model, batch).float() * batch.size
     loss.backward()
@@ -71,4 +72,6 @@ def warm_up(task: Task, model: torch.nn.Module, precision: Precision, seed: int)
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
-    log.info("warmed up on one micro-batch in %.2f s", time.perf_counter() - began)
+    seconds = time.perf_counter() - began
+    log.info("warmed up on one micro-batch in %.2f s", seconds)
+    return seconds

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from engine.governor.throttle import CHECKS, ComputeGate, MicroBatchAbandoned
+from engine.governor.throttle import CHECKS, SLICE, ComputeGate, MicroBatchAbandoned
 from engine.project import OptimizerSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training import optimizer as optimizer_module
@@ -119,6 +119,27 @@ def test_finiteness_is_exact_even_where_a_quick_sum_overflows():
         with torch.no_grad():
             model.bias[2] = bad
         assert not is_finite(model, opt)
+
+
+def test_a_model_whose_micro_batch_is_short_is_checked_once_per_forward_pass():
+    """A micro-batch of a few milliseconds is hooked only at its start (digits: 16 hooks cost
+    2% of it); a longer one gets one more hook per SLICE, up to CHECKS. Either way a pause
+    stops the next forward pass before any layer runs."""
+    layers = [torch.nn.Linear(4, 4) for _ in range(160)]
+    model = torch.nn.Sequential(*layers)
+    gate = ComputeGate()
+    gate.install(model, micro_batch_seconds=0.006)
+    assert [m for m in model.modules() if m._forward_pre_hooks] == [model]
+    ran: list[int] = []
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda module, inputs, output, i=i: ran.append(i))
+    gate.abandon(True)
+    with pytest.raises(MicroBatchAbandoned):
+        model(torch.ones(1, 4))
+    assert ran == []
+    longer = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(160)])
+    ComputeGate().install(longer, micro_batch_seconds=2.5 * SLICE)
+    assert sum(len(m._forward_pre_hooks) for m in longer.modules()) == 3
 
 
 def test_a_pause_stops_a_forward_pass_partway_with_a_few_hooks_only():
