@@ -2,12 +2,14 @@
 namespaces, each on its own shaped cable (300/60, 100/20, 50/10 and 20/5 Mbit/s down/up,
 10-20 ms one way, so 20-40 ms between any two), training the same model from the same
 initial state on the same data (each peer its own order) to the same target batch, for the
-same wall time per configuration. One JSON line per system and configuration:
+same wall time per configuration, all four starting together. One JSON line per system and configuration:
 
-- samples/s: the samples the collaboration's steps took, from its first step to its last;
-- bytes per sample: what the peers' cables carried to each other over those steps (to the
-  backbone's machine not: it is the project owner's, and its checkpoints are there for the
-  measure);
+- samples/s and steps per minute, from the collaboration's first step to its last (a
+  configuration that steps less often takes larger batches: steps and the loss say what
+  its samples bought);
+- bytes per sample: what the peers' cables carried to each other between those steps (to
+  the backbone's machine not: it is the project owner's, and its checkpoints are there for
+  the measure);
 - the held-out loss at the end (16 batches no peer trains on): of the backbone's newest
   checkpoint for Cotrain, of the first peer's model for hivemind.
 
@@ -26,12 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from engine.project import CompressionMethod, LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
 from tests.bench.local_mode import held_out_loss, sent_bytes
@@ -66,7 +72,9 @@ class Outcome:
 
     def line(self) -> dict:
         rate = self.samples / self.seconds if self.seconds > 0 else 0.0
+        steps = self.steps / self.seconds * 60 if self.seconds > 0 else 0.0
         return {"system": self.system, "config": self.config, "samples_per_s": round(rate, 3),
+                "steps_per_min": round(steps, 2),
                 "bytes_per_sample": round(self.to_peers / self.samples) if self.samples else None,
                 "heldout_loss": None if self.loss is None else round(self.loss, 4), "steps": self.steps,
                 "samples": self.samples, "seconds": round(self.seconds, 1), "error": self.error, **self.extra}
@@ -98,9 +106,38 @@ def shape(host: Host, server: str, up_mbit: float, delay_ms: float) -> bool:
         return False
 
 
-def carried_between(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> int:
-    """What the cables carried between two readings of ``sent_bytes``, but to the server."""
-    return sum((a[0] - a[1]) - (b[0] - b[1]) for a, b in zip(after, before, strict=True))
+class CableMeter:
+    """What the peers' cables carried to each other (not to the server), read every half
+    second while a configuration runs: a window of steps is charged the bytes between its
+    first step and its last, not the round cut short at the end, nor a start or a shutdown."""
+
+    def __init__(self, hosts: list[Host], server: str) -> None:
+        self.hosts, self.server = hosts, server
+        self.readings: list[tuple[float, int]] = []
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> CableMeter:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def between(self, start: float, end: float) -> int:
+        """Bytes from the last reading at or before ``start`` to the first at or after ``end``."""
+        first = max((r for r in self.readings if r[0] <= start), default=self.readings[0])
+        last = min((r for r in self.readings if r[0] >= end), default=self.readings[-1])
+        return last[1] - first[1]
+
+    async def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            readings = await asyncio.to_thread(lambda: [sent_bytes(h, self.server) for h in self.hosts])
+            self.readings.append((now, sum(total - to_server for total, to_server in readings)))
+            await asyncio.sleep(0.5)
 
 
 def cotrain_project(model: dict, compression: CompressionMethod = "none", overlap: bool = False,
@@ -128,11 +165,10 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
         for i, host in enumerate(hosts):
             peers.append(await spawn_peer_in(host, url, spec.id, f"{config.replace(' ', '-')}-{i}", workdir,
                                              "--data-seed", str(i)))
-        await until(lambda: any(p.epochs for p in peers), budget, f"{config}: a first step")
-        first = max(p.epoch for p in peers)
-        before = [sent_bytes(h, server) for h in hosts]
-        await asyncio.sleep(max(budget - (time.monotonic() - began), 0))  # the budget is the measure
-        after = [sent_bytes(h, server) for h in hosts]
+        async with CableMeter(hosts, server) as meter:
+            await until(lambda: any(p.epochs for p in peers), budget, f"{config}: a first step")
+            first = max(p.epoch for p in peers)
+            await asyncio.sleep(max(budget - (time.monotonic() - began), 0))  # the budget is the measure
     finally:
         await terminate(*peers)
         backbone.stop()
@@ -142,7 +178,7 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
     outcome.steps = len([e for e in steps if e > first])
     outcome.samples = sum(s for e, s in steps.items() if e > first)
     outcome.seconds = max(times) - min(times) if times else 0.0
-    outcome.to_peers = carried_between(before, after)
+    outcome.to_peers = meter.between(min(times), max(times)) if times else 0
     outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
     return outcome
 
@@ -156,9 +192,12 @@ class HivemindPeer:
     @classmethod
     async def start(cls, python: Path, host: Host, args: list[str], log: Path) -> HivemindPeer:
         with open(log, "wb") as sink:
+            # A session of its own: hivemind's DHT and averagers are child processes, and
+            # p2pd a grandchild; all go with the group.
             process = await asyncio.create_subprocess_exec(
                 *host.prefix(), str(python), str(REPO / "tests" / "bench" / "hivemind_training.py"), *args,
-                stdout=asyncio.subprocess.PIPE, stderr=sink, stdin=asyncio.subprocess.DEVNULL, cwd=REPO)
+                stdout=asyncio.subprocess.PIPE, stderr=sink, stdin=asyncio.subprocess.PIPE, cwd=REPO,
+                start_new_session=True)
         peer = cls(process)
         peer.reader = asyncio.ensure_future(peer._read())
         return peer
@@ -171,14 +210,24 @@ class HivemindPeer:
     def said(self, key: str) -> list[tuple[float, dict]]:
         return [(t, line) for t, line in self.lines if key in line]
 
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            await self.process.wait()
+
 
 async def run_hivemind(python: Path, hosts: list[Host], server: str, workdir: Path, config: str, model: dict,
                        budget: float, extra: list[str]) -> Outcome:
     common = ["--seconds", str(budget), "--params", json.dumps(model), "--target-batch", str(TARGET_BATCH),
               "--lr", str(LR), *extra]
     name = config.replace(" ", "-")
-    peers = [await HivemindPeer.start(python, hosts[0], ["--address", hosts[0].address, "--data-seed", "0",
-                                                         "--evaluate", *common], workdir / f"{name}-0.log")]
+    first = ["--address", hosts[0].address, "--data-seed", "0", "--bandwidth", str(LINKS[0][1]), "--evaluate"]
+    peers = [await HivemindPeer.start(python, hosts[0], [*first, *common], workdir / f"{name}-0.log")]
     try:
         await until(lambda: peers[0].said("maddrs") or peers[0].process.returncode is not None, 120,
                     f"{config}: the first peer's DHT")
@@ -186,22 +235,23 @@ async def run_hivemind(python: Path, hosts: list[Host], server: str, workdir: Pa
             return Outcome("hivemind", config, error=f"its first peer did not start: {workdir / name}-0.log")
         maddrs = peers[0].said("maddrs")[0][1]["maddrs"]
         for i, host in enumerate(hosts[1:], 1):
-            own = ["--address", host.address, "--data-seed", str(i), "--initial-peers", *maddrs]
+            own = ["--address", host.address, "--data-seed", str(i), "--bandwidth", str(LINKS[i][1]),
+                   "--initial-peers", *maddrs]
             peers.append(await HivemindPeer.start(python, host, [*own, *common], workdir / f"{name}-{i}.log"))
-        await until(lambda: any(p.said("applied") or p.process.returncode is not None for p in peers),
-                    budget + 120, f"{config}: a first epoch")
-        before = [sent_bytes(h, server) for h in hosts]
-        await asyncio.wait_for(asyncio.gather(*(p.process.wait() for p in peers)), budget + 300)
-        after = [sent_bytes(h, server) for h in hosts]
+        await until(lambda: all(p.said("ready") for p in peers) or
+                    any(p.process.returncode is not None for p in peers), 300, f"{config}: every peer ready")
+        async with CableMeter(hosts, server) as meter:
+            for p in peers:  # all at once, as Cotrain's four start together
+                p.go()
+            await until(lambda: all(p.said("done") or p.process.returncode is not None for p in peers),
+                        budget + 300, f"{config}: every peer done")
     finally:
         for p in peers:
-            if p.process.returncode is None:
-                p.process.kill()
-                await p.process.wait()
-    return hivemind_outcome(config, peers, carried_between(before, after))
+            await p.kill()
+    return hivemind_outcome(config, peers, meter)
 
 
-def hivemind_outcome(config: str, peers: list[HivemindPeer], to_peers: int) -> Outcome:
+def hivemind_outcome(config: str, peers: list[HivemindPeer], meter: CableMeter) -> Outcome:
     """The collaboration's samples in the epochs after the first any peer stepped into."""
     epochs = [(t, line) for p in peers for t, line in p.said("applied")]
     final = peers[0].said("final")
@@ -216,7 +266,8 @@ def hivemind_outcome(config: str, peers: list[HivemindPeer], to_peers: int) -> O
     times = [t for t, _ in epochs]
     last = max(line["epoch"] for _, line in epochs)
     return Outcome("hivemind", config, steps=last - first, samples=samples, seconds=max(times) - min(times),
-                   to_peers=to_peers, loss=final[0][1]["loss"] if final else None)
+                   to_peers=meter.between(min(times), max(times)),
+                   loss=final[0][1]["loss"] if final else None)
 
 
 async def measure(net, workdir: Path, model: dict, budget: float, python: Path | None,
@@ -233,14 +284,24 @@ async def measure(net, workdir: Path, model: dict, budget: float, python: Path |
                ("sync fp16 overlap", cotrain_project(model, "fp16", overlap=True)),
                ("local H=8", cotrain_project(model, local=True))]
     for i, (config, spec) in enumerate(configs):
-        outcome = await run_cotrain(net, hosts, workdir, config, spec, 8600 + i, budget)
+        outcome = await failed_as_line("cotrain", config, run_cotrain(net, hosts, workdir, config, spec,
+                                                                      8600 + i, budget))
         print_line(replace(outcome, extra=links))
     for config, extra in (("defaults", []), ("delayed fp16", ["--delayed", "--fp16"])):
         if python is None:
             outcome = Outcome("hivemind", config, error="no venv: see tests/bench/hivemind_training.py")
         else:
-            outcome = await run_hivemind(python, hosts, server, workdir, config, model, budget, extra)
+            outcome = await failed_as_line("hivemind", config, run_hivemind(python, hosts, server, workdir,
+                                                                            config, model, budget, extra))
         print_line(replace(outcome, extra=links))
+
+
+async def failed_as_line(system: str, config: str, run: Coroutine[Any, Any, Outcome]) -> Outcome:
+    """A configuration that failed is a line that says so; the others still run."""
+    try:
+        return await run
+    except (AssertionError, asyncio.TimeoutError, RuntimeError, OSError) as exc:
+        return Outcome(system, config, error=f"{type(exc).__name__}: {exc}")
 
 
 def main() -> None:
@@ -262,13 +323,15 @@ def main() -> None:
             return
         rate, per = line["samples_per_s"], line["bytes_per_sample"]
         loss = line["heldout_loss"] or 0
-        print(f"{outcome.system:<9}{outcome.config:<19}{rate:>10.2f}{per or 0:>16,}{loss:>10.4f}"
-              f"{outcome.steps:>7}{'  ' + outcome.error if outcome.error else ''}", flush=True)
+        error = f"  {outcome.error}" if outcome.error else ""
+        print(f"{outcome.system:<9}{outcome.config:<19}{rate:>10.2f}{line['steps_per_min']:>10.2f}"
+              f"{per or 0:>16,}{loss:>10.4f}{outcome.steps:>7}{error}", flush=True)
 
     if not args.json:
         print(f"\n== Cotrain vs hivemind.Optimizer: {len(LINKS)} peers on home links, {budget:.0f} s each, "
               f"demo-lm {model['d_model']}x{model['layers']}, target batch {TARGET_BATCH}")
-        print(f"{'system':<9}{'config':<19}{'samples/s':>10}{'B/sample':>16}{'held-out':>10}{'steps':>7}")
+        print(f"{'system':<9}{'config':<19}{'samples/s':>10}{'steps/min':>10}{'B/sample':>16}{'held-out':>10}"
+              f"{'steps':>7}")
     missing = missing_requirements()
     if missing:
         print(json.dumps({"skipped": missing}) if args.json else f"skipped: {missing}")

@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--delayed", action="store_true",
                         help="delay_optimizer_step and delay_grad_averaging")
     parser.add_argument("--averaging-timeout", type=float, default=300.0)
+    parser.add_argument("--next-chunk-timeout", type=float, default=60.0,
+                        help="its default (matchmaking_time, 15 s) drops a 5 Mbit/s peer's parts midway")
+    parser.add_argument("--bandwidth", type=float, help="uplink Mbit/s, for part sizes")
     parser.add_argument("--heldout-seed", type=int, default=10**6)
     parser.add_argument("--heldout-batches", type=int, default=16)
     parser.add_argument("--evaluate", action="store_true", help="print the held-out loss at the end")
@@ -66,9 +69,21 @@ def main() -> None:
         dht=dht, run_id="cotrain-bench", params=model.parameters(),
         optimizer=partial(torch.optim.AdamW, lr=args.lr), target_batch_size=args.target_batch,
         batch_size_per_step=task.batch(args.data_seed, 0).size, averaging_timeout=args.averaging_timeout,
+        next_chunk_timeout=args.next_chunk_timeout,
         grad_compression=compression, state_averaging_compression=compression,
         delay_optimizer_step=args.delayed, delay_grad_averaging=args.delayed, verbose=False,
+        averager_opts={"bandwidth": args.bandwidth} if args.bandwidth is not None else None,
     )
+    resynced = []  # samples accumulated before a download of the state are thrown away
+    download = opt.load_state_from_peers
+
+    def load_state_from_peers(**kwargs):
+        resynced.append(True)
+        return download(**kwargs)
+
+    opt.load_state_from_peers = load_state_from_peers
+    say(ready=True)
+    sys.stdin.readline()  # every peer built and linked: the bench says go to all at once
     # Samples count once an epoch of the collaboration took them: a step of one epoch after
     # ours. A jump of more (this peer fell behind and downloaded the state) threw them away.
     epoch, pending, applied = opt.local_epoch, 0, 0
@@ -81,15 +96,18 @@ def main() -> None:
         opt.zero_grad()
         pending += batch.size
         if opt.local_epoch != epoch:
-            if opt.local_epoch == epoch + 1:
+            if opt.local_epoch == epoch + 1 and not resynced:
                 applied += pending
             epoch, pending = opt.local_epoch, 0
+            resynced.clear()
             say(epoch=epoch, applied=applied, time=time.time())
     if args.evaluate:
+        opt.state_averager.step(wait_for_delayed_updates=True, apply_delayed_updates=True)
         with torch.no_grad():
             losses = [float(task.loss(model, task.batch(args.heldout_seed, i)))
                       for i in range(args.heldout_batches)]
         say(final=True, epoch=opt.local_epoch, loss=statistics.mean(losses))
+    say(done=True)  # its shutdown may wait on a round its group left: the bench need not
     opt.shutdown()
     dht.shutdown()
 
