@@ -2,7 +2,9 @@
 namespaces, each on its own shaped cable (300/60, 100/20, 50/10 and 20/5 Mbit/s down/up,
 10-20 ms one way, so 20-40 ms between any two), training the same model from the same
 initial state on the same data (each peer its own order) to the same target batch, for the
-same wall time per configuration, all four starting together. One JSON line per system and configuration:
+same wall time per configuration (Cotrain's from its processes' start, hivemind's from the
+go its four get once their DHT and model are up: its start-up is not charged), all four
+starting together. One JSON line per system and configuration:
 
 - samples/s and steps per minute, from the collaboration's first step to its last (a
   configuration that steps less often takes larger batches: steps and the loss say what
@@ -113,7 +115,7 @@ class CableMeter:
 
     def __init__(self, hosts: list[Host], server: str) -> None:
         self.hosts, self.server = hosts, server
-        self.readings: list[tuple[float, int]] = []
+        self.readings: list[tuple[float, float, int]] = []  # (began, ended, bytes)
         self._task: asyncio.Task | None = None
 
     async def __aenter__(self) -> CableMeter:
@@ -125,19 +127,24 @@ class CableMeter:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        await self._read()  # past a last step in the final half second
 
     def between(self, start: float, end: float) -> int:
-        """Bytes from the last reading at or before ``start`` to the first at or after ``end``."""
-        first = max((r for r in self.readings if r[0] <= start), default=self.readings[0])
+        """Bytes from the last reading done by ``start`` to the first begun after ``end``."""
+        first = max((r for r in self.readings if r[1] <= start), default=self.readings[0])
         last = min((r for r in self.readings if r[0] >= end), default=self.readings[-1])
-        return last[1] - first[1]
+        return last[2] - first[2]
 
     async def _run(self) -> None:
         while True:
-            now = time.monotonic()
-            readings = await asyncio.to_thread(lambda: [sent_bytes(h, self.server) for h in self.hosts])
-            self.readings.append((now, sum(total - to_server for total, to_server in readings)))
+            await self._read()
             await asyncio.sleep(0.5)
+
+    async def _read(self) -> None:
+        began = time.monotonic()
+        readings = await asyncio.to_thread(lambda: [sent_bytes(h, self.server) for h in self.hosts])
+        carried = sum(total - to_server for total, to_server in readings)
+        self.readings.append((began, time.monotonic(), carried))
 
 
 def cotrain_project(model: dict, compression: CompressionMethod = "none", overlap: bool = False,
@@ -215,10 +222,10 @@ class HivemindPeer:
         self.process.stdin.write(b"go\n")
 
     async def kill(self) -> None:
-        if self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
+        """Its whole session: its DHT and averager processes, and p2pd, may outlive it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        await self.process.wait()
 
 
 async def run_hivemind(python: Path, hosts: list[Host], server: str, workdir: Path, config: str, model: dict,
@@ -245,6 +252,9 @@ async def run_hivemind(python: Path, hosts: list[Host], server: str, workdir: Pa
                 p.go()
             await until(lambda: all(p.said("done") or p.process.returncode is not None for p in peers),
                         budget + 300, f"{config}: every peer done")
+        gone = [i for i, p in enumerate(peers) if not p.said("done")]
+        if gone:
+            return Outcome("hivemind", config, error=f"peers {gone} exited early: {workdir / name}-N.log")
     finally:
         for p in peers:
             await p.kill()

@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--averaging-timeout", type=float, default=300.0)
     parser.add_argument("--next-chunk-timeout", type=float, default=60.0,
                         help="its default (matchmaking_time, 15 s) drops a 5 Mbit/s peer's parts midway")
-    parser.add_argument("--bandwidth", type=float, help="uplink Mbit/s, for part sizes")
+    parser.add_argument("--bandwidth", type=float, default=None, help="uplink Mbit/s, for part sizes")
     parser.add_argument("--heldout-seed", type=int, default=10**6)
     parser.add_argument("--heldout-batches", type=int, default=16)
     parser.add_argument("--evaluate", action="store_true", help="print the held-out loss at the end")
@@ -55,6 +55,7 @@ def main() -> None:
     import hivemind
     import torch
     from hivemind.compression import Float16Compression, NoCompression
+    from hivemind.optim.grad_averager import GradientAverager
 
     from engine.tasks import create_task, initial_model
 
@@ -72,7 +73,9 @@ def main() -> None:
         next_chunk_timeout=args.next_chunk_timeout,
         grad_compression=compression, state_averaging_compression=compression,
         delay_optimizer_step=args.delayed, delay_grad_averaging=args.delayed, verbose=False,
-        averager_opts={"bandwidth": args.bandwidth} if args.bandwidth is not None else None,
+        # averager_opts reaches the state averager only (optim/optimizer.py:263-267 in 1.1.12).
+        averager_opts={"bandwidth": args.bandwidth},
+        grad_averager_factory=partial(GradientAverager, bandwidth=args.bandwidth),
     )
     resynced = []  # samples accumulated before a download of the state are thrown away
     download = opt.load_state_from_peers
@@ -107,7 +110,10 @@ def main() -> None:
             losses = [float(task.loss(model, task.batch(args.heldout_seed, i)))
                       for i in range(args.heldout_batches)]
         say(final=True, epoch=opt.local_epoch, loss=statistics.mean(losses))
-    say(done=True)  # its shutdown may wait on a round its group left: the bench need not
+    # Done, but still a member until the bench stops every peer: the first peer's last delayed
+    # round may still need this one's averagers.
+    say(done=True)
+    sys.stdin.readline()
     opt.shutdown()
     dht.shutdown()
 
