@@ -269,3 +269,23 @@ def test_an_overlapped_member_is_timed_from_when_it_took_its_gradient():
         assert t.peers["a"].samples == 32 * 3 + 16, "all of it counts"
     assert paces[True] == 32.0
     assert paces[False] > 6 * 32
+
+
+def test_members_whose_first_reports_are_on_their_way_count_at_the_pace_measured_so_far():
+    """One member reached the target alone (the others' warm-ups were slower), and the
+    round opened before the two others' first reports arrived. Each still brought the three
+    micro-batches it finished by the RoundStart: their caps follow the pace measured of the
+    first member, not a median pulled to zero by the two unmeasured (CI saw both cut to two
+    micro-batches, 112 of the 128 samples the round held)."""
+    clock = Clock()
+    t = ready_peers(clock, target_batch_size=48)
+    clock.now += 0.05
+    t.handle("a", Progress(0, 8, 160.0))
+    clock.now += 0.15
+    (_, start), *_ = sent(t.handle("a", Progress(0, 48, 240.0)), RoundStart)
+    caps = dict(zip(start.group, start.caps, strict=True))
+    assert set(start.group) == set(PEERS)
+    pace = t.peers["a"].pace  # 48 samples in 0.2 s
+    assert caps["b"] == caps["c"] >= 3 * 8 + 2 * 8
+    assert caps["c"] <= math.ceil(1.5 * pace * (0.2 + UNREPORTED_SLACK)) + 2 * 8, \
+        "no more than a's pace allows"

@@ -274,9 +274,12 @@ class Members:
     def paces(self, members: list[PeerState], now: float) -> dict[str, Pace]:
         """The members' evidence when a round opens ``now``, to judge their claims when it
         ends. A newcomer that has not reported yet still finishes the micro-batch under way:
-        the same task runs everywhere, so the others' micro-batch size is a fair guess."""
+        the same task runs everywhere, so the others' micro-batch size is a fair guess, and
+        their pace too: the floor is the median of the paces measured, not one pulled to
+        zero by members whose first report is on its way."""
         guess = max(p.micro_batch for p in members)
-        floor = statistics.median_high(max(p.pace, p.throughput) for p in members)
+        measured = [pace for p in members if (pace := max(p.pace, p.throughput)) > 0]
+        floor = statistics.median_high(measured) if measured else 0.0
         return {p.peer_id: self.pace(p, now, guess, floor) for p in members}
 
     def pace(self, peer: PeerState, now: float, micro_batch_guess: int = 0, pace_floor: float = 0.0) -> Pace:
