@@ -1,6 +1,6 @@
 """Hostile peers that are real peer processes (tests/hostile/wrong_reducer.py and those built
-on it): in the collaboration from its first round whatever the machine's load, and turned
-hostile on the test's cue."""
+on it): they join a running collaboration, as a stranger does, and turn hostile on the
+test's cue once their steps have settled beside the honest peers'."""
 
 from __future__ import annotations
 
@@ -9,28 +9,25 @@ import sys
 
 from tests.hostile.collaboration import Collaboration, HonestPeer
 
-CUE_EPOCH = 3
+# Settled steps with its samples before the cue: its first proves it (its part was seen and
+# its step agreed), so from the next it is a voter -- it reduces, votes and checks.
+PROVEN_STEPS = 2
 
 
-async def start_cued(collab: Collaboration, module: str, *args: str, name: str = "liar") -> HonestPeer:
-    """The hostile peer ``module``: it comes first, honest and at 1% of a CPU (so it seldom
-    steps alone), and computes at full speed and turns hostile on ``cue``."""
-    peer = collab.start_peer(name, "--data-seed", "3", "--cpu-percent", "1", *args,
-                             command=[sys.executable, "-m", module])
-    await collab.until(lambda: "in sync at epoch 0" in peer.log.read_text(errors="replace"), 120,
-                       f"{name} in the collaboration")
-    return peer
-
-
-async def cue(collab: Collaboration, peer: HonestPeer, honest: list[HonestPeer]) -> None:
-    """Once every honest peer holds the state, it computes at full speed: had it stepped alone
-    before they came (on a loaded machine, CI saw it), it would be the only proven member, and
-    its samples alone would open the rounds that prove the newcomers -- at 1% of a CPU, for
-    minutes. Once every honest peer has taken part in rounds, it turns hostile in rounds with
-    honest members, which can check it."""
+async def start_cued(collab: Collaboration, module: str, honest: list[HonestPeer], *args: str,
+                     name: str = "liar") -> HonestPeer:
+    """The hostile peer ``module``, started once every honest peer holds the state: the
+    honest peers are then the collaboration's proven members, so the stranger never settles
+    rounds alone. (Started first, on a loaded machine it stepped alone before they came, and
+    as the only voter it settled its lies unchecked: CI saw 11 in a row.)"""
     await collab.until(lambda: all("in sync at epoch" in p.log.read_text(errors="replace") for p in honest),
                        120, "every honest peer in sync")
-    peer.popen.send_signal(signal.SIGUSR2)
-    await collab.until(lambda: all(p.epoch >= CUE_EPOCH for p in honest), 120,
-                       f"every honest peer at epoch {CUE_EPOCH}")
+    return collab.start_peer(name, "--data-seed", "3", *args, command=[sys.executable, "-m", module])
+
+
+async def cue(collab: Collaboration, peer: HonestPeer) -> None:
+    """Once the hostile peer is a proven member, it turns hostile: in rounds with honest
+    voters, which can check it."""
+    await collab.until(lambda: sum(1 for e in peer.epochs if e.get("my_samples", 0) > 0) >= PROVEN_STEPS,
+                       120, f"{peer.name} in {PROVEN_STEPS} settled steps")
     peer.popen.send_signal(signal.SIGUSR1)

@@ -17,6 +17,7 @@ from engine.wire.control import RoundDone, RoundStart, Step
 from tests.hostile.adversary import Adversary, member
 from tests.hostile.collaboration import (
     Collaboration,
+    HonestPeer,
     assert_unharmed,
     hostile_project,
     timed_epochs,
@@ -34,10 +35,14 @@ async def with_dishonest_checker(root, honest: int, *args: str, round_timeout: f
     project = hostile_project(round_timeout=round_timeout, aggregation=checks)
     collab = Collaboration(root, project=project, peers=honest)
     collab.start_backbone()
-    checker = await start_cued(collab, "tests.hostile.dishonest_checker", *args, name="checker")
     peers = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(honest)]
-    await cue(collab, checker, peers)
+    checker = await start_cued(collab, "tests.hostile.dishonest_checker", peers, *args, name="checker")
+    await cue(collab, checker)
     return collab, peers
+
+
+def checker_of(collab: Collaboration) -> HonestPeer:
+    return next(p for p in collab.peers if p.name == "checker")
 
 
 def backbone_lines(collab: Collaboration, *words: str) -> list[str]:
@@ -55,7 +60,7 @@ async def test_a_lying_checker_in_rounds_of_three_is_expelled_and_no_round_is_lo
         discarded = backbone_lines(collab, "did not check out")  # (not those of peers leaving at the end)
     finally:
         collab.stop()
-    lies = collab.peers[0].log.read_text(errors="replace").count("lied as the checker")
+    lies = checker_of(collab).log.read_text(errors="replace").count("lied as the checker")
     report_figure(f"a checker that calls every part wrong, among three voters: lied {lies} times, expelled "
                   f"after it; {len(discarded)} rounds discarded; then {window.rate:.2f} epochs/s")
     assert lies >= 1 and not discarded
@@ -68,7 +73,7 @@ async def test_a_lying_checker_beside_one_other_voter_and_a_newcomer_stalls_noth
     round that settles, never became the third voter that would outvote it."""
     collab, honest = await with_dishonest_checker(tmp_path, 1)
     try:
-        liar = collab.peers[0]
+        liar = checker_of(collab)
         await collab.until(lambda: "lied as the checker" in liar.log.read_text(errors="replace"), 60,
                            "the liar's first lie")
         honest.append(collab.start_peer("newcomer", "--data-seed", "5"))
@@ -98,7 +103,7 @@ async def test_a_silent_checker_holds_a_round_seconds_and_is_asked_ever_less(tmp
         window = await timed_epochs(collab, 100, 120)
     finally:
         collab.stop()
-    silences = collab.peers[0].log.read_text(errors="replace").count("kept silent")
+    silences = checker_of(collab).log.read_text(errors="replace").count("kept silent")
     gaps = [b - a for p in honest for a, b in zip(p.arrivals, p.arrivals[1:], strict=False)]
     longest = max(gaps)
     report_figure(f"a checker that never answers, round timeout {collab.project.round_timeout:.0f} s: silent "

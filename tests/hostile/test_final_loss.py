@@ -73,10 +73,10 @@ async def run_once(root: Path, spec: ProjectSpec, attack: str | None) -> Run | N
     collab = Collaboration(root, project=spec, backbone_args=("--equal-shares",) if attack in LIARS else ())
     collab.start_backbone()
     try:
-        liar = await start_cued(collab, LIARS[attack]) if attack in LIARS else None
         honest = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(3)]
+        liar = await start_cued(collab, LIARS[attack], honest) if attack in LIARS else None
         if liar is not None:
-            await cue(collab, liar, honest)
+            await cue(collab, liar)
         checkpoint = lambda: collab.has_checkpoint(epochs)  # noqa: E731
         if attack is None or liar is not None:
             await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")

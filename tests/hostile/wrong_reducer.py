@@ -4,10 +4,8 @@ member and applies it itself, so every hash agrees; it even commits to it, as ch
 asks. Started like ``cotrain peer`` (``python -m tests.hostile.wrong_reducer peer ...``);
 it logs "lied in round N" each time.
 
-Until the test's SIGUSR1 it reduces honestly. Started with a small ``--cpu-percent``, it
-computes at full speed from the test's SIGUSR2 (or SIGUSR1) on. So a test can have it in the
-collaboration before the honest peers come, whatever the machine's load, hardly able to step
-alone, and have it lie only in rounds where honest peers can check it."""
+Until the test's SIGUSR1 (tests/hostile/cued.py: once its steps have settled beside the
+honest peers', so it reduces in rounds they check) it reduces honestly."""
 
 import logging
 import signal
@@ -15,12 +13,9 @@ import sys
 
 from engine import cli
 from engine.averaging import tensor_parts
-from engine.governor.throttle import ComputeGate
 
 log = logging.getLogger("wrong_reducer")
 honest_combine = tensor_parts.TensorPartReducer.combine
-honest_gate = ComputeGate.__init__
-gates: list[ComputeGate] = []
 cued = False  # lying, from the test's SIGUSR1 on
 
 
@@ -32,21 +27,9 @@ def wrong_combine(self, contributions):
     return combined, inputs
 
 
-def kept_gate(self, *args, **kwargs) -> None:
-    honest_gate(self, *args, **kwargs)
-    gates.append(self)
-
-
-def full_speed(signum, frame) -> None:
-    for gate in gates:
-        gate.set_cpu_percent(100)
-    log.warning("computing at full speed")
-
-
 def cue(signum, frame) -> None:
     global cued
     cued = True
-    full_speed(signum, frame)
     log.warning("lying from now on")
 
 
@@ -57,12 +40,10 @@ def lied(log_text: str) -> list[int]:
 
 
 def install(lies: bool = True) -> None:
-    """The cue and the gate for peers of tests/hostile; with ``lies``, this reducer's lie."""
+    """The cue for peers of tests/hostile; with ``lies``, this reducer's lie."""
     if lies:
         tensor_parts.TensorPartReducer.combine = wrong_combine
-    ComputeGate.__init__ = kept_gate
     signal.signal(signal.SIGUSR1, cue)
-    signal.signal(signal.SIGUSR2, full_speed)
 
 
 if __name__ == "__main__":
