@@ -18,8 +18,12 @@ from engine.wire.types import Name, ProjectId, Sha256, Text
 OptimizerName = Literal["sgd", "adam", "adamw"]
 ScheduleType = Literal["constant", "linear", "cosine"]
 AggregationMethod = Literal["mean", "centered_clip"]
-# How parts and results travel (engine/averaging/compression.py).
-CompressionMethod = Literal["none", "fp16", "uint8"]
+# How a round's gradient travels: blockwise codecs of parts and results
+# (engine/averaging/compression.py), or PowerSGD (engine/averaging/powersgd.py: two
+# all-reduce phases of rank-r factors, which travel as fp32).
+CompressionMethod = Literal["none", "fp16", "uint8", "powersgd"]
+# What parts and results are encoded with on the wire.
+Codec = Literal["none", "fp16", "uint8"]
 # sync: one averaged gradient per global batch (DeDLOC). local: local updates with DiLoCo
 # outer steps, for links too slow to move a gradient per batch.
 ProjectMode = Literal["sync", "local"]
@@ -114,6 +118,22 @@ class AggregationSpec(Struct, kw_only=True):
     verify_probability: Annotated[float, Meta(ge=0, le=1)] = 0.0
 
 
+class PowerSGDSpec(Struct, kw_only=True):
+    """``compression: powersgd``: each parameter of two or more dimensions travels as rank
+    ``rank`` factors where that is smaller (Vogels et al. 2019, with error feedback)."""
+
+    rank: Annotated[int, Meta(ge=1, le=64)] = 4
+
+
+_CODECS: dict[str, Codec] = {"none": "none", "fp16": "fp16", "uint8": "uint8", "powersgd": "none"}
+
+
+def codec_of(method: CompressionMethod) -> Codec:
+    """How parts and results are encoded: PowerSGD's factors travel as fp32 (a lossy codec
+    on top would leave its error outside the error feedback)."""
+    return _CODECS[method]
+
+
 class LocalSpec(Struct, kw_only=True):
     """The ``local`` mode (DiLoCo, Douillard et al. 2023): each peer steps its own copy with
     the project's optimizer (the inner one) every ``inner_batch_size`` samples; once the
@@ -148,6 +168,7 @@ class ProjectSpec(Struct, kw_only=True):
     local: LocalSpec = field(default_factory=LocalSpec)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     compression: CompressionMethod = "none"
+    powersgd: PowerSGDSpec = field(default_factory=PowerSGDSpec)  # read with compression: powersgd
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     round_timeout: Annotated[float, Meta(ge=1, le=3600)] = 60.0

@@ -242,8 +242,8 @@ class AllReduceRunner:
 
     async def send_part(self, j: int, link: PeerLink) -> None:
         parts = self.parts
-        header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, samples=parts.samples,
-                      loss_sum=self.loss_sum)
+        header = Part(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.plan.wire(j),
+                      samples=parts.samples, loss_sum=self.loss_sum)
         try:
             compressed = self.plan.compression != "none"
             payload = await asyncio.to_thread(parts.payload, j) if compressed else parts.payload(j)
@@ -261,9 +261,11 @@ class AllReduceRunner:
 
     async def _shown(self, j: int, reducer: str) -> str:
         """The hash of its own part ``j`` that its reducer committed to."""
-        frame = await self.mesh.mailbox.get(round_key("shown", self.plan.round_id, j, reducer), timeout=1e9)
+        index = self.plan.wire(j)
+        key = round_key("shown", self.plan.round_id, index, reducer)
+        frame = await self.mesh.mailbox.get(key, timeout=1e9)
         shown = frame.header
-        if not isinstance(shown, Shown) or shown.epoch != self.plan.epoch or shown.index != j:
+        if not isinstance(shown, Shown) or shown.epoch != self.plan.epoch or shown.index != index:
             raise Misbehaved(reducer, f"{reducer} showed its part {j} for another round")
         return shown.sha256
 
@@ -271,7 +273,8 @@ class AllReduceRunner:
         """As part ``j``'s reducer, in a checked project: commit to our own part to every
         sender before taking theirs (we cannot pick it once we know what they sent)."""
         digest = await asyncio.to_thread(self.parts.own_digest, j)
-        header = Shown(round_id=self.plan.round_id, epoch=self.plan.epoch, index=j, sha256=digest)
+        header = Shown(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.plan.wire(j),
+                       sha256=digest)
         for peer in self.plan.senders:
             if peer != self.plan.me and peer not in self.members.lost:
                 self.result_sends.append(self.mesh.spawn(self._send_to(peer, header, b"")))
@@ -279,12 +282,13 @@ class AllReduceRunner:
     async def receive_part(self, j: int, peer: str) -> Received | None:
         """The part ``j`` that ``peer`` sent me, or None if it broke the rules (then it is left
         out, and so are its samples: it is the only one to pay)."""
-        frame = await self.mesh.mailbox.get(round_key("part", self.plan.round_id, j, peer), timeout=1e9)
+        index = self.plan.wire(j)
+        frame = await self.mesh.mailbox.get(round_key("part", self.plan.round_id, index, peer), timeout=1e9)
         self.missing_parts.get(j, set()).discard(peer)
         self.bytes_in += len(frame.payload)
         try:
             part = frame.header
-            if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != j:
+            if not isinstance(part, Part) or part.epoch != self.plan.epoch or part.index != index:
                 raise Misbehaved(peer, f"part from {peer} is not for this epoch's part {j}")
             values = await self._values(frame, j, peer, "part")
             if (values is None) != (part.samples == 0):
@@ -378,9 +382,10 @@ class AllReduceRunner:
                      exc or "timeout")
 
     async def receive_result(self, j: int, peer: str) -> Result:
-        frame = await self.mesh.mailbox.get(round_key("result", self.plan.round_id, j, peer), timeout=1e9)
+        index = self.plan.wire(j)
+        frame = await self.mesh.mailbox.get(round_key("result", self.plan.round_id, index, peer), timeout=1e9)
         result = frame.header
-        if not isinstance(result, Result) or result.epoch != self.plan.epoch or result.index != j:
+        if not isinstance(result, Result) or result.epoch != self.plan.epoch or result.index != index:
             raise Misbehaved(peer, f"result from {peer} is not for this epoch's part {j}")
         values = await self._values(frame, j, peer, "result")
         if values is None:
@@ -395,5 +400,5 @@ class AllReduceRunner:
 
 def round_key(kind: Kind, round_id: int, index: int, sender: str) -> Key:
     """Where a part or result waits in the mailbox: per part, as a backup reducer gets two
-    parts of one round from each sender."""
+    parts of one round from each sender (``index`` as it travels: RoundPlan.wire)."""
     return Key(kind, round_id, (index,), sender)

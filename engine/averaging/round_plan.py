@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from engine.project import AggregationSpec, CompressionMethod
+from engine.averaging.errors import AveragingError
+from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
 from engine.wire.control import RoundStart
+from engine.wire.types import MAX_GROUP
 
 
 class RoundChanges:
@@ -40,20 +42,42 @@ class RoundPlan:
     optional: frozenset[str] = frozenset()
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     target_batch_size: int = 10**9  # a sender's claimed samples weigh at most a share of it
-    compression: CompressionMethod = "none"  # of parts and results on the wire
+    compression: Codec = "none"  # of parts and results on the wire
     changes: RoundChanges = field(default_factory=RoundChanges)
     auxiliary: frozenset[str] = frozenset()  # members that reduce and bring no gradient
     pieces: int = 1  # parts per member's share: part j is member j // pieces's
     caps: dict[str, int] = field(default_factory=dict)  # the most samples a member's part counts for
+    # Which all-reduce of the round this is (PowerSGD: 0 moves P, 1 moves Q) and how many the
+    # round has. Part j of phase k travels, is committed and is checked as part
+    # ``k * parts + j``: the two phases' frames, commitments and audits never meet.
+    phase: int = 0
+    phases: int = 1
 
     @classmethod
     def of(cls, start: RoundStart, me: str, aggregation: AggregationSpec, target_batch_size: int,
            compression: CompressionMethod, changes: RoundChanges | None = None) -> RoundPlan:
-        """The round the backbone opened, as ``me`` takes part in it."""
+        """The round the backbone opened, as ``me`` takes part in it; AveragingError if its
+        phases would number more parts than the wire carries (the backbone opens none such)."""
+        phases = 2 if compression == "powersgd" else 1
+        if phases * len(start.group) * start.pieces > MAX_GROUP:
+            raise AveragingError(f"round {start.round_id}: {phases} phases of more than "
+                                 f"{MAX_GROUP // phases} parts each")
         return cls(start.round_id, start.epoch, start.group, start.shares, me, frozenset(start.optional),
-                   aggregation, target_batch_size, compression, changes or RoundChanges(),
+                   aggregation, target_batch_size, codec_of(compression), changes or RoundChanges(),
                    frozenset(start.auxiliary), start.pieces,
-                   dict(zip(start.group, start.caps, strict=True)) if start.caps else {})
+                   dict(zip(start.group, start.caps, strict=True)) if start.caps else {},
+                   phases=phases)
+
+    def phased(self, phase: int) -> RoundPlan:
+        """This round's ``phase``-th all-reduce: the same members, shares and backbone's
+        word on lost members (``changes`` is shared), its own part indices."""
+        if not 0 <= phase < self.phases:
+            raise ValueError(f"phase {phase} of a round of {self.phases}")
+        return replace(self, phase=phase)
+
+    def wire(self, j: int) -> int:
+        """The index part ``j`` of this phase travels and is committed under."""
+        return self.phase * self.parts + j
 
     @property
     def my_index(self) -> int:

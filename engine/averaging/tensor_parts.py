@@ -17,7 +17,7 @@ from engine.averaging.recheck import part_digest, result_digest
 from engine.averaging.robust import Aggregate, Contribution, aggregate, typical_loss
 from engine.averaging.round_plan import RoundPlan
 from engine.planning.partition import part_bounds
-from engine.project import CompressionMethod
+from engine.project import Codec
 from engine.wire.control import Commitment, Committed, PartInputs
 from engine.wire.frames import Result
 from engine.wire.types import total_count
@@ -48,6 +48,13 @@ class Averaged:
     commitment: Commitment | None = None  # when the project checks reducers
     reduced: list[Reduced] = field(default_factory=list)  # the same: each part I reduced
     first_sent: float | None = None  # (time.monotonic()) our first part went to its link; None: none did
+    # PowerSGD (engine/averaging/powersgd_round.py): the error feedback to keep if, and only
+    # if, this step is taken; the average Q of each matrix, by parameter index, the state
+    # carries to the next round's Q0 (the same bits on every member); and the length of
+    # each phase's vector (RoundDone.phase_numel).
+    residual: torch.Tensor | None = None
+    next_q: dict[int, torch.Tensor] = field(default_factory=dict)
+    phase_numel: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -59,10 +66,11 @@ class ReducedParts:
     commitment: Commitment | None = None
     reduced: list[Reduced] = field(default_factory=list)
     bytes_in: int = 0  # payload bytes of the parts it combined
+    phase_numel: list[int] = field(default_factory=list)  # PowerSGD: each phase's vector length
 
 
 def decode_values(payload: bytes | bytearray | memoryview, expected: int,
-                  method: CompressionMethod) -> torch.Tensor | None:
+                  method: Codec) -> torch.Tensor | None:
     """The fp32 values a part or result carries (None: an empty part); ValueError if the
     payload is not ``expected`` values in ``method``."""
     if len(payload) == 0:
@@ -194,14 +202,14 @@ class TensorPartReducer:
             except ValueError as exc:
                 raise ValueError(f"result not encodable ({exc})") from None
             values = compression.decode(payload, values.numel(), plan.compression)
-        if plan.verified:
-            self.reduced.append(Reduced(plan.round_id, j, inputs, values))
+        if plan.verified:  # (under the index it travelled with: phases never share one)
+            self.reduced.append(Reduced(plan.round_id, plan.wire(j), inputs, values))
         weights = combined.weights
         loss = typical_loss({p: parts[p][2] / parts[p][1] for p in weights})
         # A part with no samples (a slow device that finished no micro-batch) was still
         # delivered: the backbone must see its sender took part, or it strikes it.
         received = {p: 0 for p, (v, _, _) in parts.items() if v is None} | weights
-        result = Result(round_id=plan.round_id, epoch=plan.epoch, index=j,
+        result = Result(round_id=plan.round_id, epoch=plan.epoch, index=plan.wire(j),
                         samples=total_count(weights.values()), loss=loss, received=received)
         self.mine.append(result)
         return ReducedPart(result, payload, values)

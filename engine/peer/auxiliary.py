@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -20,6 +21,8 @@ import torch
 
 from engine.averaging.allreduce import aggregate_parts, round_key
 from engine.averaging.errors import AveragingError
+from engine.averaging.powersgd import Layout
+from engine.averaging.powersgd_round import aggregate_phases
 from engine.averaging.round_plan import RoundChanges, RoundPlan
 from engine.peer.backbone_loop import ControlLoop
 from engine.peer.events import Aggregated, Joined, RoundFailed, StatusChanged
@@ -54,13 +57,14 @@ log = logging.getLogger(__name__)
 FRAME_SLACK = 1 << 20  # a part's header and chunk framing, beyond its values
 
 
-def vector_length(task_name: str, params: dict) -> int:
-    """How many values the project's averaged vector has: its trainable parameters, counted
-    on a model built on PyTorch's meta device (shapes only, no memory)."""
+def parameter_shapes(task_name: str, params: dict) -> list[tuple[int, ...]]:
+    """The trainable parameters' shapes, in the order their gradients are flattened, from a
+    model built on PyTorch's meta device (shapes only, no memory): the averaged vector's
+    length, and PowerSGD's layout of it (engine/averaging/powersgd.py)."""
     task = create_task(task_name, params)
     with torch.device("meta"):
         model = task.build_model()
-    return sum(p.numel() for p in trainable(model))
+    return [tuple(p.shape) for p in trainable(model)]
 
 
 class AuxiliaryPeer(Peer):
@@ -71,6 +75,7 @@ class AuxiliaryPeer(Peer):
         super().__init__(*args, **kwargs)
         self.control = AuxiliaryControl(self)
         self.numel = 0
+        self.layout: Layout | None = None  # in a PowerSGD project: the two phases' vectors
         self._changes: dict[int, RoundChanges] = {}  # members lost midway, by round (Reassign)
         self._started = 0  # the last round we began
         self._finished = 0  # the last round we are done with: its frames are stale
@@ -89,7 +94,10 @@ class AuxiliaryPeer(Peer):
         reply = await self.client.join(PeerRole.AUXILIARY)
         self.peer_id = reply.peer_id
         project = reply.project
-        self.numel = await asyncio.to_thread(vector_length, project.task, dict(project.task_params))
+        shapes = await asyncio.to_thread(parameter_shapes, project.task, dict(project.task_params))
+        self.numel = sum(math.prod(shape) for shape in shapes)
+        if project.compression == "powersgd":
+            self.layout = Layout.of(shapes, project.powersgd.rank)
         log.info("joined %s as %s, an auxiliary peer (vectors of %d values)", project.id, self.peer_id,
                  self.numel)
         self.emit(Joined(self.peer_id, project, reply.username))
@@ -132,13 +140,18 @@ class AuxiliaryPeer(Peer):
     async def _reduce(self, start: RoundStart) -> None:
         project = self.project
         changes = self._changes.setdefault(start.round_id, RoundChanges())
-        plan = RoundPlan.of(start, self.peer_id, project.aggregation, project.target_batch_size,
-                            project.compression, changes)
         began = time.monotonic()
         try:
+            plan = RoundPlan.of(start, self.peer_id, project.aggregation, project.target_batch_size,
+                                project.compression, changes)
             # Giving up before the trainers do, it names whose parts it missed before they
             # name it as the reducer they waited for.
-            done = await aggregate_parts(plan, self.numel, self.mesh, AUXILIARY_DEADLINE * start.timeout)
+            deadline = AUXILIARY_DEADLINE * start.timeout
+            if plan.phases > 1:
+                assert self.layout is not None
+                done = await aggregate_phases(plan, self.layout, self.mesh, deadline)
+            else:
+                done = await aggregate_parts(plan, self.numel, self.mesh, deadline)
         except AveragingError as exc:
             log.warning("round %d: %s", start.round_id, exc)
             self.emit(RoundFailed(start.epoch, str(exc)))
@@ -155,7 +168,7 @@ class AuxiliaryPeer(Peer):
         self.audits.keep(done.reduced)
         self.aggregated_bytes += done.bytes_in
         outcome = RoundDone(start.round_id, start.epoch, ok=True, seconds=seconds, numel=self.numel,
-                            received=done.received, commitment=done.commitment)
+                            phase_numel=done.phase_numel, received=done.received, commitment=done.commitment)
         await self.client.send(outcome)
         self.emit(Aggregated(round_id=start.round_id, epoch=start.epoch, parts=len(done.results),
                              senders=len(done.received), bytes_in=done.bytes_in, seconds=seconds))

@@ -15,7 +15,7 @@ import torch
 from engine.averaging.recheck import Verdict, recheck
 from engine.averaging.tensor_parts import Reduced
 from engine.peer.client import ControlClient
-from engine.project import ProjectSpec
+from engine.project import ProjectSpec, codec_of
 from engine.transport.link import LinkClosed
 from engine.transport.mailbox import Key, Mailbox
 from engine.transport.mesh import PeerMesh
@@ -125,7 +125,7 @@ class Audits:
         inputs = list(zip(msg.inputs, values[:-1], strict=True))
         caps = {c.sender: cap for c, cap in zip(msg.inputs, msg.caps, strict=True)} if msg.caps else None
         return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, project.aggregation,
-                                       project.target_batch_size, project.compression, caps)
+                                       project.target_batch_size, codec_of(project.compression), caps)
 
 
 def _wrong_input(frame: Frame, msg: Audit, position: int, committed: Committed | None) -> str:

@@ -78,11 +78,14 @@ class RoundPipeline:
             took = time.monotonic()
             await self.progress.report_taken(taken)
             began = time.monotonic()
-            plan = RoundPlan.of(start, self.me, self.aggregation, self.target_batch_size, self.compression)
             try:
+                plan = RoundPlan.of(start, self.me, self.aggregation, self.target_batch_size,
+                                    self.compression)
                 averaged = await self.average(plan, taken.vector, taken.samples, taken.loss_sum,
                                               start.timeout)
-                hashed, proved = await opt.step(averaged.vector, start.epoch, start.nonce)
+                # (PowerSGD: the error feedback it leaves is kept only if the step is taken)
+                hashed, proved = await opt.step(averaged.vector, start.epoch, start.nonce,
+                                                residual=averaged.residual, next_q=averaged.next_q)
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 await opt.give_back(taken, start.epoch)
@@ -98,7 +101,8 @@ class RoundPipeline:
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
                                    received=averaged.received, commitment=averaged.commitment,
-                                   numel=averaged.vector.numel(), proof=proof)
+                                   numel=averaged.vector.numel(), phase_numel=averaged.phase_numel,
+                                   proof=proof)
         await self.send(self.last_step)
         self.progress.stepped()
         step = Step(epoch=start.epoch + 1, round_id=start.round_id, loss=averaged.loss,

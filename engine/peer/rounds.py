@@ -18,6 +18,8 @@ from msgspec.structs import replace
 
 from engine.averaging.allreduce import butterfly_allreduce, round_key
 from engine.averaging.errors import AveragingError
+from engine.averaging.powersgd import Layout
+from engine.averaging.powersgd_round import powersgd_allreduce
 from engine.averaging.round_plan import RoundChanges, RoundPlan
 from engine.averaging.tensor_parts import Averaged
 from engine.evaluators import evaluators
@@ -32,6 +34,7 @@ from engine.peer.state_sync import StateSync
 from engine.project import ProjectSpec
 from engine.tasks import Task
 from engine.training.optimizer import CollaborativeOptimizer
+from engine.training.state import warm_q
 from engine.transport.mailbox import Key, Kind, Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire.control import Reassign, RoundStart, Step
@@ -88,6 +91,19 @@ class Rounds:
         self._unsettled: tuple[EpochCompleted, str | None, list[str]] | None = None
         self._settled: Step | None = None  # the last step the collaboration settled on
         self._changes: dict[int, RoundChanges] = {}  # members lost midway, by round (Reassign)
+        self._layout: Layout | None = None  # PowerSGD's view of the model's gradient
+
+    def layout(self) -> Layout:
+        """How PowerSGD compresses this model's gradient: from the trainable parameters'
+        shapes (an auxiliary peer builds the same from the task on the meta device)."""
+        if self._layout is None:
+            shapes = [tuple(p.shape) for p in self.peer.optimizer.params]
+            self._layout = Layout.of(shapes, self.peer.project.powersgd.rank)
+        return self._layout
+
+    def _warm(self) -> list[torch.Tensor | None]:
+        opt = self.peer.optimizer
+        return warm_q(opt.optimizer, opt.params, (m.param for m in self.layout().matrices))
 
     async def average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                       timeout: float) -> Averaged:
@@ -95,7 +111,12 @@ class Rounds:
         before, began = peer.mesh.totals(), time.monotonic()
         plan.changes = self._changes.setdefault(plan.round_id, RoundChanges())
         try:
-            averaged = await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+            if plan.phases > 1:  # compression: powersgd
+                averaged = await powersgd_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout,
+                                                    layout=self.layout(), feedback=peer.optimizer.residual,
+                                                    seed=peer.project.seed, warm=self._warm())
+            else:
+                averaged = await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
             peer.audits.keep(averaged.reduced)
             moved = peer.mesh.totals()
             peer.bandwidth.observed(moved.bytes_sent - before.bytes_sent,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.averaging.powersgd import warm_shapes_of
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
 from engine.peer.backbone_loop import ControlLoop
@@ -41,6 +42,7 @@ from engine.training.device import Placement, choose_device
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import build_optimizer, collaboration_optimizer
 from engine.training.optimizer import CollaborativeOptimizer
+from engine.training.params import trainable
 from engine.training.state import state_budget
 from engine.transport.backends import restrict_host_addresses
 from engine.transport.counters import LinkCounters
@@ -249,9 +251,12 @@ class Peer:
         self._mesh = PeerMesh(self.peer_id, self.control.signal, ice, self.mailbox, self.rounds.on_frame,
                               self.rounds.on_incoming, max_payload=max_frame,
                               upload=self.upload)
+        # PowerSGD starts each round from the last one's Q, which the state carries.
+        warm = warm_shapes_of(project, trainable(model))
         self._opt = CollaborativeOptimizer(model, optimizer, project.schedule, project_id=project.id,
                                            clip_grad_norm=project.optimizer.clip_grad_norm,
-                                           gate=self.gate, local=local, overlap=project.overlap)
+                                           gate=self.gate, local=local, overlap=project.overlap,
+                                           warm_shapes=warm)
         self._progress = ProgressReporter(self._opt, self.client.send, project.target_batch_size,
                                           reply.report_interval)
         mesh = self._mesh

@@ -23,7 +23,7 @@ from engine.peer.client import BackboneError, ControlClient
 from engine.peer.events import PeerEvent, Synced, SyncProgress
 from engine.peer.progress import ProgressReporter
 from engine.training.optimizer import CollaborativeOptimizer
-from engine.training.state import check_state
+from engine.training.state import check_state, warm_slots
 from engine.transport.link import MIN_RECEIVE_LIMIT, LinkClosed
 from engine.transport.mailbox import Key, Mailbox
 from engine.transport.mesh import PeerMesh
@@ -179,7 +179,9 @@ class StateSync:
             state = decode_file(data)
             if state.state_sha256() != expected:
                 raise ProtocolError("its hash is not the collaboration's")
-            check_state(state, self.optimizer.model, self.optimizer.optimizer, self.optimizer.project_id)
+            opt = self.optimizer
+            warm = warm_slots(opt.optimizer, opt.params, opt.warm_shapes)
+            check_state(state, opt.model, opt.optimizer, opt.project_id, warm)
         except ProtocolError as exc:
             raise BadDonorState(f"refused the state: {exc}") from None
         return state

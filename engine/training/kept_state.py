@@ -21,6 +21,9 @@ class Kept:
     model: dict[str, torch.Tensor]
     optimizer: dict[int, Any]
     taken: Accumulated | None = None  # what we brought to the step: computed on this state
+    # PowerSGD's error feedback as it was before the step (engine/averaging/powersgd.py):
+    # a discarded step puts it back with the state, so nothing is sent twice or lost.
+    residual: torch.Tensor | None = None
 
 
 def keep(model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int, state_sha256: str) -> Kept:

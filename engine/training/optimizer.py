@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from functools import partial
 from typing import TypeVar
@@ -33,7 +33,7 @@ from engine.training.kept_state import Kept, all_finite, is_finite, keep, put_ba
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import lr_at
 from engine.training.params import set_grads, trainable
-from engine.training.state import load_state, pack_state, state_sha256
+from engine.training.state import hold_warm_q, load_state, pack_state, state_sha256, warm_slots
 from engine.training.state_hash import StateHash
 from engine.training.throughput import Throughput
 from engine.wire.tensors import StateFile, StateIndex
@@ -66,6 +66,7 @@ class CollaborativeOptimizer:
         compute_device: torch.device | None = None,
         local: LocalSteps | None = None,
         overlap: bool = False,
+        warm_shapes: Mapping[int, tuple[int, int]] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer  # in local mode, the outer one
@@ -75,6 +76,9 @@ class CollaborativeOptimizer:
         self.project_id = project_id
         self.clip_grad_norm = clip_grad_norm
         self.params = trainable(model)
+        # PowerSGD's warm Q (engine/averaging/powersgd.py): the shape of the slot each
+        # compressed matrix may hold in the optimizer state, by index in ``params``.
+        self.warm_shapes = dict(warm_shapes or {})
         self.throughput = Throughput()
         self.thread = ComputeThread(gate)
         self.gate = self.thread.gate
@@ -88,6 +92,10 @@ class CollaborativeOptimizer:
         self._copy_epoch = 0  # the epoch of the state micro-batches run on (overlapped, it may lag)
         self.hash = StateHash()  # of the state held now ("" before any)
         self.kept: Kept | None = None
+        # PowerSGD's error feedback: what compression left out of our gradient sums in steps
+        # taken, sent again next round. Ours alone, never hashed or served (None: zeros);
+        # replaced, never changed in place, on the compute thread while no round of ours runs.
+        self.residual: torch.Tensor | None = None
         self._round_over = asyncio.Event()
         self._round_over.set()
         # Counts the gradients accumulated since a step or a sync: one more each time the
@@ -180,12 +188,16 @@ class CollaborativeOptimizer:
         self.generation += 1
         return taken
 
-    async def step(self, vector: torch.Tensor, epoch: int,
-                   nonce: str | None) -> tuple[Future[str], Future[str | None]]:
+    async def step(self, vector: torch.Tensor, epoch: int, nonce: str | None,
+                   residual: torch.Tensor | None = None,
+                   next_q: Mapping[int, torch.Tensor] | None = None,
+                   ) -> tuple[Future[str], Future[str | None]]:
         """Take the round's step; the new state's hash and the proof (for ``nonce``) that
         we hold it, both computed beside the next micro-batches. UnsafeStep if the step
-        would leave the state not finite."""
-        taken = await self.thread.run(lambda: self._apply(vector, epoch, nonce))
+        would leave the state not finite. PowerSGD: ``residual`` is the error feedback to
+        keep once the step is taken (the one before it is kept with the state before it),
+        ``next_q`` the warm Q the new state holds."""
+        taken = await self.thread.run(lambda: self._apply(vector, epoch, nonce, residual, next_q))
         # Micro-batches resume on the new state; the round (and so any state that would land
         # under it) ends once its hash is in and RoundDone is ready.
         self._stepped = True
@@ -232,8 +244,9 @@ class CollaborativeOptimizer:
 
             await self.thread.run(move)
 
-    def _apply(self, vector: torch.Tensor, epoch: int,
-               nonce: str | None) -> tuple[Future[str], Future[str | None]]:
+    def _apply(self, vector: torch.Tensor, epoch: int, nonce: str | None,
+               residual: torch.Tensor | None = None,
+               next_q: Mapping[int, torch.Tensor] | None = None) -> tuple[Future[str], Future[str | None]]:
         """Take the step. Whatever the round delivered, a state that is not finite is never
         taken: the step is refused (UnsafeStep) and the state stays as it was."""
         if not all_finite([vector]):
@@ -242,6 +255,7 @@ class CollaborativeOptimizer:
         copied = self.hash.copy(epoch)
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
             self.kept = copied or keep(self.model, self.optimizer, epoch, self.state_hash)
+            self.kept.residual = self.residual
         set_grads(self.params, vector)
         if self.local is None:  # the outer step takes the pseudo-gradient as it is, at its own lr
             if self.clip_grad_norm:
@@ -251,10 +265,12 @@ class CollaborativeOptimizer:
                 group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        hold_warm_q(self.optimizer, self.params, self.warm_shapes, next_q or {})
         if not is_finite(self.model, self.optimizer):
             put_back(self.kept, self.model, self.optimizer)
             self.kept = None
             raise UnsafeStep("the step would make the model's state not finite: refusing it")
+        self.residual = residual  # (taken: what our parts left out waits for the next round)
         self.epoch = epoch + 1
         if not self.overlap:  # (overlapped, the copy takes it when the next round takes the gradient)
             self._follow_master()
@@ -280,7 +296,7 @@ class CollaborativeOptimizer:
             self.hash.before_change()
             self.model.load_state_dict(fresh.state_dict())
             self.optimizer.state.clear()
-            self.epoch, self.kept = 0, None
+            self.epoch, self.kept, self.residual = 0, None, None
             self._follow_master()
             return self._rehash()
 
@@ -290,9 +306,12 @@ class CollaborativeOptimizer:
         """Adopt a downloaded state (checked by the caller); returns its hash."""
         def work() -> str:
             self.hash.before_change()
-            self.epoch = load_state(state, self.model, self.optimizer, self.project_id)
+            warm = warm_slots(self.optimizer, self.params, self.warm_shapes)
+            self.epoch = load_state(state, self.model, self.optimizer, self.project_id, warm)
             self._follow_master()
-            self.kept = None
+            # Our error feedback is left out of what we computed on states we no longer
+            # hold, as the accumulator's gradient is (mark_synced clears it): both go.
+            self.kept, self.residual = None, None
             return self._rehash()
 
         return await self.thread.run(work)
@@ -322,6 +341,7 @@ class CollaborativeOptimizer:
             put_back(kept, self.model, self.optimizer)
             self.hash.set(kept.state_sha256)
             self.epoch, self.kept = kept.epoch, None
+            self.residual = kept.residual  # the step is undone: so is what it left for later
             self._follow_master()
             self.accumulator.clear()
             if kept.taken is not None and self.local is not None:

@@ -8,6 +8,7 @@ the network or a checkpoint file can be checked entry by entry and runs no code.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -98,14 +99,24 @@ SLOTS: dict[type, frozenset[str]] = {
     torch.optim.SGD: frozenset({"momentum_buffer"}),
 }
 NON_NEGATIVE = frozenset({"step", "exp_avg_sq"})
+# PowerSGD's warm Q of a compressed matrix (engine/averaging/powersgd.py): the next round
+# starts from it, so it is state every holder must hold alike. Its shape is (columns,
+# rank), only on the matrices the project compresses, and only beside the optimizer's own
+# slots -- except SGD's, whose step reads its one slot by name (Adam's, seeing any entry,
+# would take its slots as there and crash on the missing ones).
+WARM_SLOT = "powersgd_q"
+_ALONE_OK = (torch.optim.SGD,)
 
 
 def check_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                project_id: str) -> dict[str, tuple[int, str]]:
+                project_id: str, warm: Mapping[int, tuple[int, int]] | None = None,
+                ) -> dict[str, tuple[int, str]]:
     """Raise ProtocolError unless ``state`` is a state of this project's model and optimizer:
     every parameter and buffer, each optimizer slot in its shape and type, every value
-    finite (second moments and steps not negative). Returns each optimizer entry's
-    (parameter index, slot)."""
+    finite (second moments and steps not negative). ``warm``: the shape of the warm Q each
+    compressed parameter may hold, by index. Returns each optimizer entry's (parameter
+    index, slot)."""
+    warm = warm or {}
     meta = state.meta
     if meta.project != project_id:
         raise ProtocolError(f"state belongs to project {meta.project!r}, not {project_id!r}")
@@ -124,7 +135,8 @@ def check_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim
     for name in [*(k for k in entries if not k.startswith(MODEL_PREFIX)), *meta.numbers]:
         parts = name.split("/")
         if (len(parts) != 3 or f"{parts[0]}/" != OPTIM_PREFIX or not parts[1].isdigit()
-                or int(parts[1]) >= len(params) or parts[2] not in allowed):
+                or int(parts[1]) >= len(params)
+                or not (parts[2] in allowed or (parts[2] == WARM_SLOT and int(parts[1]) in warm))):
             raise ProtocolError(f"bad optimizer state entry {name}")
         index, key = int(parts[1]), parts[2]
         slots[name] = (index, key)
@@ -135,10 +147,11 @@ def check_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim
             if not math.isfinite(value) or (key in NON_NEGATIVE and value < 0):
                 raise ProtocolError(f"optimizer state {name} is not a valid number")
             continue
-        shape = () if key == "step" else tuple(params[index].shape)
+        shape = () if key == "step" else warm[index] if key == WARM_SLOT else tuple(params[index].shape)
         if tuple(found.shape) != shape or DTYPES[found.dtype] != params[index].dtype:
             raise ProtocolError(f"optimizer state {name} has the wrong shape or type")
-    if any(keys != allowed for keys in held.values()):
+    alone_ok = isinstance(optimizer, _ALONE_OK)
+    if any(keys - {WARM_SLOT} != allowed and (keys - {WARM_SLOT} or not alone_ok) for keys in held.values()):
         raise ProtocolError("the optimizer state holds some of a parameter's slots but not all")
     for name, tensor in tensors_of(state).items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
@@ -149,10 +162,10 @@ def check_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim
 
 
 def load_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               project_id: str) -> int:
+               project_id: str, warm: Mapping[int, tuple[int, int]] | None = None) -> int:
     """Load ``state`` into ``model`` and ``optimizer``; returns its epoch. Raises ProtocolError
     and leaves both untouched when the state does not fit this project (check_state)."""
-    slots = check_state(state, model, optimizer, project_id)
+    slots = check_state(state, model, optimizer, project_id, warm)
     tensors = tensors_of(state)
     optim_state: dict[int, dict] = {}
     for name, (index, key) in slots.items():
@@ -165,12 +178,34 @@ def load_state(state: StateFile, model: torch.nn.Module, optimizer: torch.optim.
 
 
 
+def hold_warm_q(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter],
+                shapes: Mapping[int, tuple[int, int]], next_q: Mapping[int, torch.Tensor]) -> None:
+    """(After a step.) The state holds each compressed matrix's new warm Q."""
+    for index, q in next_q.items():
+        if shapes.get(index) == tuple(q.shape):
+            optimizer.state[params[index]][WARM_SLOT] = q
+
+
+def warm_q(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter],
+           indices: Iterable[int]) -> list[torch.Tensor | None]:
+    """The warm Q the state holds for each of these parameters (None: none yet)."""
+    return [optimizer.state[params[i]].get(WARM_SLOT) if i < len(params) else None for i in indices]
+
+
+def warm_slots(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter],
+               shapes: Mapping[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """The warm slots' shapes (``shapes`` is by index in ``params``) by index in the
+    optimizer's parameters, as a state file names them: what check_state allows."""
+    order = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    return {order[id(params[i])]: shape for i, shape in shapes.items() if id(params[i]) in order}
+
+
 def state_budget(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """The most bytes a state file of this model and optimizer can take (every slot filled,
     a generous index): no honest frame from a peer is larger, so none is accepted that is."""
     tensors = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    slots = len(SLOTS.get(type(optimizer), ()))
+    slots = len(SLOTS.get(type(optimizer), ())) + 1  # (a warm Q is smaller than its matrix)
     moments = slots * sum(p.numel() * p.element_size() for p in params)
     entries = len(model.state_dict()) + slots * len(params)
     return tensors + moments + 8 * len(params) + 1024 * entries + (1 << 20)

@@ -7,7 +7,7 @@ sizes in one call and raises ProtocolError, the one error type for bad input.
 
 from typing import Final
 
-WIRE_VERSION: Final = 8
+WIRE_VERSION: Final = 9
 
 
 class ProtocolError(ValueError):

@@ -42,7 +42,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[8] = WIRE_VERSION
+    v: Literal[9] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -113,7 +113,7 @@ CommittedList = Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
 
 class PartInputs(Struct, kw_only=True):
     """As a reducer: what it combined for part ``index`` (one of its own, or one it took
-    over as a backup)."""
+    over as a backup; in a PowerSGD round, phase Q's part j is index ``parts + j``)."""
 
     index: Annotated[int, Meta(ge=0, lt=MAX_GROUP)]
     inputs: CommittedList
@@ -157,6 +157,10 @@ class RoundDone(ControlMessage, tag="round_done"):
     waiting: PeerList = field(default_factory=list)
     commitment: Commitment | None = None  # in projects whose reducers are checked
     numel: Count = 0  # length of the averaged vector: sizes an auxiliary peer's credit
+    # PowerSGD: the length of the vector each all-reduce phase moved (P, then Q): part j of
+    # phase k is part ``k * parts + j`` of the commitment, the draw and the credit. Empty:
+    # one phase, of ``numel``.
+    phase_numel: Annotated[list[Count], Meta(max_length=2)] = field(default_factory=list)
     # Proof that it holds the state it reports: a hash of the round's nonce and of values of
     # that state the nonce picks (engine/training/params.state_proof). The state's own hash
     # is broadcast with every step, so a peer that holds nothing could echo it; not this.

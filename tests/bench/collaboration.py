@@ -15,7 +15,7 @@ starting together. One JSON line per system and configuration:
 - the held-out loss at the end (16 batches no peer trains on): of the backbone's newest
   checkpoint for Cotrain, of the first peer's model for hivemind.
 
-    sudo python -m tests.bench.collaboration [--json] [--quick] [--seconds S]
+    sudo python -m tests.bench.collaboration [--json] [--quick] [--seconds S] [--only TEXT]
 
 The full run trains a 22M-parameter demo-lm (a round moves 90 MB in fp32) for 600 s per
 configuration (about 70 minutes in all); ``--quick`` a 3.3M-parameter one for 150 s. hivemind
@@ -281,7 +281,7 @@ def hivemind_outcome(config: str, peers: list[HivemindPeer], meter: CableMeter) 
 
 
 async def measure(net, workdir: Path, model: dict, budget: float, python: Path | None,
-                  print_line) -> None:
+                  print_line, only: str | None = None) -> None:
     server = net.public.address
     hosts, delayed = [], True
     for down, up, delay in LINKS:
@@ -292,12 +292,17 @@ async def measure(net, workdir: Path, model: dict, budget: float, python: Path |
              "delay_ms": [delay for *_, delay in LINKS] if delayed else "none: this kernel has no netem"}
     configs = [("sync fp32", cotrain_project(model)), ("sync fp16", cotrain_project(model, "fp16")),
                ("sync fp16 overlap", cotrain_project(model, "fp16", overlap=True)),
+               ("powersgd r=4 overlap", cotrain_project(model, "powersgd", overlap=True)),
                ("local H=8", cotrain_project(model, local=True))]
     for i, (config, spec) in enumerate(configs):
+        if only is not None and only not in f"cotrain {config}":
+            continue
         outcome = await failed_as_line("cotrain", config, run_cotrain(net, hosts, workdir, config, spec,
                                                                       8600 + i, budget))
         print_line(replace(outcome, extra=links))
     for config, extra in (("defaults", []), ("delayed fp16", ["--delayed", "--fp16"])):
+        if only is not None and only not in f"hivemind {config}":
+            continue
         if python is None:
             outcome = Outcome("hivemind", config, error="no venv: see tests/bench/hivemind_training.py")
         else:
@@ -319,6 +324,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="JSON lines only")
     parser.add_argument("--quick", action="store_true", help="a 3.3M-parameter model, 150 s each")
     parser.add_argument("--seconds", type=float, help="wall time per configuration")
+    parser.add_argument("--only", help="the configurations whose 'system config' holds this text")
     parser.add_argument("--hivemind", type=Path, default=Path(os.environ.get("COTRAIN_HIVEMIND_PYTHON",
                                                                              HIVEMIND_PYTHON)))
     args = parser.parse_args()
@@ -334,20 +340,20 @@ def main() -> None:
         rate, per = line["samples_per_s"], line["bytes_per_sample"]
         loss = line["heldout_loss"] or 0
         error = f"  {outcome.error}" if outcome.error else ""
-        print(f"{outcome.system:<9}{outcome.config:<19}{rate:>10.2f}{line['steps_per_min']:>10.2f}"
+        print(f"{outcome.system:<9}{outcome.config:<22}{rate:>10.2f}{line['steps_per_min']:>10.2f}"
               f"{per or 0:>16,}{loss:>10.4f}{outcome.steps:>7}{error}", flush=True)
 
     if not args.json:
         print(f"\n== Cotrain vs hivemind.Optimizer: {len(LINKS)} peers on home links, {budget:.0f} s each, "
               f"demo-lm {model['d_model']}x{model['layers']}, target batch {TARGET_BATCH}")
-        print(f"{'system':<9}{'config':<19}{'samples/s':>10}{'steps/min':>10}{'B/sample':>16}{'held-out':>10}"
+        print(f"{'system':<9}{'config':<22}{'samples/s':>10}{'steps/min':>10}{'B/sample':>16}{'held-out':>10}"
               f"{'steps':>7}")
     missing = missing_requirements()
     if missing:
         print(json.dumps({"skipped": missing}) if args.json else f"skipped: {missing}")
         return
     with tempfile.TemporaryDirectory(prefix="cotrain-bench-collab-") as tmp, nat_network(Path(tmp)) as net:
-        asyncio.run(measure(net, Path(tmp), model, budget, python, print_line))
+        asyncio.run(measure(net, Path(tmp), model, budget, python, print_line, args.only))
 
 
 if __name__ == "__main__":

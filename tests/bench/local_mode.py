@@ -27,10 +27,12 @@ from pathlib import Path
 
 import torch
 
+from engine.averaging.powersgd import warm_shapes_of
 from engine.project import CompressionMethod, LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
 from engine.tasks import create_task, initial_model
 from engine.training.lr_schedule import collaboration_optimizer
-from engine.training.state import load_state
+from engine.training.params import trainable
+from engine.training.state import load_state, warm_slots
 from engine.wire.tensors import decode_file
 from tests.collab.harness import TINY, tiny_project
 from tests.collab.processes import PeerProcess, terminate, write_catalog
@@ -104,7 +106,9 @@ def held_out_loss(data_dir: Path, spec: ProjectSpec) -> tuple[int, float]:
     newest = max(data_dir.glob("**/epoch-*.ckpt"), key=lambda p: p.name)
     task = create_task(spec.task, dict(spec.task_params))
     model = initial_model(task, spec.seed)
-    epoch = load_state(decode_file(newest.read_bytes()), model, collaboration_optimizer(spec, model), spec.id)
+    optimizer = collaboration_optimizer(spec, model)
+    warm = warm_slots(optimizer, trainable(model), warm_shapes_of(spec, trainable(model)))
+    epoch = load_state(decode_file(newest.read_bytes()), model, optimizer, spec.id, warm)
     with torch.no_grad():
         loss = statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(HELD_OUT))
     return epoch, loss

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from engine.averaging.powersgd import warm_shapes_of
 from engine.paths import engine_command
 from engine.project import ProjectSpec
 from engine.project_folders import ProjectFolder
@@ -30,7 +31,7 @@ from engine.training.accumulator import GradientAccumulator
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import build_optimizer, collaboration_optimizer, lr_at
 from engine.training.params import trainable
-from engine.training.state import load_state
+from engine.training.state import load_state, warm_slots
 from engine.wire.tensors import decode_file
 from tests.collab.harness import tiny_project
 from tests.collab.processes import write_catalog
@@ -219,7 +220,9 @@ class Collaboration:
         spec = self.project
         task = create_task(spec.task, dict(spec.task_params))
         model = initial_model(task, spec.seed)
-        load_state(decode_file(path.read_bytes()), model, collaboration_optimizer(spec, model), spec.id)
+        optimizer = collaboration_optimizer(spec, model)
+        warm = warm_slots(optimizer, trainable(model), warm_shapes_of(spec, trainable(model)))
+        load_state(decode_file(path.read_bytes()), model, optimizer, spec.id, warm)
         with torch.no_grad():
             return statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(batches))
 

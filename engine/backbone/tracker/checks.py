@@ -146,11 +146,15 @@ class Auditor:
         p = self.t.project.aggregation.verify_probability
         parts = []
         if p > 0 and not rnd.recovering and len(rnd.voters) > 1:
-            # The longest length a holder reports: a liar can only add parts to the draw,
-            # never hide one from it (holders of one state hold one model: one length).
-            lengths = rnd.lengths(majority)
-            sizes = rnd.part_sizes(max(lengths)) if lengths else [1] * len(rnd.reducers)
-            parts = [PartCheck(j, reducer) for j, reducer in enumerate(rnd.reducers)
+            # The longest length a holder reports, per phase: a liar can only add parts to
+            # the draw, never hide one from it (holders of one state hold one model: one
+            # length). Each part of each phase is drawn alone: a reducer that lies in one
+            # phase only is caught as often as one that lies in both.
+            said = rnd.phase_lengths(majority)
+            indices = range(rnd.phases * rnd.parts)
+            sizes = (rnd.wire_sizes([max(lengths[k] for lengths in said) for k in range(rnd.phases)])
+                     if said else [1] * len(indices))
+            parts = [PartCheck(j, rnd.reducer_of(j)) for j in indices
                      if rnd.share_of(j) > 0 and sizes[j] > 0 and self.rng.random() < p]
         self.drawn += len(parts)
         return RoundAudit(majority, parts)

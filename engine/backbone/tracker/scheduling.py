@@ -89,6 +89,9 @@ class OpenRound:
     auxiliary: set[str] = field(default_factory=set)  # reduce only: no gradient, no step, no vote
     trial: bool = False  # an unproven auxiliary peer reduces in it (Scheduler.trial_over)
     pieces: int = 1  # parts per member's share (planning/partition.py)
+    # All-reduces per round: 2 in a PowerSGD project (P, then Q), whose part j of phase k is
+    # part ``k * parts + j`` in commitments, draws and credit; same reducer for both.
+    phases: int = 1
     answered_at: dict[str, float] = field(default_factory=dict)  # when each outcome arrived
     nonce: str = field(default_factory=lambda: secrets.token_hex(32))  # what voters prove the state with
 
@@ -96,9 +99,18 @@ class OpenRound:
         if not self.reducers:
             self.reducers = [p for p in self.group for _ in range(self.pieces)]
 
+    @property
+    def parts(self) -> int:
+        """Parts per phase."""
+        return len(self.group) * self.pieces
+
     def share_of(self, part: int) -> float:
-        """The fraction of the vector part ``part`` holds."""
-        return self.shares[part // self.pieces] / self.pieces
+        """The fraction of its phase's vector part ``part`` holds."""
+        return self.shares[part % self.parts // self.pieces] / self.pieces
+
+    def reducer_of(self, part: int) -> str:
+        """Who reduces part ``part`` now (a backup, if its member was lost), in any phase."""
+        return self.reducers[part % self.parts]
 
     def lengths(self, holding: Vote) -> list[int]:
         """The vector's length as each voter that reports the state ``holding`` says it is
@@ -106,10 +118,21 @@ class OpenRound:
         return [o.numel for p, o in self.outcomes.items()
                 if p in self.voters and vote(o) == holding and o.numel > 0]
 
+    def phase_lengths(self, holding: Vote) -> list[list[int]]:
+        """Each phase's vector length as each voter that reports ``holding`` says it is
+        (one phase: the vector's; a report with another number of phases is left out)."""
+        said = [o.phase_numel or [o.numel] for p, o in self.outcomes.items()
+                if p in self.voters and vote(o) == holding and o.numel > 0]
+        return [lengths for lengths in said if len(lengths) == self.phases]
+
     def part_sizes(self, numel: int) -> list[int]:
         """The elements in each part of a vector of ``numel``: a share of a few millionths
         may hold none, and nobody reduces such a part."""
         return [hi - lo for lo, hi in part_bounds(numel, self.shares, self.pieces)]
+
+    def wire_sizes(self, lengths: list[int]) -> list[int]:
+        """The elements in each part of every phase, by the index it travels under."""
+        return [size for numel in lengths for size in self.part_sizes(numel)]
 
     @property
     def voters(self) -> list[str]:
@@ -234,13 +257,15 @@ class Scheduler:
             self._next_trial = math.inf  # until this one is over
         due = epoch + 1 - last_checkpoint >= self.project.checkpoint_every
         predicted = balanced.seconds * self.vector_bytes
-        pipelined = predicted >= PIPELINE_FROM and len(group) * PIECES <= MAX_PIPELINED_PARTS
+        phases = 2 if self.project.compression == "powersgd" else 1
+        # (commitments list every part of every phase: PowerSGD pipelines groups half as large)
+        pipelined = predicted >= PIPELINE_FROM and phases * len(group) * PIECES <= MAX_PIPELINED_PARTS
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
             members=self.members.paces(members, now), optional=optional,
-            auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined else 1,
+            auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined else 1, phases=phases,
         )
         log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s in %d "
                  "pieces (%.3f s per MB, %.1f s predicted)", self.project.id, rnd.round_id, rnd.epoch,

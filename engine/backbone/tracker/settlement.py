@@ -29,6 +29,7 @@ from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, Recor
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.evaluators import evaluators
 from engine.planning.sizes import encoded_size
+from engine.project import codec_of
 from engine.wire.control import AuditDone, RoundDone, Step
 
 if TYPE_CHECKING:
@@ -174,9 +175,11 @@ class Settlement:
         holders = [o for p, o in rnd.outcomes.items() if p in voters and rnd.holds_settled(o)]
         losses = [o.loss for o in holders if o.loss is not None]
         t.epoch, t.state_sha256 = rnd.epoch + 1, digest
-        lengths = [o.numel for o in holders if o.numel > 0]
-        if lengths:  # what rounds move: the LP's time per byte times this is a round's
-            t.scheduler.vector_bytes = encoded_size(statistics.median_low(lengths), t.project.compression)
+        # What rounds move (every phase's vector): the LP's time per byte times this is a round's.
+        lengths = [sum(o.phase_numel) if o.phase_numel else o.numel for o in holders if o.numel > 0]
+        if lengths:
+            t.scheduler.vector_bytes = encoded_size(statistics.median_low(lengths),
+                                                    codec_of(t.project.compression))
         step = Step(epoch=t.epoch, round_id=rnd.round_id, loss=statistics.median(losses) if losses else None,
                     samples=int(statistics.median_low(o.samples for o in holders)), peers=len(rnd.group),
                     round_seconds=round(t.clock() - rnd.opened_at, 3), state_sha256=digest)
@@ -331,18 +334,20 @@ class Settlement:
         """Each auxiliary reducer's credit: the bytes of the parts it reduced, from each
         sender the reducers saw bring samples. The vector's length is what the voters that
         hold the settled state say it is."""
-        lengths = rnd.lengths(rnd.settled_vote) if rnd.settled_vote is not None else []
-        if not lengths:
+        said = rnd.phase_lengths(rnd.settled_vote) if rnd.settled_vote is not None else []
+        if not said:
             return {}
-        sizes = rnd.part_sizes(statistics.median_low(lengths))  # (a liar inflates no credit)
+        # (the median per phase: a liar inflates no credit)
+        sizes = rnd.wire_sizes([statistics.median_low(lengths[k] for lengths in said)
+                                for k in range(rnd.phases)])
         out = {}
         for aux in rnd.auxiliary_reducers():
             outcome = rnd.outcomes.get(aux)
             if outcome is None or not outcome.ok:
                 continue
             senders = sum(1 for s in outcome.received if seen.get(s, 0) > 0)
-            parts = [sizes[j] for j, reducer in enumerate(rnd.reducers) if reducer == aux]
-            aggregated = bytes_aggregated(parts, senders, self.t.project.compression)
+            parts = [size for j, size in enumerate(sizes) if rnd.reducer_of(j) == aux]
+            aggregated = bytes_aggregated(parts, senders, codec_of(self.t.project.compression))
             if aggregated > 0:
                 out[aux] = Credit(0, 0.0, aggregated)
         return out
