@@ -70,7 +70,7 @@ async def test_bad_requests_get_a_clear_4xx(collaboration, method, path, body, s
     [
         ("this is not json", "bad message: control message is not valid JSON"),
         ('{"type": "progress", "epoch": "x"}', "Expected `int`, got `str`"),
-        ('{"v": 9, "type": "progress"}', "wire v9, backbone speaks"),
+        (f'{{"v": {WIRE_VERSION + 1}, "type": "progress"}}', f"wire v{WIRE_VERSION + 1}, backbone speaks"),
         ('{"type": "round_start", "round_id": 1, "epoch": 0, "group": ["a"], '
          '"shares": [1], "timeout": 1}', "Invalid value 'round_start'"),
         (b"\x00\x01binary", "binary messages are not accepted"),
