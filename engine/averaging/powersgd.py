@@ -163,8 +163,11 @@ def starting_q(layout: Layout, warm: Sequence[torch.Tensor | None], seed: int,
                epoch: int) -> list[torch.Tensor]:
     """Q0 for each matrix: the state's warm Q where it has one of the right shape, with
     any column that is all zeros (a basis column dropped as dependent leaves one, and a
-    zero column would stay zero) drawn afresh; Rademacher elsewhere. Exact tests on
-    bits every member holds alike, so every member starts from the same Q0."""
+    zero column would stay zero) drawn afresh; Rademacher elsewhere. Each warm column is
+    scaled by a power of two to a largest magnitude in [0.5, 1): exact, and the basis does
+    not depend on a column's scale, but a warm Q a wrong reducer left near fp32's largest
+    value would otherwise overflow every honest sketch, every round after. Exact tests
+    and operations on bits every member holds alike: every member starts from one Q0."""
     fresh = rademacher(layout, seed, epoch)
     out = []
     for mat, q, held in zip(layout.matrices, fresh, warm, strict=True):
@@ -172,7 +175,9 @@ def starting_q(layout: Layout, warm: Sequence[torch.Tensor | None], seed: int,
             out.append(q)
             continue
         dead = (held == 0).all(dim=0)
-        out.append(torch.where(dead, q, held))
+        largest = held.abs().amax(dim=0)
+        _, exponent = torch.frexp(torch.where(dead, torch.ones_like(largest), largest))
+        out.append(torch.where(dead, q, torch.ldexp(held, -exponent)))
     return out
 
 

@@ -328,3 +328,17 @@ def test_a_warm_start_tracks_a_persistent_gradient_subspace_a_fresh_q0_misses(re
                   f"warm {errors[True]:.3f}, best rank-4 {optimum:.3f}")
     assert errors[True] <= 1.1 * optimum
     assert errors[False] >= 2 * errors[True]
+
+
+def test_a_warm_q_near_the_largest_float_starts_a_finite_sketch_in_the_same_directions():
+    """A wrong reducer in an undrawn round can leave a finite but huge average Q in the
+    state; the next round's sketches must not overflow (every honest part would be left
+    out, every round after)."""
+    layout = Layout.of(SHAPES, rank=3)
+    g = torch.Generator().manual_seed(3)
+    huge = [torch.randn(mat.cols, 3, generator=g) * 1e38 for mat in layout.matrices]
+    q0 = starting_q(layout, huge, 7, 2)
+    for held, q in zip(huge, q0, strict=True):
+        assert bool(((q.abs().amax(dim=0) >= 0.5) & (q.abs().amax(dim=0) < 1)).all())
+        assert torch.equal(torch.sign(q), torch.sign(held))  # scaled by powers of two only
+    assert bool(torch.isfinite(sketch(layout, gradient(layout, g) * 1e3, q0)).all())
