@@ -134,3 +134,35 @@ def test_an_auxiliary_reducer_is_credited_with_the_bytes_of_both_phases(clock):
     x = start.group.index("x")
     parts = [part_sizes(n, start.shares)[x] for n in (P_NUMEL, Q_NUMEL)]
     assert record.credits["x"].aggregated_bytes == 2 * 4 * sum(parts)  # two senders, fp32 factors
+
+
+def test_a_reducer_lost_between_the_phases_has_its_round_redone_at_no_ones_cost():
+    """b combined its part of phase P, then left; c took over its part of phase Q. Nobody can
+    show what b combined, so the round is redone -- and c, which did all it was asked, keeps
+    its standing."""
+    t, _ = powersgd_tracker()
+    start = open_round(t, {p: 30 for p in PEERS})
+    parts = len(start.group)
+    lost = start.group[1]
+    t.leave(lost)
+    backup = t.round.reducer_of(1)
+    assert backup != lost
+    results = [f"{j % 10}" * 64 for j in range(2 * parts)]
+    outs = []
+    inputs = [Committed(sender=s, samples=30, sha256="p" * 64) for s in start.group]
+    for member in (p for p in start.group if p != lost):
+        j = start.group.index(member)
+        reduced = [PartInputs(index=j, inputs=inputs), PartInputs(index=parts + j, inputs=inputs)]
+        if member == backup:
+            reduced.append(PartInputs(index=parts + 1, inputs=inputs))  # phase Q only
+        commitment = Commitment(sent=["p" * 64] * 2 * parts, results=results, reduced=reduced, shown=[])
+        outs += t.handle(member, done(start, commitment=commitment, numel=10_000,
+                                      phase_numel=[P_NUMEL, Q_NUMEL]))
+    for _, audit in sent(outs, Audit):
+        outs += t.handle(audit.checker, AuditDone(round_id=start.round_id, index=audit.index, ok=True))
+    assert t.epoch == 0 and t.round is None
+    assert {to for to, _ in sent(outs, Resync)} == set(start.group) - {lost}
+    why = next(r.reason for _, r in sent(outs, Resync))
+    assert f"{lost} left the round after combining it" in why
+    assert t.members.get(backup).excluded_until <= t.clock()
+    assert t.members.get(backup).strikes == 0

@@ -174,6 +174,14 @@ class Auditor:
         commitment = done.commitment
         inputs = commitment.inputs_of(part.index) if commitment is not None else None
         holds_state = part.reducer in rnd.auxiliary or vote(done) == audit.majority
+        first = rnd.group[part.index % rnd.parts // rnd.pieces]
+        if inputs is None and first in rnd.lost and part.index < (rnd.phases - 1) * rnd.parts:
+            # Its backup took over a later phase only: the lost reducer combined this part,
+            # and nobody can show what it combined. Kept unchecked, it would let a liar lie,
+            # then leave; the round is redone instead, at no one's cost.
+            part.passed = False
+            part.why = f"its reducer {first} left the round after combining it: nobody can show its inputs"
+            return []
         if not done.ok or inputs is None or not holds_state:
             why = (f"its round failed ({done.error})" if not done.ok else "it names no inputs for the part"
                    if inputs is None else "its state is not the majority's")
