@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--port", type=PORT, default=8470, help="port, 0 for any free one (default: 8470)")
     bb.add_argument("--data-dir", type=Path, default=None,
                     help="where the database and checkpoints live")
+    bb.add_argument("--database", default=None, metavar="URL",
+                    help="keep the records on a PostgreSQL server instead of an SQLite file in the "
+                         "data directory, e.g. postgresql://cotrain@db.example.org/cotrain (a password "
+                         "goes in ~/.pgpass or PGPASSWORD, not on the command line)")
     bb.add_argument("--catalog", type=Path, default=None, help="projects JSON file")
     bb.add_argument("--projects", type=Path, default=None, metavar="DIR",
                     help="serve the project folders in DIR too (one folder per project, with its "
@@ -312,6 +316,7 @@ async def _backbone(args: argparse.Namespace) -> int:
     from engine.backbone.addresses import plain_address
     from engine.backbone.ice import IceConfig, read_turn_secret
     from engine.backbone.server import BackboneConfig, serve
+    from engine.backbone.store.database import is_database_url
 
     try:
         ice = IceConfig(stun_urls=args.stun, turn_urls=args.turn, turn_ttl=args.turn_ttl,
@@ -321,7 +326,11 @@ async def _backbone(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"cotrain backbone: {exc}", file=sys.stderr)
         return 2
-    config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone",
+    if args.database is not None and not is_database_url(args.database):
+        print(f"cotrain backbone: --database takes a postgresql:// URL, not {args.database!r}",
+              file=sys.stderr)
+        return 2
+    config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone", database=args.database,
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,
                             ice=ice, advertise=args.advertise, trusted_proxies=proxies,
                             equal_shares=args.equal_shares, ipv6_prefix=args.ipv6_prefix)
@@ -330,7 +339,7 @@ async def _backbone(args: argparse.Namespace) -> int:
     config.projects_dir = args.projects
     try:
         await serve(config)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:
         print(f"cotrain backbone: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -47,3 +47,21 @@ def _loopback_only():
     restrict_host_addresses(["127.0.0.1"])
     yield
     restrict_host_addresses(None)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for the session (tests/postgres.py)."""
+    from tests.postgres import postgres_server
+
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path):
+    """Where a backbone's store lives, on each engine in turn: an SQLite file's path, or a
+    fresh database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return tmp_path / "backbone.sqlite3"
+    return request.getfixturevalue("postgres").new_database()

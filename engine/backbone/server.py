@@ -53,6 +53,7 @@ TICK = 0.25  # seconds between deadline checks
 @dataclass
 class BackboneConfig:
     data_dir: Path
+    database: str | None = None  # a PostgreSQL server's URL; None: an SQLite file in data_dir
     host: str = "127.0.0.1"
     port: int = 0
     catalog: Path = field(default_factory=default_catalog)
@@ -78,7 +79,7 @@ class Backbone:
         # left the folder, the database (Store) or the checkpoints (tidy) readable.
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         config.data_dir.chmod(0o700)
-        self.store = Store(config.data_dir / "backbone.sqlite3")
+        self.store = Store(config.database or config.data_dir / "backbone.sqlite3")
         self.store.peers.close_stale_sessions()
         self._prune_peers()
         self.files = CheckpointFiles(config.data_dir / "checkpoints")

@@ -298,7 +298,7 @@ def _withdraw(bb: ThreadedBackbone, username: str) -> int:
     """Take back every credit of ``username``'s peers, as the backbone does for a caught liar."""
     async def withdraw() -> int:
         store = bb.backbone.store
-        rows = store.database.connection.execute(
+        rows = store.database.execute(
             "SELECT c.peer_id, c.round_id FROM contributions c JOIN users u ON u.id = c.user_id "
             "WHERE u.username=?", (username,)).fetchall()
         return sum(store.credit.withdraw_credits("tiny-lm", peer, [round_id], "a test")

@@ -17,9 +17,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-async def backbone(tmp_path):
+async def backbone(tmp_path, database):
+    """On each engine: an SQLite file in ``tmp_path``, then a PostgreSQL database."""
     projects = (tiny_project(), tiny_project(id="private-lm", require_account=True))
-    async with running_backbone(tmp_path, *projects) as bb, aiohttp.ClientSession() as http:
+    url = database if isinstance(database, str) else None
+    async with running_backbone(tmp_path, *projects, database=url) as bb, aiohttp.ClientSession() as http:
         bb.http = http
         yield bb
 
@@ -99,13 +101,23 @@ async def test_one_address_guessing_many_accounts_is_slowed_down(backbone):
     assert statuses.count(401) <= rate.burst + 3 and statuses[-10:] == [429] * 10
 
 
+def stored_bytes(bb, folder) -> bytes:
+    """All the backbone keeps: its SQLite files, or every row of every table on PostgreSQL."""
+    if bb.config.database is None:
+        bb.store.database.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return b"".join(f.read_bytes() for f in folder.glob("backbone.sqlite3*"))
+    db = bb.store.database
+    tables = db.execute("SELECT table_name FROM information_schema.tables "
+                        "WHERE table_schema='public'").fetchall()
+    return b"".join(repr(db.execute(f"SELECT * FROM {name}").fetchall()).encode() for (name,) in tables)
+
+
 async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_path):
     password = "a fairly unusual passphrase"
     _, made = await create(backbone, "dora", password, status=201)
     _, again = await log_in(backbone, "dora", password, status=200)
-    backbone.store.database.connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
-    stored = b"".join(f.read_bytes() for f in tmp_path.glob("backbone.sqlite3*"))
-    assert b"dora" in stored  # the file is the right one
+    stored = stored_bytes(backbone, tmp_path)
+    assert b"dora" in stored  # the records are the right ones
     for secret in (password, made["token"], again["token"]):
         assert secret.encode() not in stored
 
@@ -113,7 +125,7 @@ async def test_passwords_and_tokens_are_never_stored_in_the_clear(backbone, tmp_
 async def test_a_log_in_unused_for_ninety_days_expires_and_each_use_extends_it(backbone):
     _, made = await create(backbone, "erin", "pass-word-1", status=201)
     _, kept = await log_in(backbone, "erin", "pass-word-1", status=200)
-    db = backbone.store.database.connection
+    db = backbone.store.database
     db.execute("UPDATE tokens SET last_used = last_used - ? WHERE token_sha256 = ?",
                (TOKEN_IDLE + 60, token_digest(made["token"])))
     db.execute("UPDATE tokens SET last_used = last_used - ? WHERE token_sha256 = ?",

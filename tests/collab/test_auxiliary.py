@@ -34,7 +34,7 @@ async def test_an_auxiliary_peer_reduces_for_the_trainers_and_is_credited_the_by
         finally:
             await stop_all(*trainers, helper)
         store = backbone.store
-        credited = dict(store.database.connection.execute(
+        credited = dict(store.database.execute(
             "SELECT round_id, aggregated_bytes FROM contributions WHERE peer_id=?", (helper.peer.peer_id,)))
         board = await get_json(f"{backbone.url}/api/projects/{project.id}/leaderboard?by=aggregated")
         carol = await get_json(f"{backbone.url}/api/me", tokens["carol"])

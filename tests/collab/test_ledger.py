@@ -14,12 +14,14 @@ pytestmark = pytest.mark.slow
 
 
 def peer_names(store) -> dict[str, str]:
-    return dict(store.database.connection.execute("SELECT peer_id, name FROM peers").fetchall())
+    return dict(store.database.execute("SELECT peer_id, name FROM peers").fetchall())
 
 
-async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplog):
+async def test_credits_add_up_exactly_with_a_peer_killed_mid_run(tmp_path, caplog, database):
+    """On SQLite and on PostgreSQL: the ledger's sums are the settled steps'."""
     project = tiny_project(require_account=True, target_batch_size=96, round_timeout=10)
-    async with running_backbone(tmp_path, project) as backbone:
+    url = database if isinstance(database, str) else None
+    async with running_backbone(tmp_path, project, database=url) as backbone:
         tokens = {user: await register(backbone.url, user) for user in ("alice", "bob")}
         envs = {user: home_with_login(tmp_path / user, backbone.url, user, token)
                 for user, token in tokens.items()}
@@ -99,7 +101,7 @@ async def test_a_peer_claiming_more_samples_than_it_computed_is_cut_to_its_cap_o
             await honest.reached(8, timeout=90)
         finally:
             await stop_all(honest, cheat)
-        credit = {(r, p): n for r, p, n in backbone.store.database.connection.execute(
+        credit = {(r, p): n for r, p, n in backbone.store.database.execute(
             "SELECT round_id, peer_id, samples FROM contributions")}
     for r in honest.history:
         assert credit[r.step.round_id, honest.peer.peer_id] == r.my_samples

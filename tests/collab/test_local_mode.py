@@ -43,10 +43,10 @@ async def test_a_killed_peer_and_a_late_joiner_leave_every_outer_step_agreed(tmp
         steps = {s.epoch: s for s in backbone.store.rounds.steps(project.id)}
         checkpoints = backbone.store.checkpoints.listed(project.id)
         credited = backbone.store.credit.credited_by_peer(project.id)
-        by_round = dict(backbone.store.database.connection.execute(
+        by_round = dict(backbone.store.database.execute(
             "SELECT round_id, SUM(samples) FROM contributions WHERE project=? GROUP BY round_id",
             (project.id,)))
-        db = backbone.store.database.connection
+        db = backbone.store.database
         dead = db.execute("SELECT peer_id FROM peers WHERE name='p0'").fetchone()[0]
         curve = await get_json(f"{backbone.url}/api/projects/{project.id}/curve")
 

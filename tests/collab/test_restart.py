@@ -1,13 +1,15 @@
-"""kill -9 of the backbone during a run: the ledger survives, peers reconnect, nothing counts twice."""
+"""kill -9 of the backbone during a run: the ledger survives, peers reconnect, nothing counts
+twice -- on an SQLite file and on a PostgreSQL server."""
 
 import asyncio
 import signal
 import socket
-import sqlite3
 import sys
+from contextlib import closing
 
 import pytest
 
+from engine.backbone.store.database import open_database
 from engine.paths import engine_command
 from engine.peer.events import Connection, RoundFailed
 from tests.collab.accounts import register
@@ -24,10 +26,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def start_backbone(port: int, data_dir, catalog) -> asyncio.subprocess.Process:
+async def start_backbone(port: int, data_dir, catalog, database=None) -> asyncio.subprocess.Process:
+    on = ["--database", database] if isinstance(database, str) else []
     process = await asyncio.create_subprocess_exec(
         *engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data_dir),
-        "--catalog", str(catalog), stdout=asyncio.subprocess.PIPE, stderr=sys.stderr,
+        "--catalog", str(catalog), *on, stdout=asyncio.subprocess.PIPE, stderr=sys.stderr,
     )
     line = await asyncio.wait_for(process.stdout.readline(), 60)
     assert line.decode().startswith("backbone listening on http://127.0.0.1:"), line
@@ -36,19 +39,19 @@ async def start_backbone(port: int, data_dir, catalog) -> asyncio.subprocess.Pro
 
 def ledger(db_path) -> tuple[dict[str, int], int, int]:
     """(credited samples per user, samples of all recorded steps, contribution rows)."""
-    with sqlite3.connect(db_path) as db:
+    with closing(open_database(db_path)) as db:
         users = dict(db.execute("SELECT users.username, t.samples FROM user_totals t "
-                                "JOIN users ON users.id = t.user_id"))
-        steps = db.execute("SELECT COALESCE(SUM(samples), 0) FROM steps").fetchone()[0]
+                                "JOIN users ON users.id = t.user_id").fetchall())
+        steps = db.execute("SELECT CAST(COALESCE(SUM(samples), 0) AS BIGINT) FROM steps").fetchone()[0]
         rows = db.execute("SELECT COUNT(*) FROM contributions").fetchone()[0]
     return users, steps, rows
 
 
 def recorded_steps(db_path) -> list[tuple[int, int, int, int]]:
     """(epoch, round id, samples, credited samples) of every recorded step, by epoch."""
-    with sqlite3.connect(db_path) as db:
+    with closing(open_database(db_path)) as db:
         return db.execute(
-            "SELECT s.epoch, s.round_id, s.samples, COALESCE(SUM(c.samples), 0) FROM steps s "
+            "SELECT s.epoch, s.round_id, s.samples, CAST(COALESCE(SUM(c.samples), 0) AS BIGINT) FROM steps s "
             "LEFT JOIN contributions c ON c.project = s.project AND c.round_id = s.round_id "
             "GROUP BY s.project, s.round_id ORDER BY s.epoch").fetchall()
 
@@ -60,12 +63,13 @@ async def crash(backbone, peers) -> None:
                             for p in peers), 30, "peers to notice the backbone is gone")
 
 
-async def test_killing_the_backbone_loses_no_credit_and_counts_nothing_twice(tmp_path):
+async def test_killing_the_backbone_loses_no_credit_and_counts_nothing_twice(tmp_path, database):
     project = tiny_project(require_account=True, target_batch_size=96, round_timeout=10)
     catalog = write_catalog(tmp_path / "catalog.json", project)
     port, data = _free_port(), tmp_path / "backbone"
-    url, db_path = f"http://127.0.0.1:{port}", data / "backbone.sqlite3"
-    backbone = await start_backbone(port, data, catalog)
+    url = f"http://127.0.0.1:{port}"
+    db_path = database if isinstance(database, str) else data / "backbone.sqlite3"
+    backbone = await start_backbone(port, data, catalog, database)
     peers = []
     try:
         tokens = {user: await register(url, user) for user in ("alice", "bob")}
@@ -81,14 +85,14 @@ async def test_killing_the_backbone_loses_no_credit_and_counts_nothing_twice(tmp
         assert sum(before.values()) == steps_before > 0  # consistent at the moment of the crash
         epoch_at_crash = max(p.history[-1].step.epoch for p in peers)
 
-        backbone = await start_backbone(port, data, catalog)
+        backbone = await start_backbone(port, data, catalog, database)
         for p in peers:
             await p.reached(epoch_at_crash + 1, timeout=120)
         # Again the moment a step completes: it may be done on the peers and not yet recorded.
         await crash(backbone, peers)
         epoch_at_crash = max(p.history[-1].step.epoch for p in peers)
         down = [len(p.events) for p in peers]
-        backbone = await start_backbone(port, data, catalog)
+        backbone = await start_backbone(port, data, catalog, database)
 
         def reconnected(p, since):
             return next((i for i, e in enumerate(p.events[since:], since)

@@ -1,4 +1,5 @@
-"""Online time per user in the backbone's real SQLite store: the union of their peers' sessions."""
+"""Online time per user in the backbone's real store (SQLite and PostgreSQL): the union of
+their peers' sessions."""
 
 import pytest
 
@@ -6,8 +7,8 @@ from engine.backbone.store.repositories import Store
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = Store(tmp_path / "backbone.sqlite3")
+def store(database):
+    store = Store(database)
     yield store
     store.close()
 

@@ -4,9 +4,9 @@ import sqlite3
 
 import pytest
 
-from engine.backbone.store import database as store_module
-from engine.backbone.store.database import SCHEMA_VERSION
+from engine.backbone.store import schema as store_module
 from engine.backbone.store.repositories import Store
+from engine.backbone.store.schema import SCHEMA_VERSION
 
 SCHEMA_5 = (("contributions", "withdrawn_at"), ("contributions", "withdrawn_why"),
             ("user_totals", "withdrawn_samples"), ("user_totals", "withdrawn_bytes"))
@@ -106,21 +106,21 @@ def test_a_schema_3_file_marks_its_password_hashes_as_made_with_the_old_paramete
     store.close()
 
 
-def test_peers_that_never_connected_or_left_long_ago_are_forgotten_and_their_credit_stays(tmp_path):
+def test_peers_that_never_connected_or_left_long_ago_are_forgotten_and_their_credit_stays(database):
     """Joins are cheap: their rows must not stay for ever. A peer still connected, one that
     joined a moment ago or left today is kept; credit and online time do not need the rows."""
     from engine.backbone.ledger import Credit
     from engine.backbone.store.peers import LEFT_KEPT, NEVER_CONNECTED_KEPT
 
-    store = Store(tmp_path / "backbone.sqlite3")
+    store = Store(database)
     alice = store.accounts.create_user("alice", b"s", b"h")
     store.rounds.set_collaboration("p", 0, None)
     for peer in ("stale-join", "fresh-join", "connected", "left-today", "left-long-ago"):
         store.peers.add(peer, "p", peer, "t" * 64, alice.id)
     now = 10 * LEFT_KEPT
-    store.database.connection.execute("UPDATE peers SET joined_at=?", (now - 2 * LEFT_KEPT,))
-    store.database.connection.execute("UPDATE peers SET joined_at=? WHERE peer_id='fresh-join'",
-                     (now - NEVER_CONNECTED_KEPT / 2,))
+    store.database.execute("UPDATE peers SET joined_at=?", (now - 2 * LEFT_KEPT,))
+    store.database.execute("UPDATE peers SET joined_at=? WHERE peer_id='fresh-join'",
+                           (now - NEVER_CONNECTED_KEPT / 2,))
     for peer in ("connected", "left-today", "left-long-ago"):
         store.peers.connected(peer, at=now - 2 * LEFT_KEPT)
     store.peers.left("left-today", at=now - LEFT_KEPT / 2)
@@ -128,7 +128,7 @@ def test_peers_that_never_connected_or_left_long_ago_are_forgotten_and_their_cre
     store.credit.record_credits("p", 1, {"left-long-ago": Credit(120, 4.0)}, {"left-long-ago": alice.id})
 
     assert store.peers.prune(now) == 2
-    kept = {row[0] for row in store.database.connection.execute("SELECT peer_id FROM peers")}
+    kept = {row[0] for row in store.database.execute("SELECT peer_id FROM peers").fetchall()}
     assert kept == {"fresh-join", "connected", "left-today"}
     assert store.credit.credited_by_peer("p") == {"left-long-ago": 120}
     assert store.credit.credited_by_user("p") == {"alice": 120}

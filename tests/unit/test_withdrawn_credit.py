@@ -1,4 +1,4 @@
-"""Credit withdrawn from a reducer caught lying, in the backbone's real SQLite store: it
+"""Credit withdrawn from a reducer caught lying, in the backbone's real store (SQLite and PostgreSQL): it
 leaves the user's total and the project's, shows on the leaderboard as withdrawn, and a
 withdrawal replayed changes nothing."""
 
@@ -12,8 +12,8 @@ from engine.wire.control import Step
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = Store(tmp_path / "backbone.sqlite3")
+def store(database):
+    store = Store(database)
     yield store
     store.close()
 

@@ -3,12 +3,11 @@ TOKEN_IDLE, and each user sees and revokes their own log-ins."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from dataclasses import dataclass
 
 from engine.backbone.accounts import PASSWORD_HASH
-from engine.backbone.store.database import Repository
+from engine.backbone.store.database import Conflict, Repository
 from engine.wire.rest import LoginSession
 
 TOKEN_IDLE = 90 * 86400.0  # a log-in unused this long expires
@@ -39,20 +38,20 @@ class AccountRecords(Repository):
     def create_user(self, username: str, salt: bytes, password_hash: bytes,
                     kdf: str = PASSWORD_HASH.text) -> User:
         try:
-            cur = self.db.execute(
-                "INSERT INTO users (username, salt, password_hash, created_at, kdf) VALUES (?,?,?,?,?)",
-                (username, salt, password_hash, time.time(), kdf),
-            )
-        except sqlite3.IntegrityError:
+            row = self.db.execute(
+                "INSERT INTO users (username, salt, password_hash, created_at, kdf) VALUES (?,?,?,?,?) "
+                "RETURNING id", (username, salt, password_hash, time.time(), kdf),
+            ).fetchone()
+        except Conflict:
             raise UsernameTaken(username) from None
-        assert cur.lastrowid is not None
-        return User(cur.lastrowid, username)
+        return User(row[0], username)
 
     def user_secret(self, username: str) -> Secret | None:
         row = self.db.execute(
-            "SELECT id, username, salt, password_hash, kdf FROM users WHERE username=?", (username,)
+            f"SELECT id, username, salt, password_hash, kdf FROM users WHERE {self.dialect.username_is}",
+            (username,)
         ).fetchone()
-        return Secret(User(row[0], row[1]), row[2], row[3], row[4]) if row else None
+        return Secret(User(row[0], row[1]), bytes(row[2]), bytes(row[3]), row[4]) if row else None
 
     def set_password(self, user_id: int, salt: bytes, password_hash: bytes, kdf: str) -> None:
         self.db.execute("UPDATE users SET salt=?, password_hash=?, kdf=? WHERE id=?",
@@ -60,7 +59,8 @@ class AccountRecords(Repository):
 
     def add_token(self, user: User, token_sha256: str, client: str = "") -> None:
         now = time.time()
-        self.db.execute("INSERT INTO tokens VALUES (?,?,?,NULL,?,?)",
+        self.db.execute("INSERT INTO tokens (token_sha256, user_id, created_at, revoked_at, last_used, "
+                        "client) VALUES (?,?,?,NULL,?,?)",
                         (token_sha256, user.id, now, now, client))
 
     def user_for_token(self, token_sha256: str) -> User | None:
@@ -85,7 +85,8 @@ class AccountRecords(Repository):
         """The user's live log-ins, most recently used first."""
         horizon = time.time() - TOKEN_IDLE
         rows = self.db.execute(
-            "SELECT rowid, client, created_at, COALESCE(last_used, created_at), token_sha256 FROM tokens "
+            f"SELECT {self.dialect.token_id}, client, created_at, COALESCE(last_used, created_at), "
+            "token_sha256 FROM tokens "
             "WHERE user_id=? AND revoked_at IS NULL AND COALESCE(last_used, created_at) >= ? "
             "ORDER BY 4 DESC", (user_id, horizon),
         ).fetchall()
@@ -95,6 +96,7 @@ class AccountRecords(Repository):
     def revoke_token_id(self, user_id: int, session_id: int) -> bool:
         """Revoke the user's token ``session_id``; False if it has no such live token."""
         cursor = self.db.execute(
-            "UPDATE tokens SET revoked_at=? WHERE rowid=? AND user_id=? AND revoked_at IS NULL",
+            f"UPDATE tokens SET revoked_at=? WHERE {self.dialect.token_id}=? AND user_id=? "
+            "AND revoked_at IS NULL",
             (time.time(), session_id, user_id))
         return cursor.rowcount == 1

@@ -12,7 +12,9 @@ from engine.wire.control import CheckpointInfo
 class CheckpointRecords(Repository):
     def add(self, project: str, info: CheckpointInfo) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO checkpoints VALUES (?,?,?,?,?,?)",
+            "INSERT INTO checkpoints VALUES (?,?,?,?,?,?) ON CONFLICT (project, epoch) DO UPDATE SET "
+            "sha256=excluded.sha256, state_sha256=excluded.state_sha256, size=excluded.size, "
+            "created_at=excluded.created_at",
             (project, info.epoch, info.sha256, info.state_sha256, info.size, time.time()),
         )
 

@@ -28,8 +28,9 @@ class CreditRecords(Repository):
             for peer_id, credit in credits.items():
                 user_id = owners.get(peer_id)
                 cur = db.execute(
-                    "INSERT OR IGNORE INTO contributions (project, round_id, peer_id, user_id, samples, "
-                    "compute_seconds, credited_at, aggregated_bytes) VALUES (?,?,?,?,?,?,?,?)",
+                    "INSERT INTO contributions (project, round_id, peer_id, user_id, samples, "
+                    "compute_seconds, credited_at, aggregated_bytes) VALUES (?,?,?,?,?,?,?,?) "
+                    "ON CONFLICT DO NOTHING",
                     (project, round_id, peer_id, user_id, credit.samples, credit.compute_seconds, now,
                      credit.aggregated_bytes),
                 )
@@ -41,9 +42,9 @@ class CreditRecords(Repository):
                     db.execute(
                         "INSERT INTO user_totals (project, user_id, samples, compute_seconds, last_seen, "
                         "aggregated_bytes) VALUES (?,?,?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
-                        "samples = samples + excluded.samples, "
-                        "compute_seconds = compute_seconds + excluded.compute_seconds, "
-                        "aggregated_bytes = aggregated_bytes + excluded.aggregated_bytes, "
+                        "samples = user_totals.samples + excluded.samples, "
+                        "compute_seconds = user_totals.compute_seconds + excluded.compute_seconds, "
+                        "aggregated_bytes = user_totals.aggregated_bytes + excluded.aggregated_bytes, "
                         "last_seen = excluded.last_seen",
                         (project, user_id, credit.samples, credit.compute_seconds, now,
                          credit.aggregated_bytes),
@@ -131,8 +132,8 @@ class CreditRecords(Repository):
 
     def timeline(self, user_id: int, since: float) -> list[HourTotals]:
         rows = self.db.execute(
-            "SELECT project, CAST(credited_at / 3600 AS INTEGER) * 3600 AS hour, SUM(samples), "
-            "SUM(compute_seconds), SUM(aggregated_bytes) FROM contributions WHERE user_id=? "
+            f"SELECT project, {self.dialect.hour_of('credited_at')} AS hour, CAST(SUM(samples) AS BIGINT), "
+            "SUM(compute_seconds), CAST(SUM(aggregated_bytes) AS BIGINT) FROM contributions WHERE user_id=? "
             "AND credited_at >= ? AND withdrawn_at IS NULL GROUP BY project, hour ORDER BY hour, project",
             (user_id, since),
         ).fetchall()
@@ -147,7 +148,7 @@ class CreditRecords(Repository):
 
     def credited_by_peer(self, project: str) -> dict[str, int]:
         rows = self.db.execute(
-            "SELECT peer_id, SUM(samples) FROM contributions WHERE project=? AND withdrawn_at IS NULL "
-            "GROUP BY peer_id", (project,)
+            "SELECT peer_id, CAST(SUM(samples) AS BIGINT) FROM contributions WHERE project=? "
+            "AND withdrawn_at IS NULL GROUP BY peer_id", (project,)
         ).fetchall()
         return dict(rows)

@@ -12,7 +12,9 @@ from engine.wire.rest import CurvePoint
 class CurveRecords(Repository):
     def record_heldout(self, project: str, epoch: int, loss: float, accuracy: float | None,
                        scores: int) -> None:
-        self.db.execute("INSERT OR REPLACE INTO heldout VALUES (?, ?, ?, ?, ?, ?)",
+        self.db.execute("INSERT INTO heldout VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (project, epoch) "
+                        "DO UPDATE SET loss=excluded.loss, accuracy=excluded.accuracy, "
+                        "scores=excluded.scores, scored_at=excluded.scored_at",
                         (project, epoch, loss, accuracy, scores, time.time()))
 
     def points(self, project: str) -> list[CurvePoint]:

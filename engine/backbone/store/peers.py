@@ -67,11 +67,12 @@ class PeerRecords(Repository):
                     ).fetchall()
                     db.execute("INSERT INTO sessions VALUES (?,?,?,?,?)",
                                (project, user_id, peer_id, started, ended))
+                    latest = self.dialect.greatest("user_totals.last_seen", "excluded.last_seen")
                     db.execute(
                         "INSERT INTO user_totals (project, user_id, online_seconds, last_seen) "
                         "VALUES (?,?,?,?) ON CONFLICT(project, user_id) DO UPDATE SET "
-                        "online_seconds = online_seconds + excluded.online_seconds, "
-                        "last_seen = MAX(last_seen, excluded.last_seen)",
+                        "online_seconds = user_totals.online_seconds + excluded.online_seconds, "
+                        f"last_seen = {latest}",
                         (project, user_id, ended - started - _covered(started, ended, others), ended),
                     )
 

@@ -1,6 +1,7 @@
 """The backbone's store: one database, and a repository per domain over it. Each
 repository is a small interface of its own (accounts, rounds, credit, curve, checkpoints,
-peers), so another database can stand behind them one at a time."""
+peers), so another database can stand behind them one at a time (SQLite or PostgreSQL,
+engine/backbone/store/database.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from engine.backbone.store.accounts import AccountRecords
 from engine.backbone.store.checkpoints import CheckpointRecords
 from engine.backbone.store.credit import CreditRecords
 from engine.backbone.store.curve import CurveRecords
-from engine.backbone.store.database import Database
+from engine.backbone.store.database import open_database
 from engine.backbone.store.peers import PeerRecords
 from engine.backbone.store.rounds import RoundRecords
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        self.database = Database(path)
+    def __init__(self, where: Path | str) -> None:
+        """``where``: an SQLite file, or a PostgreSQL server's postgresql:// URL."""
+        self.database = open_database(where)
         self.accounts = AccountRecords(self.database)
         self.rounds = RoundRecords(self.database)
         self.credit = CreditRecords(self.database)

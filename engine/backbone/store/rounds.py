@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from engine.backbone.store.database import Repository
+from engine.backbone.store.database import Repository, Runner
 from engine.backbone.tracker.outputs import RoundOpened
 from engine.wire.control import Step
 
@@ -19,19 +19,24 @@ class RoundRecords(Repository):
         ).fetchone()
         return (row[0], row[1]) if row else (0, None)
 
-    def set_collaboration(self, project: str, epoch: int, state_sha256: str | None) -> None:
-        self.db.execute(
+    def set_collaboration(self, project: str, epoch: int, state_sha256: str | None,
+                          db: Runner | None = None) -> None:
+        """(``db``: the transaction it is part of.)"""
+        (db or self.db).execute(
             "INSERT INTO collaborations (project, epoch, state_sha256) VALUES (?,?,?) "
             "ON CONFLICT(project) DO UPDATE SET epoch=excluded.epoch, state_sha256=excluded.state_sha256",
             (project, epoch, state_sha256),
         )
 
     def last_round_id(self) -> int:
-        return self.db.execute("SELECT MAX(COALESCE((SELECT MAX(round_id) FROM steps), 0), "
-                               "COALESCE((SELECT MAX(round_id) FROM rounds), 0))").fetchone()[0]
+        latest = self.dialect.greatest("COALESCE((SELECT MAX(round_id) FROM steps), 0)",
+                                       "COALESCE((SELECT MAX(round_id) FROM rounds), 0)")
+        return self.db.execute(f"SELECT {latest}").fetchone()[0]
 
     def round_opened(self, project: str, opened: RoundOpened) -> None:
-        self.db.execute("INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?)",
+        self.db.execute("INSERT INTO rounds VALUES (?,?,?,?,?) ON CONFLICT (project) DO UPDATE SET "
+                        "round_id=excluded.round_id, epoch=excluded.epoch, members=excluded.members, "
+                        "opened_at=excluded.opened_at",
                         (project, opened.round_id, opened.epoch, json.dumps(opened.voters), time.time()))
 
     def unsettled_round(self, project: str) -> RoundOpened | None:
@@ -46,11 +51,11 @@ class RoundRecords(Repository):
         """The step and the collaboration's new epoch, atomically."""
         with self._transaction() as db:
             db.execute(
-                "INSERT OR IGNORE INTO steps VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO steps VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
                 (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
                  step.round_seconds, step.state_sha256, time.time()),
             )
-            self.set_collaboration(project, step.epoch, step.state_sha256)
+            self.set_collaboration(project, step.epoch, step.state_sha256, db)
 
     def steps(self, project: str) -> list[Step]:
         rows = self.db.execute(
