@@ -1,6 +1,5 @@
-"""A real PostgreSQL server (the distribution's) for the backbone's store tests: a
-throwaway cluster per test session, a fresh database per test. Skipped, with the reason,
-where PostgreSQL is not installed -- except in CI, whose .ci/run installs it."""
+"""A real PostgreSQL server (the distribution's) for the backbone's store tests and
+benchmarks: a throwaway cluster per test session, a fresh database per test."""
 
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 _numbers = itertools.count()
 
 
@@ -30,6 +27,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class PostgresMissing(RuntimeError):
+    pass
 
 
 @dataclass
@@ -56,10 +57,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     as root: PostgreSQL refuses root); stopped and removed afterwards."""
     binaries = _binaries()
     if binaries is None:
-        reason = "PostgreSQL is not installed (apt-get install postgresql); .ci/run installs it"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        raise PostgresMissing("PostgreSQL is not installed (apt-get install postgresql); .ci/run installs it")
     root = Path(tempfile.mkdtemp(prefix="cotrain-postgres-"))
     as_user: list[str] = []
     if os.geteuid() == 0:

@@ -1,5 +1,6 @@
 """The backbone under load: many peers (real WebSocket clients, in a few processes)
-reporting progress once a second, and the leaderboard over 100k users.
+reporting progress once a second, and the leaderboard over 100k users -- with the records
+on SQLite, then on a real PostgreSQL server (started here, tests/postgres.py) side by side.
 
     python -m tests.bench.backbone_load [--quick]
 
@@ -10,13 +11,13 @@ backbone takes to get to a peer's messages, as that peer sees it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import random
 import signal
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -44,10 +45,12 @@ def _catalog(path: Path) -> Path:
     return path
 
 
-def _start_backbone(data: Path, port: int) -> subprocess.Popen:
+def _start_backbone(data: Path, port: int, database: str | None) -> subprocess.Popen:
+    data.mkdir(parents=True, exist_ok=True)
+    on = ["--database", database] if database else []
     process = subprocess.Popen(
         [*engine_command(), "backbone", "--port", str(port), "--data-dir", str(data),
-         "--catalog", str(_catalog(data.parent / "catalog.json")), "--peer-timeout", "60"],
+         "--catalog", str(_catalog(data.parent / "catalog.json")), "--peer-timeout", "60", *on],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = process.stdout.readline()
     assert line.startswith("backbone listening on"), line
@@ -126,10 +129,10 @@ async def _clients_main(url: str, count: int, warmup: float, duration: float, qu
         return latencies, await lag
 
 
-def bench_peers(peers: int, processes: int, warmup: float, duration: float) -> None:
+def bench_peers(peers: int, processes: int, warmup: float, duration: float, database: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
-        backbone = _start_backbone(Path(tmp) / "data", port)
+        backbone = _start_backbone(Path(tmp) / "data", port, database)
         url = f"http://127.0.0.1:{port}"
         try:
             ctx = mp.get_context("spawn")
@@ -159,8 +162,8 @@ def bench_peers(peers: int, processes: int, warmup: float, duration: float) -> N
     p50 = latencies[len(latencies) // 2] * 1000
     p99 = latencies[int(len(latencies) * 0.99)] * 1000
     lag99 = lags[int(len(lags) * 0.99)] * 1000
-    print(f"{peers} peers in {processes} processes, each reporting progress once a second "
-          f"({len(latencies)} round trips over ~{duration:.0f}s):")
+    print(f"{_engine(database)}: {peers} peers in {processes} processes, each reporting progress once a "
+          f"second ({len(latencies)} round trips over ~{duration:.0f}s):")
     print(f"  handling latency p50 {p50:.1f} ms, p99 {p99:.1f} ms (target p99 < 50 ms)")
     print(f"  the simulators' own event loops woke up to {lag99:.1f} ms late (p99), which the "
           "latencies include")
@@ -170,32 +173,38 @@ def bench_peers(peers: int, processes: int, warmup: float, duration: float) -> N
 
 # --- leaderboard -------------------------------------------------------------------------
 
-def _fill_ledger(db_path: Path, users: int) -> None:
+def _engine(database: str | None) -> str:
+    return "PostgreSQL" if database else "SQLite"
+
+
+def _fill_ledger(where: Path | str, users: int) -> None:
     from engine.backbone.store.repositories import Store
 
-    Store(db_path).close()
+    store = Store(where)
     rng = random.Random(1)
     now = time.time()
-    with sqlite3.connect(db_path) as db:
+    with store.database.transaction() as db:
         db.executemany("INSERT INTO users (id, username, salt, password_hash, created_at) VALUES (?,?,?,?,?)",
-                       ((i, f"user{i:06d}", b"s", b"h", now) for i in range(1, users + 1)))
+                       [(i, f"user{i:06d}", b"s", b"h", now) for i in range(1, users + 1)])
         db.executemany("INSERT INTO user_totals (project, user_id, samples, compute_seconds, online_seconds, "
                        "last_seen) VALUES ('load', ?, ?, ?, ?, ?)",
-                       ((i, rng.randint(1, 10**7), rng.random() * 1e5, rng.random() * 1e6,
-                         now - rng.random() * 1e6) for i in range(1, users + 1)))
-        db.executemany("INSERT INTO contributions VALUES ('load', ?, ?, ?, ?, ?, ?)",
-                       ((i % 5000, f"peer{i}", i % users + 1, 100, 10.0, now) for i in range(users)))
+                       [(i, rng.randint(1, 10**7), rng.random() * 1e5, rng.random() * 1e6,
+                         now - rng.random() * 1e6) for i in range(1, users + 1)])
+        db.executemany("INSERT INTO contributions (project, round_id, peer_id, user_id, samples, "
+                       "compute_seconds, credited_at) VALUES ('load', ?, ?, ?, ?, ?, ?)",
+                       [(i % 5000, f"peer{i}", i % users + 1, 100, 10.0, now) for i in range(users)])
         db.execute("INSERT INTO collaborations (project, epoch, credited_samples) VALUES ('load', 5000, ?)",
-                   (db.execute("SELECT SUM(samples) FROM user_totals").fetchone()[0],))
+                   (db.execute("SELECT CAST(SUM(samples) AS BIGINT) FROM user_totals").fetchone()[0],))
+    store.close()
 
 
-def bench_leaderboard(users: int, repeats: int) -> None:
+def bench_leaderboard(users: int, repeats: int, database: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         data.mkdir()
-        _fill_ledger(data / "backbone.sqlite3", users)
+        _fill_ledger(database or data / "backbone.sqlite3", users)
         port = _free_port()
-        backbone = _start_backbone(data, port)
+        backbone = _start_backbone(data, port, database)
         url = f"http://127.0.0.1:{port}/api/projects/load/leaderboard"
         try:
             timings: dict[str, list[float]] = {}
@@ -215,7 +224,7 @@ def bench_leaderboard(users: int, repeats: int) -> None:
         finally:
             backbone.send_signal(signal.SIGTERM)
             backbone.wait(30)
-    print(f"leaderboard over {users} users, 50 per page, {repeats} requests per page:")
+    print(f"{_engine(database)}: leaderboard over {users} users, 50 per page, {repeats} requests per page:")
     for key, values in timings.items():
         values.sort()
         print(f"  {key:>14}: median {statistics.median(values) * 1000:.1f} ms, "
@@ -223,13 +232,26 @@ def bench_leaderboard(users: int, repeats: int) -> None:
 
 
 def main(quick: bool = False) -> None:
+    from tests.postgres import PostgresMissing, postgres_server
+
     print("\n== Backbone under load", flush=True)
-    if quick:
-        bench_peers(200, 2, warmup=3, duration=5)
-        bench_leaderboard(10_000, 5)
-    else:
-        bench_peers(1000, 4, warmup=10, duration=30)
-        bench_leaderboard(100_000, 20)
+    with contextlib.ExitStack() as stack:
+        try:
+            postgres = stack.enter_context(postgres_server())
+        except PostgresMissing as missing:
+            print(f"PostgreSQL not measured: {missing}")
+            postgres = None
+
+        def engines() -> list[str | None]:
+            return [None, *([postgres.new_database()] if postgres else [])]
+
+        for database in engines():
+            if quick:
+                bench_peers(200, 2, warmup=3, duration=5, database=database)
+            else:
+                bench_peers(1000, 4, warmup=10, duration=30, database=database)
+        for database in engines():
+            bench_leaderboard(10_000 if quick else 100_000, 5 if quick else 20, database=database)
 
 
 if __name__ == "__main__":
