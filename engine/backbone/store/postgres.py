@@ -30,7 +30,7 @@ SCHEMA_LOCK = 0x636F7472  # the advisory lock taken while creating or checking t
 
 
 @dataclass
-class Result:
+class FetchedRows:
     """A statement's rows, read before its connection went back to the pool."""
 
     rows: list[Any] = field(default_factory=list)
@@ -65,12 +65,12 @@ class _Connection:
     def __init__(self, connection: psycopg.Connection) -> None:
         self.connection = connection
 
-    def execute(self, sql: str, params: Params = ()) -> Result:
+    def execute(self, sql: str, params: Params = ()) -> FetchedRows:
         try:
             cursor = self.connection.execute(_postgres_sql(sql), params)
         except psycopg.IntegrityError as exc:
             raise Conflict(str(exc)) from exc
-        return Result(cursor.fetchall() if cursor.description else [], cursor.rowcount)
+        return FetchedRows(cursor.fetchall() if cursor.description else [], cursor.rowcount)
 
     def executemany(self, sql: str, params: Sequence[Params]) -> None:
         with self.connection.cursor() as cursor:
@@ -119,7 +119,7 @@ class PostgresDatabase:
             db.execute("INSERT INTO meta VALUES ('schema', ?) ON CONFLICT (key) DO UPDATE "
                        "SET value = excluded.value", (str(SCHEMA_VERSION),))
 
-    def execute(self, sql: str, params: Params = ()) -> Result:
+    def execute(self, sql: str, params: Params = ()) -> FetchedRows:
         with self.pool.connection() as connection:
             return _Connection(connection).execute(sql, params)
 
