@@ -143,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--database", default=None, metavar="URL",
                     help="keep the records on a PostgreSQL server instead of an SQLite file in the "
                          "data directory, e.g. postgresql://cotrain@db.example.org/cotrain (a password "
-                         "goes in ~/.pgpass or PGPASSWORD, not on the command line)")
+                         "goes in ~/.pgpass or PGPASSWORD, not on the command line); several backbone "
+                         "processes may share one, each project's tracker running in one of them")
+    bb.add_argument("--internal-url", default=None, metavar="URL",
+                    help="with --database: how the other backbone processes reach this one, e.g. "
+                         "http://10.0.0.2:8470 (default: the address it listens on)")
     bb.add_argument("--catalog", type=Path, default=None, help="projects JSON file")
     bb.add_argument("--projects", type=Path, default=None, metavar="DIR",
                     help="serve the project folders in DIR too (one folder per project, with its "
@@ -331,6 +335,7 @@ async def _backbone(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone", database=args.database,
+                            internal_url=args.internal_url,
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,
                             ice=ice, advertise=args.advertise, trusted_proxies=proxies,
                             equal_shares=args.equal_shares, ipv6_prefix=args.ipv6_prefix)

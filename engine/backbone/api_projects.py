@@ -176,7 +176,9 @@ def _on_peer_message(backbone, session: PeerSession, text: str) -> str | None:
         if target is not None and target.project == session.project and msg.peer != session.peer_id:
             target.relay(encode_text(Signal(session.peer_id, msg.data)))
     else:
-        backbone.execute(session.project, backbone.trackers[session.project].handle(session.peer_id, msg))
+        tracker = backbone.trackers.get(session.project)
+        if tracker is not None:  # (else it moved to another process: the socket is closing)
+            backbone.execute(session.project, tracker.handle(session.peer_id, msg))
     return None
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from engine import __version__
 from engine.backbone import api_accounts, api_checkpoints, api_files, api_probe, api_projects, openapi
 from engine.backbone.api_projects import BY, LIMIT, OFFSET, QueryInt, QueryRanking
-from engine.backbone.http import Handler, json_reply
+from engine.backbone.http import Handler, backbone_of, json_reply
 from engine.backbone.openapi import RawBody
 from engine.wire import WIRE_VERSION
 from engine.wire.control import CheckpointInfo
@@ -58,6 +58,13 @@ class Route:
     body: type | RawBody | None = None
     auth: Auth = Auth.NONE
     query: tuple[QueryInt | QueryRanking, ...] = ()
+    # Served by the process that runs the project's tracker (its connected peers are
+    # there); another backbone process on the database forwards it (leases.py).
+    tracker: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tracker:  # forwarded while the project's lease changes hands: "try again"
+            object.__setattr__(self, "replies", {**self.replies, 503: ErrorReply})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -101,16 +108,17 @@ ROUTES: tuple[Route, ...] = (
           "The peer's control WebSocket (engine/wire/control.py)",
           {101: "switching to the WebSocket", 401: ErrorReply, 404: ErrorReply, 409: ErrorReply,
            429: ErrorReply},
-          auth=Auth.PEER),
+          auth=Auth.PEER, tracker=True),
     Route("POST", f"{_PROJECT}/probe", api_probe.probe_upload,
           "Measure this peer's upload: the backbone takes the bytes sent",
           {200: ProbeReply, 401: ErrorReply, 404: ErrorReply, 408: ErrorReply, 409: ErrorReply,
            413: ErrorReply, 429: ErrorReply},
-          body=RawBody("application/octet-stream", "any bytes"), auth=Auth.PEER),
+          body=RawBody("application/octet-stream", "any bytes"), auth=Auth.PEER, tracker=True),
     Route("GET", f"{_PROJECT}/probe", api_probe.probe_download,
           "Measure this peer's download: the backbone sends the bytes asked for",
           {200: RawBody("application/octet-stream", "the bytes asked for"), 400: ErrorReply, 401: ErrorReply,
-           404: ErrorReply, 409: ErrorReply, 429: ErrorReply}, auth=Auth.PEER, query=(api_probe.SIZE,)),
+           404: ErrorReply, 409: ErrorReply, 429: ErrorReply}, auth=Auth.PEER, query=(api_probe.SIZE,),
+          tracker=True),
     Route("GET", f"{_PROJECT}/curve", api_projects.curve, "Loss per epoch", {200: Curve, 404: ErrorReply}),
     Route("GET", f"{_PROJECT}/leaderboard", api_projects.leaderboard,
           "Credited samples (or bytes aggregated) per user, best first",
@@ -125,14 +133,27 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", f"{_PROJECT}/checkpoints/{{epoch}}", api_checkpoints.get_checkpoint,
           "Download a checkpoint (connected peers, a few a minute)",
           {200: STATE_FILE, 400: ErrorReply, 401: ErrorReply, 404: ErrorReply, 409: ErrorReply,
-           429: ErrorReply}, auth=Auth.PEER),
+           429: ErrorReply}, auth=Auth.PEER, tracker=True),
     Route("PUT", f"{_PROJECT}/checkpoints/{{epoch}}", api_checkpoints.put_checkpoint,
           "Upload a checkpoint the backbone asked for (peers)",
           {201: CheckpointInfo, 400: ErrorReply, 401: ErrorReply, 404: ErrorReply, 409: ErrorReply,
-           413: ErrorReply}, body=STATE_FILE, auth=Auth.PEER),
+           413: ErrorReply}, body=STATE_FILE, auth=Auth.PEER, tracker=True),
 )
 
 
 def add_routes(app: web.Application) -> None:
     for route in ROUTES:
-        app.router.add_route(route.method, route.path, route.handler)
+        app.router.add_route(route.method, route.path, _at_tracker(route) if route.tracker else route.handler)
+
+
+def _at_tracker(route: Route) -> Handler:
+    socket = route.path.endswith("/ws")
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        backbone = backbone_of(request)
+        project = request.match_info["project"]
+        if project in backbone.projects and project not in backbone.trackers:
+            return await backbone.forward(request, project, socket)
+        return await route.handler(request)
+
+    return handler

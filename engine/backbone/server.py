@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
@@ -19,8 +20,10 @@ from engine.backbone.accounts import PasswordWork
 from engine.backbone.addresses import DEFAULT_IPV6_PREFIX
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.connections import HEADER_TIMEOUT, ConnectionCap, listen
+from engine.backbone.forwarding import forward_request, forward_socket
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
+from engine.backbone.leases import LeaseKeeper, LiveFigures
 from engine.backbone.logins import LoginLimits
 from engine.backbone.rate_limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
@@ -54,6 +57,8 @@ TICK = 0.25  # seconds between deadline checks
 class BackboneConfig:
     data_dir: Path
     database: str | None = None  # a PostgreSQL server's URL; None: an SQLite file in data_dir
+    # How the other backbone processes on the database reach this one (default: its own URL).
+    internal_url: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
     catalog: Path = field(default_factory=default_catalog)
@@ -91,6 +96,11 @@ class Backbone:
         # past the last recorded one, and peers ignore frames of rounds they have seen: so
         # continue from the clock, never from a number a previous run may have handed out.
         self._last_round = max(self.store.rounds.last_round_id(), int(time.time() * 1000))
+        # On a shared database, each project's tracker runs where its lease is (leases.py).
+        self.leases = LeaseKeeper(self) if config.database is not None else None
+        self._forwarder: aiohttp.ClientSession | None = None
+        self._keeping: asyncio.Task | None = None
+        self._closing: set[asyncio.Future] = set()  # sockets of projects another process took
         for spec in projects if projects is not None else load_catalog(config.catalog):
             self.add_project(spec)
         for folder in load_project_folders(config.projects_dir) if config.projects_dir else []:
@@ -115,17 +125,37 @@ class Backbone:
             raise ValueError(f"two projects have the id {spec.id!r}")
         if self.store.migrated_hashes:
             self._rehash_checkpoints(spec.id)
-        epoch, digest = self.store.rounds.collaboration(spec.id)
-        saved = self.store.checkpoints.listed(spec.id)
-        self.trackers[spec.id] = Tracker(
-            spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
-            peer_timeout=self.config.peer_timeout, last_round_id=self._last_round,
-            unsettled=self.store.rounds.unsettled_round(spec.id), recovery=self.config.recovery,
-            equal_shares=self.config.equal_shares,
-        )
         if folder is not None:
             self.folders[spec.id] = folder
         self.projects[spec.id] = spec
+        if self.leases is None:  # alone on its database: every project's tracker is ours
+            self.start_tracker(spec.id)
+
+    def start_tracker(self, project: str) -> None:
+        """Run ``project``'s tracker here, from the settled record (after another process
+        held it, as after a restart: the round in flight is settled by its members' replay)."""
+        spec = self.projects[project]
+        epoch, digest = self.store.rounds.collaboration(project)
+        saved = self.store.checkpoints.listed(project)
+        self._last_round = max(self._last_round, self.store.rounds.last_round_id(), int(time.time() * 1000))
+        self.trackers[project] = Tracker(
+            spec, epoch=epoch, state_sha256=digest, checkpoint=saved[0] if saved else None,
+            peer_timeout=self.config.peer_timeout, last_round_id=self._last_round,
+            unsettled=self.store.rounds.unsettled_round(project), recovery=self.config.recovery,
+            equal_shares=self.config.equal_shares,
+        )
+
+    def stop_tracker(self, project: str, why: str) -> None:
+        """Stop ``project``'s tracker (another process runs it now): its peers' sockets
+        close, and they reconnect to the holder through any process."""
+        if self.trackers.pop(project, None) is None:
+            return
+        log.warning("%s: stopped the project's tracker here: %s", project, why)
+        for session in [s for s in self.sessions.values() if s.project == project]:
+            moved = session.ws.close(code=1012, message=b"the coordinator moved; reconnect")
+            closing = asyncio.ensure_future(moved)
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def _offer_builtin_projects(self) -> None:
         from engine.catalog_data import BUILDERS, builtin_folder
@@ -173,16 +203,23 @@ class Backbone:
         host, port = self._listener.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self._ticker = asyncio.ensure_future(self._tick_forever())
+        if self.leases is not None:
+            self._forwarder = aiohttp.ClientSession(auto_decompress=False)
+            self.leases.renew()  # our projects' trackers start before the first peer comes
+            self._keeping = asyncio.ensure_future(self.leases.run())
         if self._builtin:
             self._building = asyncio.ensure_future(self._offer_builtin_projects())
         return self.url
 
     async def stop(self) -> None:
         await self.projects_ready()  # a thread writing a folder cannot be cut short
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        for task in (self._ticker, self._keeping):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.leases is not None:
+            self.leases.release()
         for session in list(self.sessions.values()):
             await session.ws.close(message=b"backbone shutting down")
         if self._listener is not None:
@@ -191,6 +228,8 @@ class Backbone:
             await self._runner.cleanup()
         if self._listener is not None:
             await self._listener.wait_closed()
+        if self._forwarder is not None:
+            await self._forwarder.close()
         self.store.close()
 
     def _prune_peers(self) -> None:
@@ -239,7 +278,10 @@ class Backbone:
                 self.send_ice_servers(session, now)
 
     def execute(self, project: str, outs: list[Out]) -> None:
-        """Carry out what a tracker decided: send, broadcast, record."""
+        """Carry out what a tracker decided: send, broadcast, record -- if it still runs
+        here (one stopped when another process took its project over records nothing)."""
+        if project not in self.trackers:
+            return
         for out in outs:
             if isinstance(out, Send):
                 session = self.sessions.get(out.to)
@@ -291,10 +333,26 @@ class Backbone:
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 
     def project_summary(self, spec: ProjectSpec) -> ProjectSummary:
-        status = self.trackers[spec.id].status()
+        tracker = self.trackers.get(spec.id)
+        if tracker is None:  # another process runs it: the figures it left with its lease
+            figures = (self.leases.figures(spec.id) if self.leases is not None else None) or \
+                LiveFigures(0, 0, 0, 0.0, None)
+            figures.epoch = self.store.rounds.collaboration(spec.id)[0]  # (the live figures are seconds old)
+            return ProjectSummary(**msgspec.structs.asdict(spec), **msgspec.structs.asdict(figures))
+        status = tracker.status()
         return ProjectSummary(**msgspec.structs.asdict(spec), epoch=status.epoch, peers=status.peers,
                               samples=status.samples, samples_per_second=round(status.samples_per_second, 2),
                               eta_seconds=status.eta_seconds)
+
+    async def forward(self, request: web.Request, project: str, socket: bool = False) -> web.StreamResponse:
+        """Pass a request for ``project`` on to the process that runs its tracker."""
+        lease = self.leases.holder_of(project) if self.leases is not None else None
+        if lease is None or self._forwarder is None or lease.url == self.url:
+            raise web.HTTPServiceUnavailable(text="the project's coordinator is moving; try again shortly",
+                                             headers={"Retry-After": "3"})
+        if socket:
+            return await forward_socket(request, lease.url, self._forwarder)
+        return await forward_request(request, lease.url, self._forwarder)
 
 
 def raise_open_file_limit() -> None:

@@ -2,7 +2,8 @@
 (a Dialect): the repositories' queries are the same on both but for these few fragments.
 
 SQLite files older than SCHEMA_VERSION are migrated (MIGRATIONS); PostgreSQL stores began
-at version 5, so its migrations start after it.
+at version 5, so its migrations start after it. A migration that only adds a table is empty:
+the schema's CREATE TABLE IF NOT EXISTS adds it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from dataclasses import dataclass
 
 from engine.backbone.accounts import LEGACY_HASH
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Version 2: hashes cover the whole state (parameters, optimizer state, epoch), not the
 # parameters alone, so the old ones name nothing a peer holds any more; log-in tokens
 # expire unused and say what client made them. Version 3: auxiliary peers, credited with
 # the bytes they aggregated. Version 4: each password hash says what parameters made it
 # (those stored before were scrypt n=2^14), so it can be hashed anew at the next log-in.
-# Version 5: credit withdrawn from a reducer caught lying (store/credit.py).
+# Version 5: credit withdrawn from a reducer caught lying (store/credit.py). Version 6:
+# project leases, for several backbone processes on one database (store/leases.py).
 MIGRATIONS = {
     2: """
 ALTER TABLE tokens ADD COLUMN last_used REAL;
@@ -43,6 +45,7 @@ ALTER TABLE contributions ADD COLUMN withdrawn_why TEXT;
 ALTER TABLE user_totals ADD COLUMN withdrawn_samples INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE user_totals ADD COLUMN withdrawn_bytes INTEGER NOT NULL DEFAULT 0;
 """,
+    6: "",  # (the leases table is new: the schema below creates it)
 }
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -97,6 +100,10 @@ CREATE TABLE IF NOT EXISTS rounds (
     project TEXT PRIMARY KEY, round_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     members TEXT NOT NULL, opened_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS leases (
+    project TEXT PRIMARY KEY, holder TEXT NOT NULL, url TEXT NOT NULL, expires REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT ''
+);
 CREATE TABLE IF NOT EXISTS peers (
     peer_id TEXT PRIMARY KEY, project TEXT NOT NULL, name TEXT NOT NULL,
     token_sha256 TEXT NOT NULL, user_id INTEGER REFERENCES users(id), joined_at REAL NOT NULL,
@@ -124,6 +131,13 @@ class Dialect:
     def greatest(self, a: str, b: str) -> str:
         return f"{'MAX' if self.name == 'sqlite' else 'GREATEST'}({a}, {b})"
 
+    @property
+    def now(self) -> str:
+        """The database's clock in UNIX seconds: one clock for every process that shares it."""
+        if self.name == "sqlite":
+            return "((julianday('now') - 2440587.5) * 86400.0)"
+        return "EXTRACT(EPOCH FROM clock_timestamp())"
+
     def hour_of(self, seconds: str) -> str:
         """The start of the hour a time falls in (PostgreSQL's CAST rounds, SQLite's truncates)."""
         if self.name == "sqlite":
@@ -148,4 +162,4 @@ def _postgres_schema(sqlite: str) -> str:
 SQLITE = Dialect("sqlite", SCHEMA + CURVE_SCHEMA, token_id="rowid", username_is="username=?",
                  migrations=MIGRATIONS)
 POSTGRES = Dialect("postgresql", _postgres_schema(SCHEMA + CURVE_SCHEMA), token_id="id",
-                   username_is="lower(username)=lower(?)", migrations={})
+                   username_is="lower(username)=lower(?)", migrations={6: ""})
