@@ -22,6 +22,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                         "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
                         "sec-websocket-accept", "sec-websocket-protocol"})
+UNSENDABLE = frozenset({1005, 1006, 1015})  # codes that only report, never travel (RFC 6455 7.4.1)
 CONNECT_TIMEOUT = 5.0  # to reach the holder: past this the client hears 503 and tries again
 
 
@@ -83,9 +84,10 @@ async def forward_socket(request: web.Request, holder: str,
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, ConnectionError):
                 await task
-        code = upstream.close_code or ws.close_code or 1001
-        await ws.close(code=code if 1000 <= code < 5000 else 1011,
-                       message=b"the coordinator closed the socket")
+        code = upstream.close_code
+        if code is None or code in UNSENDABLE or not 1000 <= code < 5000:
+            code = 1012  # the holder went away: reconnect (to whichever process holds it next)
+        await ws.close(code=code, message=b"the coordinator closed the socket")
     finally:
         await upstream.close()
     return ws
