@@ -1,5 +1,6 @@
 """The backbone under load: many peers (real WebSocket clients, in a few processes)
-reporting progress once a second, and the leaderboard over 100k users -- with the records
+reporting progress as often as a real peer may (every REPORT_EVERY seconds: the backbone's
+report interval), and the leaderboard over 100k users -- with the records
 on SQLite, then on a real PostgreSQL server (started here, tests/postgres.py) side by side.
 
     python -m tests.bench.backbone_load [--quick]
@@ -28,8 +29,13 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from engine.backbone.server import BackboneConfig
 from engine.paths import engine_command
 from engine.wire import WIRE_VERSION
+from tests.front_door import FrontDoorMissing, start_front_door
+
+# A peer reports its progress at most this often while it computes (BackboneConfig.report_interval).
+REPORT_EVERY = BackboneConfig.report_interval
 
 
 def _free_port() -> int:
@@ -47,7 +53,7 @@ def _catalog(path: Path) -> Path:
 
 def _start_backbone(data: Path, port: int, database: str | None) -> subprocess.Popen:
     data.mkdir(parents=True, exist_ok=True)
-    on = ["--database", database] if database else []
+    on = ["--database", database, "--trusted-proxy", "127.0.0.1"] if database else []
     process = subprocess.Popen(
         [*engine_command(), "backbone", "--port", str(port), "--data-dir", str(data),
          "--catalog", str(_catalog(data.parent / "catalog.json")), "--peer-timeout", "60", *on],
@@ -110,7 +116,7 @@ async def _clients_main(url: str, count: int, warmup: float, duration: float, qu
                 pending[nonce] = time.monotonic()
                 await ws.send_str(encode(Progress(0, samples, 8.0, 5.0, 1.0)))
                 await ws.send_str(encode(Ping(nonce)))
-                tick += 1.0
+                tick += REPORT_EVERY
             await ws.close()
             reader.cancel()
 
@@ -125,15 +131,23 @@ async def _clients_main(url: str, count: int, warmup: float, duration: float, qu
             return lags
 
         lag = asyncio.ensure_future(own_lag())
-        await asyncio.gather(*(peer(ws, random.random()) for ws in sockets))
+        await asyncio.gather(*(peer(ws, random.random() * REPORT_EVERY) for ws in sockets))
         return latencies, await lag
 
 
-def bench_peers(peers: int, processes: int, warmup: float, duration: float, database: str | None) -> None:
+def bench_peers(peers: int, processes: int, warmup: float, duration: float, database: str | None,
+                behind_door: int = 0) -> None:
+    """``behind_door``: that many backbone processes on ``database`` behind nginx (the
+    deployment example), the peers connecting to nginx; 0: one process, reached directly."""
     with tempfile.TemporaryDirectory() as tmp:
-        port = _free_port()
-        backbone = _start_backbone(Path(tmp) / "data", port, database)
-        url = f"http://127.0.0.1:{port}"
+        ports = [_free_port() for _ in range(max(behind_door, 1))]
+        backbones = [_start_backbone(Path(tmp) / "data", port, database) for port in ports]
+        door = None
+        url = f"http://127.0.0.1:{ports[0]}"
+        if behind_door:
+            front = _free_port()
+            door = start_front_door(Path(tmp), front, ports)
+            url = f"http://127.0.0.1:{front}"
         try:
             ctx = mp.get_context("spawn")
             queue, go = ctx.Queue(), ctx.Event()
@@ -145,29 +159,36 @@ def bench_peers(peers: int, processes: int, warmup: float, duration: float, data
             for _ in procs:
                 assert queue.get(timeout=600) == "connected"
             go.set()
-            cpu = psutil.Process(backbone.pid)
+            cpus = [psutil.Process(b.pid) for b in backbones]
             time.sleep(1.0 + warmup)
-            cpu.cpu_percent()
+            for cpu in cpus:
+                cpu.cpu_percent()
             began = time.monotonic()
             results = [queue.get(timeout=600) for _ in procs]
             latencies = sorted(x for measured_latencies, _ in results for x in measured_latencies)
             lags = sorted(x for _, process_lags in results for x in process_lags)
-            busy = cpu.cpu_percent()
+            busy = [cpu.cpu_percent() for cpu in cpus]
             measured = time.monotonic() - began
             for p in procs:
                 p.join(60)
         finally:
-            backbone.send_signal(signal.SIGTERM)
-            backbone.wait(30)
+            if door is not None:
+                door.terminate()
+                door.wait(30)
+            for backbone in backbones:
+                backbone.send_signal(signal.SIGTERM)
+                backbone.wait(30)
     p50 = latencies[len(latencies) // 2] * 1000
     p99 = latencies[int(len(latencies) * 0.99)] * 1000
     lag99 = lags[int(len(lags) * 0.99)] * 1000
-    print(f"{_engine(database)}: {peers} peers in {processes} processes, each reporting progress once a "
-          f"second ({len(latencies)} round trips over ~{duration:.0f}s):")
+    where = f"{behind_door} processes behind nginx" if behind_door else "one process"
+    print(f"{_engine(database)}, {where}: {peers} peers in {processes} processes, each reporting progress "
+          f"every {REPORT_EVERY} s ({len(latencies)} round trips over ~{duration:.0f}s):")
     print(f"  handling latency p50 {p50:.1f} ms, p99 {p99:.1f} ms (target p99 < 50 ms)")
     print(f"  the simulators' own event loops woke up to {lag99:.1f} ms late (p99), which the "
           "latencies include")
-    print(f"  backbone CPU {busy:.0f}% of one core (measured over {measured:.0f}s, peers on the same "
+    cpu = " + ".join(f"{b:.0f}%" for b in busy)
+    print(f"  backbone CPU {cpu} of one core (measured over {measured:.0f}s, peers on the same "
           f"{os.cpu_count()} cores)", flush=True)
 
 
@@ -245,11 +266,15 @@ def main(quick: bool = False) -> None:
         def engines() -> list[str | None]:
             return [None, *([postgres.new_database()] if postgres else [])]
 
+        settings = dict(peers=200, processes=2, warmup=3.0, duration=5.0) if quick else \
+            dict(peers=1000, processes=4, warmup=10.0, duration=30.0)
         for database in engines():
-            if quick:
-                bench_peers(200, 2, warmup=3, duration=5, database=database)
-            else:
-                bench_peers(1000, 4, warmup=10, duration=30, database=database)
+            bench_peers(**settings, database=database)
+        if postgres is not None:
+            try:
+                bench_peers(**settings, database=postgres.new_database(), behind_door=2)
+            except FrontDoorMissing as missing:
+                print(f"two processes behind a front door not measured: {missing}")
         for database in engines():
             bench_leaderboard(10_000 if quick else 100_000, 5 if quick else 20, database=database)
 

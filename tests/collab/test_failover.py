@@ -5,7 +5,6 @@ project over; the collaboration goes on from the settled record, with one state 
 peer at every step and a ledger that adds up."""
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -15,8 +14,8 @@ import pytest
 
 from engine.backbone.store.repositories import Store
 from engine.paths import engine_command
-from engine.resources import resources_dir
 from tests.collab.processes import write_catalog
+from tests.front_door import FrontDoorMissing, nginx_binary, start_front_door
 from tests.hostile.collaboration import Collaboration, hostile_project
 from tests.postgres import free_port
 
@@ -35,35 +34,13 @@ def start_backbone(port: int, data: Path, catalog: Path, database: str, log: Pat
     return process
 
 
-def start_front_door(root: Path, front: int, backbones: list[int]) -> subprocess.Popen:
-    """nginx with the deployment example, its addresses swapped for this test's."""
-    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not Path(nginx).exists():
-        reason = "nginx is not installed (apt-get install nginx-light); .ci/run installs it"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    site = (resources_dir() / "deploy" / "nginx-cotrain.conf").read_text()
-    site = site.replace("127.0.0.1:8470", f"127.0.0.1:{front}")
-    for example, port in zip(("127.0.0.1:8471", "127.0.0.1:8472"), backbones, strict=True):
-        site = site.replace(example, f"127.0.0.1:{port}")
-    (root / "site.conf").write_text(site)
-    kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    temp = " ".join(f"{kind}_temp_path {root / kind};" for kind in kinds)
-    (root / "nginx.conf").write_text(
-        f"daemon off; user root; worker_processes 1; pid {root / 'nginx.pid'};\n"
-        f"error_log {root / 'nginx-error.log'} info;\nevents {{ worker_connections 512; }}\n"
-        f"http {{ access_log off; {temp} include {root / 'site.conf'}; }}\n")
-    process = subprocess.Popen([nginx, "-c", str(root / "nginx.conf"), "-p", str(root)],
-                               stdout=subprocess.DEVNULL, stderr=(root / "nginx.out").open("wb"))
-    deadline = time.monotonic() + 20
-    while not (root / "nginx.pid").exists():  # written once it listens
-        assert process.poll() is None and time.monotonic() < deadline, (root / "nginx.out").read_text()
-        time.sleep(0.05)
-    return process
-
-
 async def test_killing_the_lease_holder_mid_round_hands_the_project_over(tmp_path, postgres, report_figure):
+    try:
+        nginx_binary()
+    except FrontDoorMissing as missing:  # skipped, with the reason -- except in CI, which installs it
+        if os.environ.get("CI"):
+            pytest.fail(str(missing))
+        pytest.skip(str(missing))
     database = postgres.new_database()
     project = hostile_project(round_timeout=5)
     catalog = write_catalog(tmp_path / "catalog.json", project)
