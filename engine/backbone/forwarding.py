@@ -51,8 +51,10 @@ async def forward_request(request: web.Request, holder: str,
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         raise _unavailable(holder, exc) from None
     async with upstream:
-        reply = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers={
-            k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
+        # (its length kept: a checkpoint's download shows how far it got)
+        kept = {k: v for k, v in upstream.headers.items()
+                if k.lower() not in HOP_BY_HOP or k.lower() == "content-length"}
+        reply = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=kept)
         await reply.prepare(request)
         async for chunk in upstream.content.iter_chunked(1 << 16):
             await reply.write(chunk)
