@@ -34,7 +34,8 @@ def start_front_door(root: Path, front: int, backbones: list[int]) -> subprocess
     temp = " ".join(f"{kind}_temp_path {root / kind};" for kind in kinds)
     (root / "nginx.conf").write_text(
         f"daemon off; user root; worker_processes 1; pid {root / 'nginx.pid'};\n"
-        f"error_log {root / 'nginx-error.log'} info;\nevents {{ worker_connections 512; }}\n"
+        f"error_log {root / 'nginx-error.log'} info; worker_rlimit_nofile 16384;\n"
+        "events { worker_connections 8192; }\n"
         f"http {{ access_log off; {temp} include {root / 'site.conf'}; }}\n")
     process = subprocess.Popen([nginx, "-c", str(root / "nginx.conf"), "-p", str(root)],
                                stdout=subprocess.DEVNULL, stderr=(root / "nginx.out").open("wb"))
