@@ -204,7 +204,10 @@ class Backbone:
         self.url = f"http://{host}:{port}"
         self._ticker = asyncio.ensure_future(self._tick_forever())
         if self.leases is not None:
-            self._forwarder = aiohttp.ClientSession(auto_decompress=False)
+            # No cap on connections: each relayed control socket holds one for as long as it lives
+            # (aiohttp's default of 100 left the 101st peer through this process waiting, then 503).
+            unlimited = aiohttp.TCPConnector(limit=0)
+            self._forwarder = aiohttp.ClientSession(connector=unlimited, auto_decompress=False)
             self.leases.renew()  # our projects' trackers start before the first peer comes
             self._keeping = asyncio.ensure_future(self.leases.run())
         if self._builtin:

@@ -32,6 +32,7 @@ import psutil
 from engine.backbone.server import BackboneConfig
 from engine.paths import engine_command
 from engine.wire import WIRE_VERSION
+from tests.front_door import FrontDoorMissing, start_front_door
 
 # A peer reports its progress at most this often while it computes (BackboneConfig.report_interval).
 REPORT_EVERY = BackboneConfig.report_interval
@@ -148,11 +149,19 @@ async def _clients_main(url: str, count: int, warmup: float, duration: float, qu
         return latencies, await lag
 
 
-def bench_peers(peers: int, processes: int, warmup: float, duration: float, database: str | None) -> None:
+def bench_peers(peers: int, processes: int, warmup: float, duration: float, database: str | None,
+                behind_door: int = 0) -> None:
+    """``behind_door``: that many backbone processes on ``database`` behind nginx (the
+    deployment example), the peers connecting to nginx; 0: one process, reached directly."""
     with tempfile.TemporaryDirectory() as tmp:
-        ports = [_free_port()]
+        ports = [_free_port() for _ in range(max(behind_door, 1))]
         backbones = [_start_backbone(Path(tmp) / "data", port, database) for port in ports]
+        door = None
         url = f"http://127.0.0.1:{ports[0]}"
+        if behind_door:
+            front = _free_port()
+            door = start_front_door(Path(tmp), front, ports)
+            url = f"http://127.0.0.1:{front}"
         try:
             ctx = mp.get_context("spawn")
             queue, go = ctx.Queue(), ctx.Event()
@@ -177,13 +186,17 @@ def bench_peers(peers: int, processes: int, warmup: float, duration: float, data
             for p in procs:
                 p.join(60)
         finally:
+            if door is not None:
+                door.terminate()
+                door.wait(30)
             for backbone in backbones:
                 backbone.send_signal(signal.SIGTERM)
                 backbone.wait(30)
     p50 = latencies[len(latencies) // 2] * 1000
     p99 = latencies[int(len(latencies) * 0.99)] * 1000
     lag99 = lags[int(len(lags) * 0.99)] * 1000
-    print(f"{_engine(database)}: {peers} peers in {processes} processes, each reporting progress "
+    where = f"{behind_door} processes behind nginx" if behind_door else "one process"
+    print(f"{_engine(database)}, {where}: {peers} peers in {processes} processes, each reporting progress "
           f"every {REPORT_EVERY} s ({len(latencies)} round trips over ~{duration:.0f}s):")
     print(f"  handling latency p50 {p50:.1f} ms, p99 {p99:.1f} ms (target p99 < 50 ms)")
     print(f"  the simulators' own event loops woke up to {lag99:.1f} ms late (p99), which the "
@@ -271,6 +284,11 @@ def main(quick: bool = False) -> None:
             dict(peers=1000, processes=4, warmup=10.0, duration=30.0)
         for database in engines():
             bench_peers(**settings, database=database)
+        if postgres is not None:
+            try:
+                bench_peers(**settings, database=postgres.new_database(), behind_door=2)
+            except FrontDoorMissing as missing:
+                print(f"two processes behind a front door not measured: {missing}")
         for database in engines():
             bench_leaderboard(10_000 if quick else 100_000, 5 if quick else 20, database=database)
 
