@@ -54,9 +54,10 @@ class Verdict:
 
 def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, result_sha256: str,
             spec: AggregationSpec, target_batch_size: int,
-            compression: CompressionMethod = "none", caps: Mapping[str, int] | None = None) -> Verdict:
-    """Whether ``result`` is what the committed ``inputs`` combine to under ``spec``, each
-    input's samples counted up to its cap for the round."""
+            compression: CompressionMethod = "none", caps: Mapping[str, int] | None = None,
+            reducer: str | None = None) -> Verdict:
+    """Whether ``result`` is what the committed ``inputs`` combine to under ``spec`` at
+    ``reducer``, each input's samples counted up to its cap for the round."""
     if result_digest(result) != result_sha256:
         return Verdict(False, "the result it sent is not the one the members applied")
     for committed, values in inputs:
@@ -67,7 +68,7 @@ def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, 
             return Verdict(False, f"the part of {committed.sender} is not the one it committed to")
     contributions = [Contribution(c.sender, values, c.samples) for c, values in inputs]
     try:
-        mine = aggregate(contributions, spec, target_batch_size, caps).values
+        mine = aggregate(contributions, spec, target_batch_size, caps, reducer).values
     except ValueError:
         return Verdict(False, "its inputs combine to nothing, yet it sent a result")
     digest = result_digest(mine)

@@ -12,7 +12,8 @@ claim only weighs, it is not trusted, and values are checked before they count:
   honest gradient per sample, and must not come in at all);
 - a sender whose per-sample gradient is longer, or shorter, than ``max_norm_ratio`` times
   the median of the round's (the reducer's own among them), allowing for the noise its
-  sample count leaves, is left out.
+  sample count leaves, is left out; with fewer than three parts, one far from the
+  reducer's own is set aside (kept out, its sender not blamed).
 
 What passed is averaged by weight -- or, with ``centered_clip`` (Karimireddy, He, Jaggi
 2021; the aggregator of BTARD), pulled toward the honest majority: each contribution's
@@ -56,6 +57,7 @@ class Screened:
     scales: list[float] = field(default_factory=list)  # 1 / claimed samples
     weights: list[int] = field(default_factory=list)  # capped sample counts
     rejected: dict[str, str] = field(default_factory=dict)  # sender -> why it was left out
+    set_aside: dict[str, str] = field(default_factory=dict)  # the same, on the reducer's word alone
 
 
 def norm(values: torch.Tensor) -> float:
@@ -70,8 +72,12 @@ def norm(values: torch.Tensor) -> float:
 
 
 def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_samples: int,
-           max_norm_ratio: float) -> Screened:
-    """Check each contribution; weigh what passes by its claimed sample count, capped."""
+           max_norm_ratio: float, reference: str | None = None) -> Screened:
+    """Check each contribution; weigh what passes by its claimed sample count, capped.
+    With fewer than three parts no majority says what an honest length is: then the part
+    of ``reference`` (the reducer's own) judges the other, which is set aside, not
+    rejected, if it is far off: a stranger alone in a round with one member cannot poison
+    it, and a reducer cannot have a member struck on its word alone."""
     out = Screened()
     candidates: list[tuple[Contribution, float]] = []  # with its per-sample gradient's length
     for c in contributions:
@@ -87,20 +93,30 @@ def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_s
             out.rejected[c.sender] = "values that are not finite"
             continue
         candidates.append((c, length / c.samples))
-    if len(candidates) >= 3:  # with fewer, no majority says what an honest norm is
+    judged, median, typical = candidates, 0.0, 1.0
+    if len(candidates) >= 3:
         median = statistics.median(length for _, length in candidates)
         typical = statistics.median(c.samples for c, _ in candidates)
-        for c, length in candidates:
-            # Fewer samples average out less noise: an honest per-sample gradient of b samples
-            # may be up to sqrt(typical / b) times longer (or, from more samples, shorter).
-            # Too short is as telling as too long: a sample count inflated past the work
-            # behind it shrinks the per-sample gradient toward zero.
-            noise = math.sqrt(typical / c.samples)
-            low, high = median / max_norm_ratio * min(noise, 1.0), median * max_norm_ratio * max(noise, 1.0)
-            if not low <= length <= high:
-                out.rejected[c.sender] = f"a gradient {length / median:.3g}x as long as the median"
+    else:
+        own = [(c, length) for c, length in candidates if c.sender == reference]
+        judged = [(c, length) for c, length in candidates if own and c.sender != reference]
+        if own:
+            median, typical = own[0][1], own[0][0].samples
+    for c, length in judged:
+        # Fewer samples average out less noise: an honest per-sample gradient of b samples
+        # may be up to sqrt(typical / b) times longer (or, from more samples, shorter).
+        # Too short is as telling as too long: a sample count inflated past the work
+        # behind it shrinks the per-sample gradient toward zero.
+        noise = math.sqrt(typical / c.samples)
+        low, high = median / max_norm_ratio * min(noise, 1.0), median * max_norm_ratio * max(noise, 1.0)
+        if not low <= length <= high:
+            ratio = length / median if median > 0 else math.inf
+            if len(candidates) >= 3:
+                out.rejected[c.sender] = f"a gradient {ratio:.3g}x as long as the median"
+            else:
+                out.set_aside[c.sender] = f"a gradient {ratio:.3g}x as long as the reducer's own"
     for c, _ in candidates:
-        if c.sender not in out.rejected:
+        if c.sender not in out.rejected and c.sender not in out.set_aside:
             out.senders.append(c.sender)
             out.sums.append(c.values)
             out.scales.append(1.0 / c.samples)
@@ -146,21 +162,24 @@ class Aggregate:
     values: torch.Tensor  # the per-sample gradient of this part
     weights: dict[str, int]  # sender -> the samples its contribution weighed
     rejected: dict[str, str]
+    set_aside: dict[str, str] = field(default_factory=dict)  # (Screened.set_aside)
 
 
 def aggregate(contributions: Sequence[Contribution], spec: AggregationSpec, target_batch_size: int,
-              caps: Mapping[str, int] | None = None) -> Aggregate:
+              caps: Mapping[str, int] | None = None, reference: str | None = None) -> Aggregate:
     """Check the contributions and combine what passed; ValueError if nothing did.
     ``caps``: the most samples each sender's part weighs (RoundStart.caps); none given, a
-    claim weighs in full (up to the project's share, if it sets one)."""
+    claim weighs in full (up to the project's share, if it sets one). ``reference``: the
+    reducer (see ``screen``)."""
     share = spec.max_sample_share
     max_samples = max(int(share * target_batch_size), 1) if share is not None else MAX_COUNT
-    screened = screen(contributions, caps or {}, max_samples, spec.max_norm_ratio)
+    screened = screen(contributions, caps or {}, max_samples, spec.max_norm_ratio, reference)
     if spec.method == "centered_clip" and len(screened.sums) > 1:
         values = centered_clip(screened, spec.clip_radius, spec.clip_iterations)
     else:
         values = weighted_mean(screened)
-    return Aggregate(values, dict(zip(screened.senders, screened.weights, strict=True)), screened.rejected)
+    return Aggregate(values, dict(zip(screened.senders, screened.weights, strict=True)), screened.rejected,
+                     screened.set_aside)
 
 
 def typical_loss(losses: Mapping[str, float]) -> float | None:

@@ -187,7 +187,7 @@ class TensorPartReducer:
             combined, inputs = self.combine(contributions)
         except ValueError as exc:
             raise ValueError(f"no part to reduce ({exc})") from None
-        for sender, why in combined.rejected.items():
+        for sender, why in (combined.rejected | combined.set_aside).items():
             log.warning("round %d: leaving out the part of %s: %s", plan.round_id, sender, why)
         for c in contributions:
             if combined.weights.get(c.sender, c.samples) < c.samples:
@@ -207,8 +207,10 @@ class TensorPartReducer:
         weights = combined.weights
         loss = typical_loss({p: parts[p][2] / parts[p][1] for p in weights})
         # A part with no samples (a slow device that finished no micro-batch) was still
-        # delivered: the backbone must see its sender took part, or it strikes it.
-        received = {p: 0 for p, (v, _, _) in parts.items() if v is None} | weights
+        # delivered: the backbone must see its sender took part, or it strikes it. So was
+        # one set aside on this reducer's word alone: it counts for nothing, blames nobody.
+        received = {p: 0 for p, (v, _, _) in parts.items() if v is None} | \
+            dict.fromkeys(combined.set_aside, 0) | weights
         result = Result(round_id=plan.round_id, epoch=plan.epoch, index=plan.wire(j),
                         samples=total_count(weights.values()), loss=loss, received=received)
         self.mine.append(result)
@@ -217,7 +219,7 @@ class TensorPartReducer:
     def combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
         """Check and combine; in a checked project, also hash what went in."""
         plan = self.plan
-        combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps)
+        combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps, plan.me)
         inputs = [(_committed(c), c.values) for c in contributions] if plan.verified else []
         return combined, inputs
 

@@ -24,3 +24,20 @@ def collab(tmp_path_factory):
 async def test_poisoned_parts_are_left_out_and_cost_only_their_sender(collab, report_figure, name, poison):
     _, refused = await poisoned(collab, poison, report_figure, name)
     assert refused >= 1, "no honest reducer left the poisoned part out"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    with running(tmp_path_factory.mktemp("gradients-pair"), peers=1) as collaboration:
+        yield collaboration
+
+
+@pytest.mark.parametrize("name, poison", [("alone with one member: parts x(-1e4)", flipped),
+                                          ("alone with one member: noise 100x", noise(100.0))])
+async def test_alone_with_one_member_a_poisoner_is_judged_by_the_reducers_own_part(pair, report_figure,
+                                                                                   name, poison):
+    """Two parts make no majority (as when the others are still starting, which is how a
+    poisoner once ruined a local-mode run in CI): the honest reducer's own part judges the
+    stranger's, and sets it aside."""
+    _, refused = await poisoned(pair, poison, report_figure, name)
+    assert refused >= 1, "the honest reducer took the poisoned part in"

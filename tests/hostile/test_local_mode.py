@@ -56,5 +56,6 @@ async def test_a_poisoner_moves_the_outer_steps_less_than_five_percent(tmp_path,
                   f"left out by honest reducers, {attacked.credited} samples credited to the poisoner "
                   f"(its {attacked.harmless} rounds of honest-looking parts claimed {SAMPLES} each)")
     # Only the honest-looking parts it sent before it knew the scale to poison with earn.
-    assert attacked.left_out > 0 and attacked.credited <= attacked.harmless * SAMPLES
+    assert attacked.left_out > 0, "no poisoned part was left out"
+    assert attacked.credited <= attacked.harmless * SAMPLES, (attacked.credited, attacked.harmless)
     assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)

@@ -22,10 +22,10 @@ def truth_of(parts: list[Contribution]) -> torch.Tensor:
     return sum(c.values for c in parts) / sum(c.samples for c in parts)
 
 
-def run(parts, method="mean", max_samples=64):
+def run(parts, method="mean", max_samples=64, reducer=None):
     spec = AggregationSpec(method=method, max_sample_share=0.5, max_norm_ratio=10.0, clip_radius=1.0,
                            clip_iterations=20)
-    return aggregate(parts, spec, target_batch_size=2 * max_samples)
+    return aggregate(parts, spec, target_batch_size=2 * max_samples, reference=reducer)
 
 
 def distance(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -94,10 +94,19 @@ def test_an_honest_peer_with_few_samples_is_not_taken_for_an_attacker():
     assert not result.rejected
 
 
-def test_the_norm_bound_needs_a_majority_to_say_what_is_normal():
+def test_without_a_majority_the_reducers_own_part_sets_a_far_part_aside_and_blames_nobody():
+    """Alone in a round with a stranger (the others still starting), a reducer measures the
+    stranger's part against its own; a checker, told who reduced, does the same. On one
+    member's word, the part is kept out but its sender is not rejected (not struck)."""
     parts = honest(1)
-    result = run([*parts, Contribution("other", parts[0].values * 50, 32)])
-    assert not result.rejected
+    other = Contribution("other", parts[0].values * -1e4, 32)
+    assert not run([*parts, other]).rejected  # an auxiliary reducer has no part of its own
+    result = run([*parts, other], reducer="honest-0")
+    assert not result.rejected and "reducer's own" in result.set_aside["other"]
+    assert distance(result.values, truth_of(parts)) < 1e-6
+    assert not run(honest(2), reducer="honest-0").set_aside  # an honest second part comes in
+    three = run([*honest(2), other], reducer="honest-0")  # a majority: the median judges
+    assert "median" in three.rejected["other"] and not three.set_aside
 
 
 def test_centered_clip_keeps_noise_within_the_norm_bound_from_moving_the_average():
