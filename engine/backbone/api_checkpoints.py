@@ -51,8 +51,11 @@ async def get_checkpoint(request: web.Request) -> web.StreamResponse:
                           {"Retry-After": str(int(wait) + 1)})
     for info in backbone.store.checkpoints.listed(spec.id):
         if info.epoch == epoch:
-            return web.FileResponse(backbone.files.path(spec.id, epoch),
-                                    headers={CONTENT_SHA256_HEADER: info.sha256})
+            path = backbone.files.path(info.sha256)
+            if not path.is_file():  # (a shared folder this process does not see whole)
+                return json_error(503, f"the checkpoint of epoch {epoch} is recorded but its file "
+                                       f"is not in this backbone's checkpoint folder")
+            return web.FileResponse(path, headers={CONTENT_SHA256_HEADER: info.sha256})
     raise web.HTTPNotFound(text=f"no checkpoint of epoch {epoch}")
 
 
@@ -77,7 +80,7 @@ async def put_checkpoint(request: web.Request) -> web.Response:
                                             text=f"checkpoint larger than {limit} bytes")
     try:
         _, digest, size = await backbone.files.receive(
-            spec.id, epoch, request.content.iter_chunked(1 << 16), expected_sha256=sha,
+            epoch, request.content.iter_chunked(1 << 16), expected_sha256=sha,
             expected_state_sha256=state_sha, max_bytes=limit,
         )
     except CheckpointRejected as exc:

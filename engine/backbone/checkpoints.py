@@ -1,4 +1,8 @@
-"""Checkpoint files on the backbone's disk: written atomically, verified, the last few kept."""
+"""Checkpoint files on the backbone's disk: written atomically, verified, named by their
+content's sha256. Names that never change meaning let several backbone processes share one
+folder (a network file system): whichever process holds a project finds every checkpoint
+any other stored, two uploads of the same state become one file, and no file is ever
+rewritten under a reader."""
 
 from __future__ import annotations
 
@@ -30,8 +34,22 @@ class CheckpointFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def path(self, project: str, epoch: int) -> Path:
-        return self.root / project / f"epoch-{epoch:08d}.ckpt"
+    def path(self, sha256: str) -> Path:
+        """Where the file whose content hashes to ``sha256`` lives (256 subfolders: a
+        folder of thousands of files is slow on some file systems)."""
+        return self.root / sha256[:2] / f"{sha256}.ckpt"
+
+    def adopt(self, project: str, epoch: int, sha256: str) -> None:
+        """Move a file an earlier Cotrain kept under its project and epoch to its content's
+        name (checked: a file that is not that content stays where it is)."""
+        old = self.root / project / f"epoch-{epoch:08d}.ckpt"
+        if not old.is_file() or self.path(sha256).exists():
+            return
+        if _file_sha256(old) != sha256:
+            log.warning("%s: %s does not hold the checkpoint recorded for epoch %d; left as it is",
+                        project, old, epoch)
+            return
+        _publish(old, self.path(sha256))
 
     def tidy(self) -> None:
         """At start: remove uploads a crash left half-written, and make every folder and file
@@ -51,14 +69,13 @@ class CheckpointFiles:
                         os.chmod(path, mode)
 
     async def receive(
-        self, project: str, epoch: int, chunks: AsyncIterator[bytes], *, expected_sha256: str,
+        self, epoch: int, chunks: AsyncIterator[bytes], *, expected_sha256: str,
         expected_state_sha256: str, max_bytes: int,
     ) -> tuple[Path, str, int]:
         """Stream an upload to disk; keep it only if its checksum, epoch and state hash
         are the ones expected. Returns (path, sha256, size)."""
-        folder = self.root / project
-        tmp = folder / f"{INCOMING}{uuid.uuid4().hex}"
-        fd = await asyncio.to_thread(_create, folder, tmp)
+        tmp = self.root / f"{INCOMING}{uuid.uuid4().hex}"
+        fd = await asyncio.to_thread(_create, self.root, tmp)
         digest, size, pending = hashlib.sha256(), 0, bytearray()
         try:
             try:
@@ -76,21 +93,21 @@ class CheckpointFiles:
             if digest.hexdigest() != expected_sha256:
                 raise CheckpointRejected("checkpoint checksum does not match X-Content-SHA256")
             await asyncio.to_thread(_verify, tmp, epoch, expected_state_sha256)
-            final = self.path(project, epoch)
+            final = self.path(expected_sha256)
             await asyncio.to_thread(_publish, tmp, final)
-            return final, digest.hexdigest(), size
+            return final, expected_sha256, size
         finally:
             await asyncio.to_thread(tmp.unlink, missing_ok=True)
 
-    async def remove(self, path: Path) -> None:
-        await asyncio.to_thread(path.unlink, missing_ok=True)
+    async def remove(self, sha256: str) -> None:
+        await asyncio.to_thread(self.path(sha256).unlink, missing_ok=True)
 
-    def state_sha256(self, project: str, epoch: int) -> str | None:
+    def state_sha256(self, sha256: str) -> str | None:
         """The hash of the state a stored checkpoint holds (None: missing or unreadable)."""
         try:
-            return decode_file(self.path(project, epoch).read_bytes()).state_sha256()
+            return decode_file(self.path(sha256).read_bytes()).state_sha256()
         except (OSError, ProtocolError) as exc:
-            log.warning("%s: the checkpoint of epoch %d cannot be read: %s", project, epoch, exc)
+            log.warning("the checkpoint file %s cannot be read: %s", self.path(sha256), exc)
             return None
 
 
@@ -106,9 +123,16 @@ def _verify(path: Path, epoch: int, state_sha256: str) -> None:
 
 
 def _create(folder: Path, tmp: Path) -> int:
-    for private in (folder.parent, folder):  # inside the data directory, and as private as it
-        private.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(WRITE_SIZE):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _append(fd: int, digest: hashlib._Hash, data: bytes) -> None:
@@ -124,6 +148,9 @@ def _finish(fd: int, digest: hashlib._Hash, data: bytes) -> None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
+    """(The same content under the same name: replacing a file another process published
+    meanwhile changes nothing a reader sees.)"""
+    final.parent.mkdir(exist_ok=True, mode=0o700)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from engine.backbone.accounts import token_digest
 from engine.backbone.addresses import address_group, plain_address
 from engine.backbone.store.accounts import User
+from engine.backbone.store.database import Unavailable
 from engine.backbone.store.peers import KnownPeer
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
@@ -52,6 +53,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return json_error(exc.status, message, headers)
     except ProtocolError as exc:
         return json_error(400, str(exc))
+    except Unavailable as exc:
+        log.warning("%s %s: %s", request.method, request.path, exc)
+        return json_error(503, "the backbone's database is not answering; try again shortly",
+                          {"Retry-After": "10"})
 
 
 def backbone_of(request: web.Request) -> Backbone:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from engine.backbone.store.database import Unavailable
 from engine.backbone.store.leases import Lease
 from engine.wire.rest import ProjectSummary
 
@@ -78,7 +79,7 @@ class LeaseKeeper:
             try:
                 ours = leases.take(project, self.holder, self.url, LEASE_SECONDS, status)
                 self.others[project] = None if ours else leases.holder(project)
-            except Exception as exc:  # the database is away: keep what we hold while it is ours
+            except Unavailable as exc:  # keep what we hold while it is still ours
                 log.warning("%s: could not renew the lease: %s", project, exc)
                 if held and now - self.renewed.get(project, now) >= LEASE_SECONDS - RENEW_EVERY:
                     backbone.stop_tracker(project, "this process lost the database")
@@ -103,5 +104,5 @@ class LeaseKeeper:
         for project in list(self.renewed):
             try:
                 self.backbone.store.leases.release(project, self.holder)
-            except Exception as exc:
+            except Unavailable as exc:
                 log.warning("%s: could not give the lease up: %s", project, exc)

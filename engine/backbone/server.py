@@ -70,6 +70,8 @@ class BackboneConfig:
     report_interval: float = 0.5
     status_interval: float = 1.0
     max_checkpoint_bytes: int = 1 << 30
+    # Default: data_dir/checkpoints. Processes sharing a database share this folder too.
+    checkpoints_dir: Path | None = None
     advertise: bool = False  # announce on the LAN with mDNS
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     trusted_proxies: frozenset[str] = frozenset()  # their X-Forwarded-For names the client
@@ -87,7 +89,7 @@ class Backbone:
         self.store = Store(config.database or config.data_dir / "backbone.sqlite3")
         self.store.peers.close_stale_sessions()
         self._prune_peers()
-        self.files = CheckpointFiles(config.data_dir / "checkpoints")
+        self.files = CheckpointFiles(config.checkpoints_dir or config.data_dir / "checkpoints")
         self.files.tidy()
         self.projects: dict[str, ProjectSpec] = {}
         self.folders: dict[str, ProjectFolder] = {}
@@ -123,6 +125,8 @@ class Backbone:
     def add_project(self, spec: ProjectSpec, folder: ProjectFolder | None = None) -> None:
         if spec.id in self.projects:
             raise ValueError(f"two projects have the id {spec.id!r}")
+        for info in self.store.checkpoints.listed(spec.id):
+            self.files.adopt(spec.id, info.epoch, info.sha256)
         if self.store.migrated_hashes:
             self._rehash_checkpoints(spec.id)
         if folder is not None:
@@ -176,7 +180,7 @@ class Backbone:
         latest one's if it holds the current epoch (else peers' majority settles it)."""
         epoch, _ = self.store.rounds.collaboration(project)
         for info in self.store.checkpoints.listed(project):
-            digest = self.files.state_sha256(project, info.epoch)
+            digest = self.files.state_sha256(info.sha256)
             if digest is None:
                 self.store.checkpoints.remove(project, info.epoch)
                 continue
@@ -332,7 +336,8 @@ class Backbone:
         keep = self.projects[project].keep_checkpoints
         for old in self.store.checkpoints.listed(project)[keep:]:
             self.store.checkpoints.remove(project, old.epoch)
-            await self.files.remove(self.files.path(project, old.epoch))
+            if not self.store.checkpoints.in_use(old.sha256):
+                await self.files.remove(old.sha256)
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 
     def project_summary(self, spec: ProjectSpec) -> ProjectSummary:

@@ -5,8 +5,10 @@ import aiohttp
 import pytest
 
 from engine.backbone.leases import LEASE_SECONDS
+from engine.backbone.server import Backbone, BackboneConfig
 from engine.backbone.store.repositories import Store
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
+from tests.conftest import until
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +52,39 @@ async def test_peers_of_either_process_train_at_the_one_tracker(tmp_path, postgr
               for e in range(1, 4)}
     assert all(len(h) == 1 for h in hashes.values()), hashes
     assert summary["epoch"] >= 3
+
+
+async def test_the_process_taking_a_project_over_serves_the_checkpoints_the_other_stored(tmp_path, postgres):
+    """Checkpoint files live in one folder both processes share, under their content's name."""
+    url = postgres.new_database()
+    project = tiny_project(checkpoint_every=1, keep_checkpoints=2)
+    shared = tmp_path / "shared-checkpoints"
+    running = [Backbone(BackboneConfig(data_dir=tmp_path / name, database=url, checkpoints_dir=shared),
+                        [project]) for name in "ab"]
+    for backbone in running:
+        await backbone.start()
+    try:
+        holder, other = running if project.id in running[0].trackers else running[::-1]
+        peers = [start_peer(holder.url, project.id, f"p{i}", max_epochs=3) for i in range(2)]
+        try:
+            for p in peers:
+                assert await p.finish(timeout=120) == "reached epoch 3"
+        finally:
+            await stop_all(*peers)
+        saved = holder.store.checkpoints.listed(project.id)
+        assert [info.epoch for info in saved] == [3, 2]
+        running.remove(holder)
+        await holder.stop()  # (its lease released: the other takes the project at its next renewal)
+        await until(lambda: project.id in other.trackers, timeout=LEASE_SECONDS * 2)
+        newcomer = start_peer(other.url, project.id, "newcomer", max_epochs=4)
+        try:
+            await newcomer.finish(timeout=120)
+        finally:
+            await stop_all(newcomer)
+    finally:
+        for backbone in running:
+            await backbone.stop()
+    (synced,) = newcomer.synced()
+    assert (synced.source, synced.epoch, synced.state_sha256) == ("checkpoint", 3, saved[0].state_sha256)
+    assert newcomer.sync_progress()[-1].received == saved[0].size
+    assert [r.step.epoch for r in newcomer.history] == [4]

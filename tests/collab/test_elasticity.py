@@ -109,8 +109,8 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
             await stop_all(*peers)
         saved = backbone.store.checkpoints.listed(project.id)
         assert [info.epoch for info in saved] == [4, 3]  # one per epoch, the last two kept
-        on_disk = sorted(p.name for p in backbone.files.path(project.id, 0).parent.iterdir())
-        assert on_disk == [backbone.files.path(project.id, e).name for e in (3, 4)]
+        on_disk = sorted(backbone.files.root.rglob("*.ckpt"))
+        assert on_disk == sorted(backbone.files.path(info.sha256) for info in saved)
         assert saved[0].state_sha256 == peers[0].history[-1].step.state_sha256
 
         newcomer = start_peer(backbone.url, project.id, "newcomer", max_epochs=5)

@@ -24,9 +24,11 @@ TAKEOVER_LIMIT = 15.0  # seconds from the kill until another process holds the p
 
 
 def start_backbone(port: int, data: Path, catalog: Path, database: str, log: Path) -> subprocess.Popen:
+    """As the deployment example says: its own data folder, the checkpoints' one shared."""
     process = subprocess.Popen(
-        [*engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data), "--catalog",
-         str(catalog), "--database", database, "--trusted-proxy", "127.0.0.1"],
+        [*engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data / str(port)),
+         "--checkpoints", str(data / "checkpoints"), "--catalog", str(catalog), "--database", database,
+         "--trusted-proxy", "127.0.0.1"],
         stdout=subprocess.PIPE, stderr=log.open("ab"), stdin=subprocess.DEVNULL, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()

@@ -23,6 +23,7 @@ import psutil
 import torch
 
 from engine.averaging.powersgd import warm_shapes_of
+from engine.backbone.checkpoints import CheckpointFiles
 from engine.paths import engine_command
 from engine.project import ProjectSpec
 from engine.project_folders import ProjectFolder
@@ -216,7 +217,8 @@ class Collaboration:
     def checkpoint_loss(self, epoch: int, batches: int = 16) -> float:
         """The loss of the backbone's checkpoint of ``epoch`` on batches no peer trained on (not
         what members report: a poisoner's parts carry a made-up loss)."""
-        (path,) = self.root.glob(f"backbone/**/epoch-{epoch:08d}.ckpt")
+        path = self.checkpoint_file(epoch)
+        assert path is not None, f"no checkpoint of epoch {epoch}"
         spec = self.project
         task = create_task(spec.task, dict(spec.task_params))
         model = initial_model(task, spec.seed)
@@ -255,7 +257,18 @@ class Collaboration:
         return taken.vector / taken.samples
 
     def has_checkpoint(self, epoch: int) -> bool:
-        return any(self.root.glob(f"backbone/**/epoch-{epoch:08d}.ckpt"))
+        return self.checkpoint_file(epoch) is not None
+
+    def checkpoint_file(self, epoch: int) -> Path | None:
+        """The backbone's file of its checkpoint of ``epoch``, as its records name it."""
+        data = self.root / "backbone"
+        if not (data / "backbone.sqlite3").exists():
+            return None
+        with contextlib.closing(sqlite3.connect(f"file:{data / 'backbone.sqlite3'}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT sha256 FROM checkpoints WHERE project=? AND epoch=?",
+                             (self.project.id, epoch)).fetchone()
+        path = CheckpointFiles(data / "checkpoints").path(row[0]) if row else None
+        return path if path is not None and path.exists() else None
 
 
 @contextlib.contextmanager

@@ -19,8 +19,10 @@ import pytest
 
 from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, hash_password
 from engine.backbone.rate_limits import LimitsConfig
+from tests.front_door import FrontDoorMissing, nginx_binary, start_front_door
 from tests.hostile.adversary import new_address
 from tests.hostile.collaboration import Collaboration
+from tests.postgres import free_port
 from tests.unit.test_store_schema import SCHEMA_5
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -117,6 +119,39 @@ async def test_behind_a_trusted_proxy_each_user_is_limited_on_their_own_address(
         assert Counter(spoofed) == {201: REGISTRATIONS, 429: 7 - REGISTRATIONS}
     finally:
         proxied.stop()
+
+
+async def test_through_the_front_door_a_forged_x_forwarded_for_buys_no_one_a_second_budget(tmp_path):
+    """nginx as the deployment example configures it appends the client's address to the
+    header a client sent: the backbone believes only what nginx appended."""
+    try:
+        nginx_binary()
+    except FrontDoorMissing as missing:
+        pytest.skip(str(missing))
+    proxied = Collaboration(tmp_path, peers=0, backbone_args=("--trusted-proxy", "127.0.0.1"))
+    door = None
+    try:
+        proxied.start_backbone()
+        port, front = int(proxied.url.rsplit(":", 1)[1]), free_port()
+        door = start_front_door(tmp_path, front, [port, port])
+        url = f"http://127.0.0.1:{front}"
+
+        async def register(http, user: str, forged: str | None) -> int:
+            headers = {"X-Forwarded-For": forged} if forged else {}
+            body = {"username": user, "password": PASSWORD}
+            return (await call(http, "POST", f"{url}/api/accounts", body, headers=headers))[0]
+
+        async with client(new_address()) as mallory:
+            forged = [await register(mallory, f"mallory-{i}", f"198.51.100.{i + 1}") for i in range(7)]
+        async with client(new_address()) as carol:
+            honest = await register(carol, "carol", None)
+    finally:
+        if door is not None:
+            door.terminate()
+            door.wait(30)
+        proxied.stop()
+    assert Counter(forged) == {201: REGISTRATIONS, 429: 7 - REGISTRATIONS}
+    assert honest == 201  # (everyone comes through nginx: the limit is not nginx's address's)
 
 
 async def test_a_stolen_token_is_seen_and_revoked_by_its_owner(backbone):

@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.rate_limits import LimitsConfig
 from engine.wire import WIRE_VERSION
 from engine.wire.rest import PEER_ID_HEADER, PEER_TOKEN_HEADER
@@ -33,10 +34,10 @@ def stored_checkpoint(collab: Collaboration) -> Path:
     """A checkpoint of EPOCH in the stopped backbone's data, as an upload would have left it
     (its contents are never checked on the way out)."""
     data = collab.root / "backbone"
-    path = data / "checkpoints" / collab.project.id / f"epoch-{EPOCH:08d}.ckpt"
+    digest = hashlib.sha256(CHECKPOINT).hexdigest()
+    path = CheckpointFiles(data / "checkpoints").path(digest)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(CHECKPOINT)
-    digest = hashlib.sha256(CHECKPOINT).hexdigest()
     with sqlite3.connect(data / "backbone.sqlite3") as db:
         db.execute("INSERT INTO checkpoints VALUES (?,?,?,?,?,?)",
                    (collab.project.id, EPOCH, digest, "0" * 64, len(CHECKPOINT), time.time()))
@@ -114,7 +115,7 @@ def mode(path: Path) -> int:
 def test_a_start_removes_half_written_uploads_and_makes_the_data_private_again(backbone):
     data = backbone.root / "backbone"
     checkpoint = stored_checkpoint(backbone)
-    leftover = checkpoint.parent / ".incoming-5d41402abc4b2a76b9719d911017c592"
+    leftover = data / "checkpoints" / ".incoming-5d41402abc4b2a76b9719d911017c592"
     leftover.write_bytes(CHECKPOINT[: len(CHECKPOINT) // 3])  # a crash in mid-upload left this
     assert backbone.backbone is not None
     backbone.backbone.stop()

@@ -1,4 +1,5 @@
-"""Checkpoint uploads on the backbone's disk: kept only when they are what they claim to be."""
+"""Checkpoint uploads on the backbone's disk: kept only when they are what they claim to be,
+under their content's name."""
 
 import hashlib
 
@@ -25,7 +26,7 @@ async def chunks(data: bytes, size: int = 1000):
 
 async def receive(files, data, epoch, *, sha=None, params_sha, max_bytes=1 << 20):
     sha = sha or hashlib.sha256(data).hexdigest()
-    return await files.receive("p", epoch, chunks(data), expected_sha256=sha,
+    return await files.receive(epoch, chunks(data), expected_sha256=sha,
                                expected_state_sha256=params_sha, max_bytes=max_bytes)
 
 
@@ -33,10 +34,20 @@ async def test_a_genuine_checkpoint_is_kept_whole(tmp_path):
     files = CheckpointFiles(tmp_path)
     data, params = state_file(3)
     path, digest, size = await receive(files, data, 3, params_sha=params)
-    assert path == files.path("p", 3) and path.read_bytes() == data
     assert (digest, size) == (hashlib.sha256(data).hexdigest(), len(data))
-    assert [p.name for p in (tmp_path / "p").iterdir()] == [path.name]
+    assert path == files.path(digest) == tmp_path / digest[:2] / f"{digest}.ckpt"
+    assert path.read_bytes() == data
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [path]
     assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+
+
+async def test_two_processes_storing_one_state_share_one_file(tmp_path):
+    """(Two backbone processes on one shared folder, say, each receiving the same upload.)"""
+    data, params = state_file(3)
+    first = await receive(CheckpointFiles(tmp_path), data, 3, params_sha=params)
+    second = await receive(CheckpointFiles(tmp_path), data, 3, params_sha=params)
+    assert first == second
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [first[0]]
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -62,7 +73,7 @@ async def test_a_bad_upload_is_refused_and_leaves_nothing_behind(tmp_path, damag
         max_bytes = len(data) - 1
     with pytest.raises(CheckpointRejected, match=message):
         await receive(files, data, epoch, sha=sha, params_sha=params, max_bytes=max_bytes)
-    assert list((tmp_path / "p").iterdir()) == []
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
 async def test_a_large_upload_is_written_in_pieces_off_the_event_loop(tmp_path, monkeypatch):
@@ -82,7 +93,7 @@ async def test_a_large_upload_is_written_in_pieces_off_the_event_loop(tmp_path, 
     monkeypatch.setattr(checkpoints.asyncio, "to_thread", to_thread)
     data, params = state_file(3)
     path, _, _ = await CheckpointFiles(tmp_path).receive(
-        "p", 3, chunks(data, 50), expected_sha256=hashlib.sha256(data).hexdigest(),
+        3, chunks(data, 50), expected_sha256=hashlib.sha256(data).hexdigest(),
         expected_state_sha256=params, max_bytes=1 << 20)
     assert path.read_bytes() == data
     assert in_threads.count("_append") == len(data) // 150  # every third chunk of 50 bytes
@@ -91,9 +102,9 @@ async def test_a_large_upload_is_written_in_pieces_off_the_event_loop(tmp_path, 
 
 def test_at_start_half_written_uploads_go_and_everything_left_is_private_again(tmp_path):
     files = CheckpointFiles(tmp_path / "checkpoints")
-    folder = tmp_path / "checkpoints" / "p"
+    folder = tmp_path / "checkpoints" / "ab"
     folder.mkdir(parents=True)
-    kept, leftover = folder / "epoch-00000003.ckpt", folder / ".incoming-0123abcd"
+    kept, leftover = folder / f"{'ab' * 32}.ckpt", folder.parent / ".incoming-0123abcd"
     kept.write_bytes(b"state")
     leftover.write_bytes(b"half a sta")
     for path, mode in ((kept, 0o644), (leftover, 0o644), (folder, 0o755), (folder.parent, 0o755)):
@@ -102,3 +113,18 @@ def test_at_start_half_written_uploads_go_and_everything_left_is_private_again(t
     assert [p.name for p in folder.iterdir()] == [kept.name]
     assert kept.stat().st_mode & 0o777 == 0o600
     assert folder.stat().st_mode & 0o777 == folder.parent.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("content", ["genuine", "not the recorded one"])
+def test_a_file_an_earlier_version_kept_by_epoch_moves_to_its_content_name(tmp_path, content):
+    files = CheckpointFiles(tmp_path)
+    data, _ = state_file(3)
+    digest = hashlib.sha256(data).hexdigest()
+    old = tmp_path / "p" / "epoch-00000003.ckpt"
+    old.parent.mkdir()
+    old.write_bytes(data if content == "genuine" else data[:-1])
+    files.adopt("p", 3, digest)
+    if content == "genuine":
+        assert files.path(digest).read_bytes() == data and not old.exists()
+    else:  # left for its owner to look at; the record finds no file (a 503 names it)
+        assert old.exists() and not files.path(digest).exists()

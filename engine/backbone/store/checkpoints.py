@@ -28,6 +28,11 @@ class CheckpointRecords(Repository):
     def remove(self, project: str, epoch: int) -> None:
         self.db.execute("DELETE FROM checkpoints WHERE project=? AND epoch=?", (project, epoch))
 
+    def in_use(self, sha256: str) -> bool:
+        """Whether any project keeps the file of this content (files are named by it)."""
+        row = self.db.execute("SELECT 1 FROM checkpoints WHERE sha256=? LIMIT 1", (sha256,)).fetchone()
+        return row is not None
+
     def update_hash(self, project: str, epoch: int, state_sha256: str) -> None:
         self.db.execute("UPDATE checkpoints SET state_sha256=? WHERE project=? AND epoch=?",
                         (state_sha256, project, epoch))

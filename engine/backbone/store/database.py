@@ -22,6 +22,11 @@ class Conflict(Exception):
     """A row the statement would add is there already (a unique key)."""
 
 
+class Unavailable(Exception):
+    """The database did not answer (down, cut off, out of connections): worth trying again
+    later, never a crash."""
+
+
 class Rows(Protocol):
     @property
     def rowcount(self) -> int: ...

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from engine.backbone.store.database import Conflict, Params
+from engine.backbone.store.database import Conflict, Params, Unavailable
 from engine.backbone.store.schema import POSTGRES, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
@@ -120,17 +120,25 @@ class PostgresDatabase:
                        "SET value = excluded.value", (str(SCHEMA_VERSION),))
 
     def execute(self, sql: str, params: Params = ()) -> FetchedRows:
-        with self.pool.connection() as connection:
+        with self._answering(), self.pool.connection() as connection:
             return _Connection(connection).execute(sql, params)
 
     def executemany(self, sql: str, params: Sequence[Params]) -> None:
-        with self.pool.connection() as connection:
+        with self._answering(), self.pool.connection() as connection:
             _Connection(connection).executemany(sql, params)
 
     @contextmanager
     def transaction(self) -> Iterator[_Connection]:
-        with self.pool.connection() as connection, connection.transaction():
+        with self._answering(), self.pool.connection() as connection, connection.transaction():
             yield _Connection(connection)
+
+    @contextmanager
+    def _answering(self) -> Iterator[None]:
+        """A server gone or a pool exhausted (PoolTimeout is one) as Unavailable."""
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            raise Unavailable(f"the database {self.where} did not answer: {exc}") from exc
 
     def close(self) -> None:
         self.pool.close()
