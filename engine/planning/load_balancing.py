@@ -88,24 +88,25 @@ def balance(members: Sequence[Member], nbytes: float) -> Balance:
     rows[:, n] = -capacity
     bounds = [(0.0, 1.0 if m.reduces else 0.0) for m in members]
     sum_to_one = np.concatenate([np.ones(n), [0.0]])[None, :]
-    fastest = _solve(np.eye(n + 1)[n], rows, -sends, sum_to_one, [*bounds, (0.0, None)])
+    fastest = solve_lp(np.eye(n + 1)[n], rows, -sends, sum_to_one, [1.0], [*bounds, (0.0, None)])
     best = fastest[n]
     # Many shares may tie at the optimum (whenever a slow sender's own parts set the pace).
     # Among them take the one closest to proportional to capacity: min z with g_j <= cap_j * z.
     at_best = np.hstack([rows[:, :n], np.zeros((n, 1))])
     proportional = np.hstack([np.eye(n), -capacity[:, None]])
-    spread = _solve(np.eye(n + 1)[n], np.vstack([at_best, proportional]),
-                    np.concatenate([capacity * best * (1 + TIE_SLACK) - sends, np.zeros(n)]),
-                    sum_to_one, [*bounds, (0.0, None)])
+    spread = solve_lp(np.eye(n + 1)[n], np.vstack([at_best, proportional]),
+                      np.concatenate([capacity * best * (1 + TIE_SLACK) - sends, np.zeros(n)]),
+                      sum_to_one, [1.0], [*bounds, (0.0, None)])
     shares = _normalised([g if g > NEGLIGIBLE_SHARE else 0.0 for g in spread[:n]])
     return Balance(shares, round_time(shares, members, nbytes))
 
 
-def _solve(cost: np.ndarray, a_ub: np.ndarray, b_ub: np.ndarray, a_eq: np.ndarray,
-           bounds: list[tuple[float, float | None]]) -> np.ndarray:
+def solve_lp(cost: np.ndarray, a_ub: np.ndarray, b_ub: np.ndarray, a_eq: np.ndarray,
+             b_eq: Sequence[float] | np.ndarray, bounds: list[tuple[float, float | None]]) -> np.ndarray:
+    """min cost @ x subject to a_ub @ x <= b_ub, a_eq @ x = b_eq, by HiGHS."""
     from scipy.optimize import linprog  # 0.3 s to import: when the first round is planned
 
-    result = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=[1.0], bounds=bounds, method="highs")
+    result = linprog(cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
     if result.status != 0:
         raise ArithmeticError(f"load balancing LP failed: {result.message}")
     return np.asarray(result.x)

@@ -1,0 +1,71 @@
+"""The plan of a grouped round (engine/planning/groups.py): groups of near-equal size and
+strength, few links per member, and slot sizes the LP picks."""
+
+import random
+
+import pytest
+
+from engine.planning.groups import form_groups, grouped_round_time, plan_groups
+from engine.planning.load_balancing import Member, balance
+
+MB = 1e6
+
+
+def home_links(n: int, seed: int = 0) -> list[Member]:
+    """Down/up Mbit/s of home links (the collaboration bench's four), in bytes per second."""
+    rng = random.Random(seed)
+    return [Member(up * 1e6 / 8, down * 1e6 / 8)
+            for down, up in (rng.choice([(300, 60), (100, 20), (50, 10), (20, 5)]) for _ in range(n))]
+
+
+def test_twelve_equal_members_in_groups_of_four_link_to_five_others_and_move_the_loads_worked_out():
+    members = [Member(10 * MB, 10 * MB)] * 12
+    plan = plan_groups(members, 4, 100 * MB)
+    assert sorted(map(len, plan.groups)) == [4, 4, 4]
+    assert sorted(i for g in plan.groups for i in g) == list(range(12))
+    assert plan.slot_shares == pytest.approx([0.25] * 4)
+    assert plan.links() == [3 + 2] * 12  # its group, and its slot's reducers in the 2 other groups
+    # Each way: its 3 other slots out and back (0.75), 3 results of its slot out (0.75),
+    # its partial sum's 2 other pieces out and back and the 2 others' pieces of its own in
+    # (1/4 * (2/3 + 2 * 1/3)): 1 + 0.5 + 1/3 of the vector.
+    assert plan.seconds == pytest.approx((0.75 + 0.75 + 1 / 3) * 100 * MB / (10 * MB), rel=1e-6)
+
+
+def test_one_group_is_the_flat_round():
+    members = [*home_links(9, seed=3), Member(2 * MB, 2 * MB, reduces=False)]
+    grouped = plan_groups(members, 16, 100 * MB)
+    assert len(grouped.groups) == 1
+    assert grouped.seconds == pytest.approx(balance(members, 100 * MB).seconds, rel=1e-4)
+
+
+def test_members_that_may_not_reduce_never_take_a_slot_and_each_group_gets_its_share_of_the_fast():
+    members = [Member(60e6, 300e6)] * 4 + [Member(5e6, 20e6)] * 8 + [Member(50e6, 50e6, reduces=False)] * 4
+    groups = form_groups(members, 4)
+    assert [sum(i < 4 for i in g) for g in groups] == [1, 1, 1, 1]  # one fast member each
+    assert [sum(i >= 12 for i in g) for g in groups] == [1, 1, 1, 1]  # one client each
+    plan = plan_groups(members, 4, 100 * MB)
+    assert all(i < 12 for reducers in plan.reducers for i in reducers)
+    assert all(reducers[0] < 4 for reducers in plan.reducers)  # slot 0: each group's fastest
+    assert plan.seconds == pytest.approx(grouped_round_time(plan, members, 100 * MB))
+
+
+def test_a_thousand_home_links_link_to_dozens_not_hundreds():
+    members = home_links(1000)
+    plan = plan_groups(members, 32, 100 * MB)
+    assert len(plan.groups) == 32 and max(plan.links()) <= 31 + 31
+    assert sum(plan.slot_shares) == pytest.approx(1.0)
+    assert all(sum(p) == pytest.approx(1.0) for p in plan.pieces)
+    # The two-level round moves a few slots' worth more than the flat one, on the fast
+    # links; on home links both wait for the slowest uploader to send its vector once.
+    slowest = min(m.upload for m in members)
+    assert plan.seconds == pytest.approx(balance(members, 100 * MB).seconds)
+    assert plan.seconds == pytest.approx(100 * MB / slowest)
+
+
+@pytest.mark.parametrize("members, size, message", [
+    ([Member(1e6, 1e6, reduces=False)] * 4, 2, "no member that may reduce"),
+    ([Member(1e6, 1e6)] * 4, 1, "at least 2 members"),
+])
+def test_plans_that_cannot_be_are_refused(members, size, message):
+    with pytest.raises(ValueError, match=message):
+        plan_groups(members, size, MB)
