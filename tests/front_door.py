@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from engine.paths import engine_command
 from engine.resources import resources_dir
 
 
@@ -34,8 +35,8 @@ def start_front_door(root: Path, front: int, backbones: list[int]) -> subprocess
     temp = " ".join(f"{kind}_temp_path {root / kind};" for kind in kinds)
     (root / "nginx.conf").write_text(
         f"daemon off; user root; worker_processes 1; pid {root / 'nginx.pid'};\n"
-        f"error_log {root / 'nginx-error.log'} info; worker_rlimit_nofile 16384;\n"
-        "events { worker_connections 8192; }\n"
+        f"error_log {root / 'nginx-error.log'} info; worker_rlimit_nofile 65536;\n"
+        "events { worker_connections 32768; }\n"
         f"http {{ access_log off; {temp} include {root / 'site.conf'}; }}\n")
     process = subprocess.Popen([nginx, "-c", str(root / "nginx.conf"), "-p", str(root)],
                                stdout=subprocess.DEVNULL, stderr=(root / "nginx.out").open("wb"))
@@ -43,4 +44,19 @@ def start_front_door(root: Path, front: int, backbones: list[int]) -> subprocess
     while not (root / "nginx.pid").exists():  # written once it listens
         assert process.poll() is None and time.monotonic() < deadline, (root / "nginx.out").read_text()
         time.sleep(0.05)
+    return process
+
+
+def start_backbone_process(port: int, data: Path, catalog: Path, database: str,
+                           log: Path) -> subprocess.Popen:
+    """A `cotrain backbone` behind the front door, as the deployment example says: its own
+    data folder under ``data``, the checkpoints' one shared."""
+    process = subprocess.Popen(
+        [*engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data / str(port)),
+         "--checkpoints", str(data / "checkpoints"), "--catalog", str(catalog), "--database", database,
+         "--trusted-proxy", "127.0.0.1"],
+        stdout=subprocess.PIPE, stderr=log.open("ab"), stdin=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("backbone listening on "), log.read_text()[-3000:]
     return process

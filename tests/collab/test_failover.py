@@ -6,34 +6,18 @@ peer at every step and a ledger that adds up."""
 
 import os
 import signal
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from engine.backbone.store.repositories import Store
-from engine.paths import engine_command
 from tests.collab.processes import write_catalog
-from tests.front_door import FrontDoorMissing, nginx_binary, start_front_door
+from tests.front_door import FrontDoorMissing, nginx_binary, start_backbone_process, start_front_door
 from tests.hostile.collaboration import Collaboration, hostile_project
 from tests.postgres import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 TAKEOVER_LIMIT = 15.0  # seconds from the kill until another process holds the project
-
-
-def start_backbone(port: int, data: Path, catalog: Path, database: str, log: Path) -> subprocess.Popen:
-    """As the deployment example says: its own data folder, the checkpoints' one shared."""
-    process = subprocess.Popen(
-        [*engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data / str(port)),
-         "--checkpoints", str(data / "checkpoints"), "--catalog", str(catalog), "--database", database,
-         "--trusted-proxy", "127.0.0.1"],
-        stdout=subprocess.PIPE, stderr=log.open("ab"), stdin=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.startswith("backbone listening on "), log.read_text()[-3000:]
-    return process
 
 
 async def test_killing_the_lease_holder_mid_round_hands_the_project_over(tmp_path, postgres, report_figure):
@@ -48,7 +32,7 @@ async def test_killing_the_lease_holder_mid_round_hands_the_project_over(tmp_pat
     catalog = write_catalog(tmp_path / "catalog.json", project)
     ports = [free_port(), free_port()]
     front = free_port()
-    backbones = {port: start_backbone(port, tmp_path / "shared", catalog, database,
+    backbones = {port: start_backbone_process(port, tmp_path / "shared", catalog, database,
                                       tmp_path / f"backbone-{port}.log") for port in ports}
     door = start_front_door(tmp_path, front, ports)
     collab = Collaboration(tmp_path / "peers", project=project)

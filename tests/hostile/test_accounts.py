@@ -19,7 +19,9 @@ import pytest
 
 from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, hash_password
 from engine.backbone.rate_limits import LimitsConfig
-from tests.front_door import FrontDoorMissing, nginx_binary, start_front_door
+from tests.collab.harness import tiny_project
+from tests.collab.processes import write_catalog
+from tests.front_door import FrontDoorMissing, nginx_binary, start_backbone_process, start_front_door
 from tests.hostile.adversary import new_address
 from tests.hostile.collaboration import Collaboration
 from tests.postgres import free_port
@@ -152,6 +154,37 @@ async def test_through_the_front_door_a_forged_x_forwarded_for_buys_no_one_a_sec
         proxied.stop()
     assert Counter(forged) == {201: REGISTRATIONS, 429: 7 - REGISTRATIONS}
     assert honest == 201  # (everyone comes through nginx: the limit is not nginx's address's)
+
+
+async def test_behind_the_front_door_an_address_has_one_budget_whichever_process_answers(tmp_path, postgres):
+    """Two backbone processes behind the deployment example's nginx: each counts its own
+    per-address limits, so nginx sends an address to one process every time; round robin
+    gave an address twice the registrations (and log-ins, and joins)."""
+    try:
+        nginx_binary()
+    except FrontDoorMissing as missing:
+        pytest.skip(str(missing))
+    database, catalog = postgres.new_database(), write_catalog(tmp_path / "catalog.json", tiny_project())
+    ports, front = [free_port(), free_port()], free_port()
+    backbones = [start_backbone_process(port, tmp_path, catalog, database, tmp_path / f"backbone-{port}.log")
+                 for port in ports]
+    door = start_front_door(tmp_path, front, ports)
+    url = f"http://127.0.0.1:{front}"
+
+    async def register(http, user: str) -> int:
+        return (await call(http, "POST", f"{url}/api/accounts", {"username": user, "password": PASSWORD}))[0]
+
+    try:
+        async with client(new_address()) as mallory:
+            made = [await register(mallory, f"mallory-{i}") for i in range(2 * REGISTRATIONS + 2)]
+        async with client(new_address()) as carol:
+            honest = await register(carol, "carol")
+    finally:
+        for process in [door, *backbones]:
+            process.terminate()
+            process.wait(30)
+    assert Counter(made) == {201: REGISTRATIONS, 429: REGISTRATIONS + 2}
+    assert honest == 201
 
 
 async def test_a_stolen_token_is_seen_and_revoked_by_its_owner(backbone):
