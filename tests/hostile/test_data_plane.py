@@ -123,7 +123,7 @@ async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(colla
             await floods()
 
         verdict = await under_attack(collab, attack)
-        await asyncio.wait_for(breaching[0], 60)
+        await asyncio.wait_for(breaching[0], 90)
         report_figure(f"{verdict.figure()}; each breach, per victim: {outcomes}; "
                       f"flood: frames queued per victim {sorted(flooded.values())}, "
                       f"links opened per victim {sorted(len(opened) for opened in connected.values())}")
@@ -155,7 +155,9 @@ async def breach_one(mesh: PeerMesh, victim: str, chunks: list[bytes]) -> str:
             break
         link.connection.send(chunk)
     try:
-        await until(lambda: not link.is_open, 10)
+        # (Victims drop such a link within a fraction of a second; this process, flooding
+        # the same victims on the same event loop, has been seen to learn of it 10 s later.)
+        await until(lambda: not link.is_open, 30)
     except AssertionError:
         return "kept"
     try:
