@@ -219,7 +219,9 @@ class TensorPartReducer:
     def combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
         """Check and combine; in a checked project, also hash what went in."""
         plan = self.plan
-        combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps, plan.me)
+        # (one sender in all: its lone part is its own gradient, nobody else's to protect)
+        judge = plan.me if len(plan.senders) > 1 else None
+        combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps, judge)
         inputs = [(_committed(c), c.values) for c in contributions] if plan.verified else []
         return combined, inputs
 

@@ -341,6 +341,9 @@ class Audit(ControlMessage, tag="audit"):
     timeout: Annotated[float, Meta(gt=0, le=86400)]
     # The most samples each input counts for, in the order of ``inputs`` (RoundStart.caps).
     caps: Annotated[list[Count], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    # The round had one member that brings a gradient: its lone part came in unjudged
+    # (engine/averaging/robust.py).
+    one_sender: bool = False
 
     def __post_init__(self) -> None:
         if self.caps and len(self.caps) != len(self.inputs):

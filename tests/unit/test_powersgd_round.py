@@ -200,13 +200,21 @@ async def test_a_member_lost_between_the_phases_is_left_out_of_phase_q_and_the_r
 
 
 async def test_a_member_without_samples_keeps_all_it_has_for_the_next_round():
-    names = ["a", "b"]
+    names = ["a", "b", "c"]  # (c reduces too: a and b's parts judge each other)
     layout = Layout.of(SHAPES, rank=2)
     carried = torch.randn(layout.numel)
-    out, _, _ = await run_round(names, [4, 0], feedback={"b": carried}, layout=layout)
-    assert out["b"].received == {"a": 4, "b": 0} or out["b"].received == {}
-    # b brought no samples: it sent header-only parts, so nothing of its M went out.
-    assert torch.equal(out["b"].residual, carried)
+    out, _, _ = await run_round(names, [4, 4, 0], feedback={"c": carried}, layout=layout)
+    assert out["c"].received == {"a": 4, "b": 4, "c": 0} or out["c"].received == {}
+    # c brought no samples: it sent header-only parts, so nothing of its M went out.
+    assert torch.equal(out["c"].residual, carried)
+
+
+async def test_alone_with_a_member_that_brought_no_samples_a_part_is_never_taken_unjudged():
+    """That member reduces a share, and has nothing of its own to judge the other's part by:
+    it sets it aside and the round fails (it is redone once both computed), rather than
+    letting one sender's word move the model."""
+    out, _, _ = await run_round(["a", "b"], [4, 0])
+    assert "no part to reduce" in str(out["b"]) and isinstance(out["a"], Exception), out
 
 
 async def test_error_feedback_is_what_each_members_own_compression_left_out():

@@ -100,13 +100,34 @@ def test_without_a_majority_the_reducers_own_part_sets_a_far_part_aside_and_blam
     member's word, the part is kept out but its sender is not rejected (not struck)."""
     parts = honest(1)
     other = Contribution("other", parts[0].values * -1e4, 32)
-    assert not run([*parts, other]).rejected  # an auxiliary reducer has no part of its own
     result = run([*parts, other], reducer="honest-0")
     assert not result.rejected and "reducer's own" in result.set_aside["other"]
     assert distance(result.values, truth_of(parts)) < 1e-6
     assert not run(honest(2), reducer="honest-0").set_aside  # an honest second part comes in
     three = run([*honest(2), other], reducer="honest-0")  # a majority: the median judges
     assert "median" in three.rejected["other"] and not three.set_aside
+
+
+def test_a_reducer_with_no_part_of_its_own_never_takes_one_senders_word_alone():
+    """A reducer that finished no micro-batch yet (or an auxiliary one) has nothing to judge
+    a lone part by: it is set aside, its sender not blamed -- unless the round has one
+    sender, whose own gradient it is. Two parts judge each other."""
+    honest_part = honest(1)[0]
+    poisoned = Contribution("other", honest_part.values * 100.0, 32)
+    for lone in (honest_part, poisoned):
+        kept_out = screen([lone], {}, 64, 10.0, reference="reducer")
+        assert not kept_out.rejected and "lone part" in kept_out.set_aside[lone.sender]
+        with pytest.raises(ValueError, match="nothing to average"):
+            run([lone], reducer="reducer")
+    alone = run([honest_part], reducer=None)  # the round's one sender
+    assert distance(alone.values, truth_of([honest_part])) < 1e-6 and not alone.set_aside
+    agreeing = run(honest(2), reducer="reducer")
+    assert not agreeing.set_aside and distance(agreeing.values, truth_of(honest(2))) < 1e-6
+    fewer = [honest(2)[0], Contribution("honest-1", honest(2)[1].values / 4, 8)]  # a small batch's noise
+    assert not run(fewer, reducer="reducer").set_aside
+    disagreeing = screen([honest_part, poisoned], {}, 64, 10.0, reference="reducer")
+    assert set(disagreeing.set_aside) == {"honest-0", "other"} and not disagreeing.rejected
+    assert not disagreeing.senders
 
 
 def test_centered_clip_keeps_noise_within_the_norm_bound_from_moving_the_average():
