@@ -10,8 +10,9 @@ import asyncio
 import hashlib
 import logging
 import os
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from engine.wire import ProtocolError
@@ -20,6 +21,8 @@ from engine.wire.tensors import decode_file
 log = logging.getLogger(__name__)
 INCOMING = ".incoming-"  # an upload being received: renamed once verified, else removed
 WRITE_SIZE = 1 << 20  # bytes gathered before each write (one thread hop per MiB, not per chunk)
+# A file published this recently may be about to be recorded by another process: it stays.
+GRACE = 60.0
 
 
 class CheckpointRejected(ValueError):
@@ -99,8 +102,23 @@ class CheckpointFiles:
         finally:
             await asyncio.to_thread(tmp.unlink, missing_ok=True)
 
-    async def remove(self, sha256: str) -> None:
-        await asyncio.to_thread(self.path(sha256).unlink, missing_ok=True)
+    async def remove(self, sha256: str) -> bool:
+        """Remove a file no record names any more -- unless it was published within GRACE:
+        then another process may be recording the same content (two uploads of one state)
+        right now, and ``sweep`` removes it later if nobody did. True if it went."""
+        return await asyncio.to_thread(_unlink_if_older, self.path(sha256), time.time() - GRACE)
+
+    async def sweep(self, in_use: Callable[[str], bool]) -> int:
+        """Remove the files older than GRACE that no record names (kept by ``remove``, or
+        left by a process that died between its upload and its record); how many went."""
+        def sweep() -> int:
+            removed, before = 0, time.time() - GRACE
+            for path in self.root.glob("??/*.ckpt"):
+                if not in_use(path.stem) and _unlink_if_older(path, before):
+                    removed += 1
+            return removed
+
+        return await asyncio.to_thread(sweep)
 
     def state_sha256(self, sha256: str) -> str | None:
         """The hash of the state a stored checkpoint holds (None: missing or unreadable)."""
@@ -120,6 +138,16 @@ def _verify(path: Path, epoch: int, state_sha256: str) -> None:
         raise CheckpointRejected(f"file holds epoch {state.meta.epoch}, not {epoch}")
     if state.state_sha256() != state_sha256:
         raise CheckpointRejected("the state differs from the collaboration's at that epoch")
+
+
+def _unlink_if_older(path: Path, before: float) -> bool:
+    try:
+        if path.stat().st_mtime >= before:
+            return False
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _create(folder: Path, tmp: Path) -> int:

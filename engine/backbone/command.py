@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
+import json
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.paths import user_data_dir
+
+if TYPE_CHECKING:
+    from engine.backbone.server import BackboneConfig
+
+log = logging.getLogger(__name__)
 
 
 def add_backbone_parser(sub, add_logging: Callable[[argparse.ArgumentParser], None],
@@ -69,7 +78,7 @@ def _ipv6_prefix(text: str) -> int:
 async def run_backbone(args: argparse.Namespace) -> int:
     from engine.backbone.addresses import plain_address
     from engine.backbone.ice import IceConfig, read_turn_secret
-    from engine.backbone.server import BackboneConfig, serve
+    from engine.backbone.server import BackboneConfig
     from engine.backbone.store.database import is_database_url
 
     try:
@@ -99,3 +108,45 @@ async def run_backbone(args: argparse.Namespace) -> int:
         print(f"cotrain backbone: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def raise_open_file_limit() -> None:
+    """Every peer holds a socket open; the default soft limit (often 1024) caps a backbone at
+    about a thousand peers, so take what the hard limit allows."""
+    try:
+        import resource
+    except ImportError:  # Windows has no such limit
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
+
+
+async def serve(config: BackboneConfig, ready_message: bool = True) -> None:
+    """Run a backbone until cancelled."""
+    from engine.backbone.server import Backbone
+
+    raise_open_file_limit()
+    backbone = Backbone(config)
+    url = await backbone.start()
+    advertiser = None
+    if config.advertise:
+        from engine.lan.advertise import Advertiser
+
+        await backbone.projects_ready()  # announced with the catalog's projects that carry data
+        port = int(url.rsplit(":", 1)[1])
+        advertiser = Advertiser(config.host, port, {p.id: p.title for p in backbone.projects.values()})
+        await advertiser.start()
+    if ready_message:
+        print(f"backbone listening on {url}", flush=True)
+    log.info("projects: %s", json.dumps(sorted(backbone.projects)))
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if advertiser is not None:
+            await advertiser.stop()
+        await backbone.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -332,12 +331,18 @@ class Backbone:
 
     async def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> None:
         self.store.checkpoints.add(project, info)
+        if not self.files.path(info.sha256).is_file():  # (swept just before we recorded it)
+            self.store.checkpoints.remove(project, info.epoch)
+            log.warning("%s: the checkpoint of epoch %d was removed as it was recorded; the next one "
+                        "replaces it", project, info.epoch)
+            return
         self.trackers[project].checkpoint_stored(peer_id, info)
         keep = self.projects[project].keep_checkpoints
         for old in self.store.checkpoints.listed(project)[keep:]:
             self.store.checkpoints.remove(project, old.epoch)
             if not self.store.checkpoints.in_use(old.sha256):
                 await self.files.remove(old.sha256)
+        await self.files.sweep(self.store.checkpoints.in_use)
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
 
     def project_summary(self, spec: ProjectSpec) -> ProjectSummary:
@@ -361,43 +366,3 @@ class Backbone:
         if socket:
             return await forward_socket(request, lease.url, self._forwarder)
         return await forward_request(request, lease.url, self._forwarder)
-
-
-def raise_open_file_limit() -> None:
-    """Every peer holds a socket open; the default soft limit (often 1024) caps a backbone at
-    about a thousand peers, so take what the hard limit allows."""
-    try:
-        import resource
-    except ImportError:  # Windows has no such limit
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else 65536
-    if soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as exc:
-            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
-
-
-async def serve(config: BackboneConfig, ready_message: bool = True) -> None:
-    """Run a backbone until cancelled."""
-    raise_open_file_limit()
-    backbone = Backbone(config)
-    url = await backbone.start()
-    advertiser = None
-    if config.advertise:
-        from engine.lan.advertise import Advertiser
-
-        await backbone.projects_ready()  # announced with the catalog's projects that carry data
-        port = int(url.rsplit(":", 1)[1])
-        advertiser = Advertiser(config.host, port, {p.id: p.title for p in backbone.projects.values()})
-        await advertiser.start()
-    if ready_message:
-        print(f"backbone listening on {url}", flush=True)
-    log.info("projects: %s", json.dumps(sorted(backbone.projects)))
-    try:
-        await asyncio.Event().wait()
-    finally:
-        if advertiser is not None:
-            await advertiser.stop()
-        await backbone.stop()

@@ -2,11 +2,13 @@
 under their content's name."""
 
 import hashlib
+import os
+import time
 
 import pytest
 import torch
 
-from engine.backbone.checkpoints import CheckpointFiles, CheckpointRejected
+from engine.backbone.checkpoints import GRACE, CheckpointFiles, CheckpointRejected
 from engine.training.state import pack_state, state_sha256
 from engine.wire.tensors import encode_file
 
@@ -48,6 +50,25 @@ async def test_two_processes_storing_one_state_share_one_file(tmp_path):
     second = await receive(CheckpointFiles(tmp_path), data, 3, params_sha=params)
     assert first == second
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == [first[0]]
+
+
+async def test_a_file_just_published_outlives_a_removal_another_process_decided_before(tmp_path):
+    """Process A drops its last record of a state while process B stores the same state:
+    A judged the file unused before B recorded it. The file stays until it is older than
+    the grace, and a sweep then removes only what no record names."""
+    data, params = state_file(3)
+    other, _ = state_file(4)
+    a, b = CheckpointFiles(tmp_path), CheckpointFiles(tmp_path)
+    path, digest, _ = await receive(b, data, 3, params_sha=params)
+    assert not await a.remove(digest) and path.is_file()
+    stale, _, _ = await receive(b, other, 4, params_sha=state_file(4)[1])
+    long_ago = time.time() - GRACE - 1
+    for p in (path, stale):
+        os.utime(p, (long_ago, long_ago))
+    recorded = {digest}
+    assert await a.sweep(recorded.__contains__) == 1
+    assert path.is_file() and not stale.exists()
+    assert await a.remove(digest) and not path.exists()
 
 
 @pytest.mark.parametrize("damage, message", [
