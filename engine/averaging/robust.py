@@ -13,9 +13,9 @@ claim only weighs, it is not trusted, and values are checked before they count:
 - a sender whose per-sample gradient is longer, or shorter, than ``max_norm_ratio`` times
   the median of the round's (the reducer's own among them), allowing for the noise its
   sample count leaves, is left out; with fewer than three parts, one far from the
-  reducer's own is set aside (kept out, its sender not blamed); without one of its own,
-  two parts judge each other (both set aside if they disagree) and a lone part, which
-  nothing can judge, is set aside -- unless the round has one trainer, whose own it is.
+  reducer's own is set aside (kept out, its sender not blamed); if the reducer brought no
+  samples, two parts judge each other (both set aside if they disagree) and a lone part,
+  which nothing can judge, is set aside -- unless the round has one trainer, whose own it is.
 
 What passed is averaged by weight -- or, with ``centered_clip`` (Karimireddy, He, Jaggi
 2021; the aggregator of BTARD), pulled toward the honest majority: each contribution's
@@ -80,9 +80,11 @@ def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_s
     of ``reference`` (the reducer's own) judges the other, which is set aside, not
     rejected, if it is far off: a stranger alone in a round with one member cannot poison
     it, and a reducer cannot have a member struck on its word alone. A reducer that brought
-    no part (it finished no micro-batch yet) has two parts judge each other and sets a lone
-    one aside: one sender's word alone never moves the model (the round is redone once the
-    reducer has computed). ``reference`` None: a round of one trainer, whose part is taken."""
+    no samples (it finished no micro-batch yet) has two parts judge each other and sets a
+    lone one aside: one sender's word alone never moves the model (the round is redone once
+    the reducer has computed). One whose own part failed its own checks is the one at
+    fault: the others' parts are not held hostage to it. ``reference`` None: a round of
+    one trainer, whose part is taken."""
     out = Screened()
     candidates: list[tuple[Contribution, float]] = []  # with its per-sample gradient's length
     for c in contributions:
@@ -107,10 +109,11 @@ def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_s
         judged = [(c, length) for c, length in candidates if own and c.sender != reference]
         if own:
             median, typical = own[0][1], own[0][0].samples
-        elif len(candidates) == 2:
-            _mutually_judged(candidates, max_norm_ratio, out)
-        elif candidates and reference is not None:
-            out.set_aside[candidates[0][0].sender] = "a lone part, and none of the reducer's own to judge by"
+        elif reference is not None and not _brought(contributions, reference):
+            if len(candidates) == 2:
+                _mutually_judged(candidates, max_norm_ratio, out)
+            elif candidates:
+                out.set_aside[candidates[0][0].sender] = "a lone part, nothing of the reducer's to judge by"
     for c, length in judged:
         # Fewer samples average out less noise: an honest per-sample gradient of b samples
         # may be up to sqrt(typical / b) times longer (or, from more samples, shorter).
@@ -131,6 +134,11 @@ def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_s
             out.scales.append(1.0 / c.samples)
             out.weights.append(min(c.samples, caps.get(c.sender, c.samples), max_samples))
     return out
+
+
+def _brought(contributions: Sequence[Contribution], reducer: str) -> bool:
+    """Whether the reducer brought samples of its own (whether or not its part passed)."""
+    return any(c.sender == reducer and c.samples > 0 for c in contributions)
 
 
 def _mutually_judged(pair: list[tuple[Contribution, float]], max_norm_ratio: float, out: Screened) -> None:

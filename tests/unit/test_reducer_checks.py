@@ -117,7 +117,7 @@ def test_a_drawn_part_holds_the_round_until_its_checker_agrees():
         assert audit.reducer != audit.checker and to in (audit.reducer, audit.checker)
         assert audit.result_sha256 == f"{audit.index}" * 64
         assert [c.sender for c in audit.inputs] == start.group
-        assert not audit.one_sender  # so the checker judges lone parts as the reducer did
+        assert not audit.one_sender  # (the checker judges lone parts as the reducer did)
     checks = {audit.index: audit.checker for _, audit in audits}
     for index, checker in checks.items():
         t.handle(checker, AuditDone(round_id=start.round_id, index=index, ok=True))

@@ -165,3 +165,14 @@ def test_when_every_part_is_bad_there_is_nothing_to_average():
     nan = torch.full((SIZE,), float("nan"))
     with pytest.raises(ValueError, match="nothing"):
         run([Contribution("a", nan, 1), Contribution("b", nan, 1)])
+
+
+def test_a_reducer_whose_own_part_fails_its_checks_does_not_hold_the_others_hostage():
+    """A cheat running our code: its own claim is past four times its cap, so its part is
+    left out; the honest part beside it still comes in (else the cheat's lie would fail
+    every round of the honest member)."""
+    honest_part = honest(1)[0]
+    cheat = Contribution("cheat", honest_part.values * 10, honest_part.samples * 10)
+    result = aggregate([honest_part, cheat], AggregationSpec(), 10**9, caps={"cheat": 32}, reference="cheat")
+    assert "more than 4x its cap" in result.rejected["cheat"] and result.weights == {"honest-0": 32}
+
