@@ -81,8 +81,8 @@ class RoundPipeline:
             try:
                 plan = RoundPlan.of(start, self.me, self.aggregation, self.target_batch_size,
                                     self.compression)
-                averaged = await self.average(plan, taken.vector, taken.samples, taken.loss_sum,
-                                              start.timeout)
+                vector, samples, loss_sum = within_cap(plan, taken)
+                averaged = await self.average(plan, vector, samples, loss_sum, start.timeout)
                 # (PowerSGD: the error feedback it leaves is kept only if the step is taken)
                 hashed, proved = await opt.step(averaged.vector, start.epoch, start.nonce,
                                                 residual=averaged.residual, next_q=averaged.next_q)
@@ -110,3 +110,17 @@ class RoundPipeline:
                     state_sha256=digest)
         first_byte = None if averaged.first_sent is None else averaged.first_sent - arrived
         return Stepped(step, taken, took - arrived, first_byte)
+
+
+def within_cap(plan: RoundPlan, taken: Accumulated) -> tuple[torch.Tensor, int, float]:
+    """What we bring, claimed at most at our cap for the round: the sum scaled to it, which
+    weighs it as the reducers would. A newcomer's cap is probation's bound (the typical
+    member's pace), not what it computed; a graphics card beside a laptop brings many
+    times that, and a claim past four times the cap would be refused as a lie."""
+    cap = plan.caps.get(plan.me, 0)
+    if not 0 < cap < taken.samples:
+        return taken.vector, taken.samples, taken.loss_sum
+    log.info("round %d: claiming %d of the %d samples we bring (our cap for the round)", plan.round_id, cap,
+             taken.samples)
+    scale = cap / taken.samples
+    return taken.vector * scale, cap, taken.loss_sum * scale

@@ -128,3 +128,29 @@ async def test_when_everyone_left_the_next_peer_resumes_from_the_latest_checkpoi
     assert (synced.source, synced.epoch, synced.state_sha256) == ("checkpoint", 4, saved[0].state_sha256)
     assert newcomer.sync_progress()[-1].received == saved[0].size
     assert [r.step.epoch for r in newcomer.history] == [5]
+
+
+async def test_a_newcomer_far_faster_than_the_only_proven_member_is_counted_not_refused(tmp_path):
+    """A graphics card joining a laptop: on probation its claims count at most the typical
+    (the laptop's) pace, so its parts claim many times its cap. That is probation's bound
+    speaking, not a lie: they count at the cap, it is proven, and from then on counts in full."""
+    project = tiny_project(task_params=MEDIUM, target_batch_size=480)
+    async with running_backbone(tmp_path, project) as backbone:
+        laptop = start_peer(backbone.url, project.id, "laptop", threads=1, slowdown=12.0)
+        card = None
+        try:
+            await laptop.reached(1, timeout=120)
+            card = start_peer(backbone.url, project.id, "card", threads=1)
+            await until(lambda: sum(1 for r in card.history if r.my_samples) >= 6, 180,
+                        "six steps with the newcomer's samples")
+        finally:
+            await stop_all(laptop, *([card] if card else []))
+        credit = dict(backbone.store.database.execute(
+            "SELECT round_id, samples FROM contributions WHERE peer_id=?", (card.peer.peer_id,)).fetchall())
+    brought = [r for r in card.history if r.my_samples]
+    laptop_samples = {r.step.epoch: r.my_samples for r in laptop.history}
+    assert all(r.my_samples > 6 * laptop_samples.get(r.step.epoch, 0) for r in brought[1:]), \
+        [(r.my_samples, laptop_samples.get(r.step.epoch)) for r in brought]
+    credited = [credit.get(r.step.round_id, 0) for r in brought]
+    assert all(credited), f"rounds where the newcomer's work was refused: {credited}"
+    assert credited[-1] == brought[-1].my_samples, "still counted at probation's bound once proven"
