@@ -25,12 +25,17 @@ def nginx_binary() -> str:
 
 def start_front_door(root: Path, front: int, backbones: list[int]) -> subprocess.Popen:
     """nginx listening on ``front`` and passing requests to the ``backbones`` (ports)."""
-    nginx = nginx_binary()
     site = (resources_dir() / "deploy" / "nginx-cotrain.conf").read_text()
     site = site.replace("127.0.0.1:8470", f"127.0.0.1:{front}")
     for example, port in zip(("127.0.0.1:8471", "127.0.0.1:8472"), backbones, strict=True):
         site = site.replace(example, f"127.0.0.1:{port}")
     (root / "site.conf").write_text(site)
+    return run_nginx(root)
+
+
+def run_nginx(root: Path) -> subprocess.Popen:
+    """nginx serving ``root``/site.conf, its files in ``root``; once it listens."""
+    nginx = nginx_binary()
     kinds = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     temp = " ".join(f"{kind}_temp_path {root / kind};" for kind in kinds)
     (root / "nginx.conf").write_text(
