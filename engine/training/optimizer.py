@@ -271,10 +271,13 @@ class CollaborativeOptimizer:
             self.kept = None
             raise UnsafeStep("the step would make the model's state not finite: refusing it")
         self.residual = residual  # (taken: what our parts left out waits for the next round)
+        hashing = self.hash.start(self.model, self.optimizer, epoch + 1, self.params, nonce)
+        # (the new epoch shows once its hash is the current one: a settlement or resync of
+        # it seen meanwhile is checked against that hash, never the one before the step)
         self.epoch = epoch + 1
         if not self.overlap:  # (overlapped, the copy takes it when the next round takes the gradient)
             self._follow_master()
-        return self.hash.start(self.model, self.optimizer, self.epoch, self.params, nonce)
+        return hashing
 
     # --- state ------------------------------------------------------------------------
 

@@ -112,10 +112,9 @@ class StateHash:
                     if not future.done():
                         future.set_exception(exc)
 
-        with self._lock:  # (published before it is read: a settlement seen meanwhile waits for it)
+        with self._lock:  # (published before it is read; the copy is queued after the read)
             self._current, self._copy = digest, None
-        self._reading = self._executor.submit(read)
-        with self._lock:  # (after the read is queued, which a copy waits for)
+            self._reading = self._executor.submit(read)
             self._uncopied = _Uncopied(model, optimizer, epoch, digest)
         return digest, proof
 
