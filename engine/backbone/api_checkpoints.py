@@ -86,5 +86,7 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     except CheckpointRejected as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
     info = CheckpointInfo(epoch, digest, state_sha, size, checkpoint_url(spec.id, epoch))
-    await backbone.checkpoint_stored(spec.id, peer_id, info)
+    if not await backbone.checkpoint_stored(spec.id, peer_id, info):
+        raise web.HTTPServiceUnavailable(text="the checkpoint was removed as it was stored",
+                                         headers={"Retry-After": "1"})
     return json_reply(info, status=201)

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +23,9 @@ log = logging.getLogger(__name__)
 INCOMING = ".incoming-"  # an upload being received: renamed once verified, else removed
 WRITE_SIZE = 1 << 20  # bytes gathered before each write (one thread hop per MiB, not per chunk)
 # A file published this recently may be about to be recorded by another process: it stays.
+# (Ages are read against this machine's clock: processes sharing a folder keep time by NTP.)
 GRACE = 60.0
+CONTENT_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointRejected(ValueError):
@@ -110,11 +113,13 @@ class CheckpointFiles:
 
     async def sweep(self, in_use: Callable[[str], bool]) -> int:
         """Remove the files older than GRACE that no record names (kept by ``remove``, or
-        left by a process that died between its upload and its record); how many went."""
+        left by a process that died between its upload and its record); how many went.
+        Only content-named files: one an older Cotrain kept by epoch stays for ``adopt``."""
         def sweep() -> int:
             removed, before = 0, time.time() - GRACE
             for path in self.root.glob("??/*.ckpt"):
-                if not in_use(path.stem) and _unlink_if_older(path, before):
+                if (CONTENT_NAME.fullmatch(path.stem) and path.parent.name == path.stem[:2]
+                        and not in_use(path.stem) and _unlink_if_older(path, before)):
                     removed += 1
             return removed
 
@@ -141,12 +146,20 @@ def _verify(path: Path, epoch: int, state_sha256: str) -> None:
 
 
 def _unlink_if_older(path: Path, before: float) -> bool:
+    """Remove ``path`` if it was published before ``before``. It is moved aside first and
+    judged there: a file another process published under the name meanwhile (fresh) goes
+    back, rather than being removed on the word of a stat of the old one."""
+    aside = path.parent / f"{INCOMING}{uuid.uuid4().hex}"
     try:
         if path.stat().st_mtime >= before:
             return False
-        path.unlink()
+        os.rename(path, aside)
     except FileNotFoundError:
         return False
+    if aside.stat().st_mtime >= before:
+        os.replace(aside, path)  # (the same content as anything published there since)
+        return False
+    aside.unlink()
     return True
 
 
@@ -179,6 +192,7 @@ def _publish(tmp: Path, final: Path) -> None:
     """(The same content under the same name: replacing a file another process published
     meanwhile changes nothing a reader sees.)"""
     final.parent.mkdir(exist_ok=True, mode=0o700)
+    os.utime(tmp)  # (its age counts from now: checking it may have taken longer than GRACE)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
 

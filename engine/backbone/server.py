@@ -26,6 +26,7 @@ from engine.backbone.leases import LeaseKeeper, LiveFigures
 from engine.backbone.logins import LoginLimits
 from engine.backbone.rate_limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
+from engine.backbone.store.database import Unavailable
 from engine.backbone.store.repositories import Store
 from engine.backbone.tracker import (
     Broadcast,
@@ -329,21 +330,27 @@ class Backbone:
         return {s.user_id for s in self.sessions.values()
                 if s.project == project and s.user_id is not None}
 
-    async def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> None:
+    async def checkpoint_stored(self, project: str, peer_id: str, info: CheckpointInfo) -> bool:
+        """Record an upload whose file is in place; False if the file went as it was
+        recorded (another process's removal): the uploader is told, and the next
+        checkpoint takes its place."""
         self.store.checkpoints.add(project, info)
-        if not self.files.path(info.sha256).is_file():  # (swept just before we recorded it)
+        if not self.files.path(info.sha256).is_file():
             self.store.checkpoints.remove(project, info.epoch)
-            log.warning("%s: the checkpoint of epoch %d was removed as it was recorded; the next one "
-                        "replaces it", project, info.epoch)
-            return
+            log.warning("%s: the checkpoint of epoch %d was removed as it was recorded", project, info.epoch)
+            return False
         self.trackers[project].checkpoint_stored(peer_id, info)
         keep = self.projects[project].keep_checkpoints
-        for old in self.store.checkpoints.listed(project)[keep:]:
-            self.store.checkpoints.remove(project, old.epoch)
-            if not self.store.checkpoints.in_use(old.sha256):
-                await self.files.remove(old.sha256)
-        await self.files.sweep(self.store.checkpoints.in_use)
+        try:
+            for old in self.store.checkpoints.listed(project)[keep:]:
+                self.store.checkpoints.remove(project, old.epoch)
+                if not self.store.checkpoints.in_use(old.sha256):
+                    await self.files.remove(old.sha256)
+            await self.files.sweep(self.store.checkpoints.in_use)
+        except (OSError, Unavailable) as exc:  # (stored all the same: the next one tidies up)
+            log.warning("%s: could not remove old checkpoints: %s", project, exc)
         log.info("%s: stored checkpoint of epoch %d (%.1f MB)", project, info.epoch, info.size / 1e6)
+        return True
 
     def project_summary(self, spec: ProjectSpec) -> ProjectSummary:
         tracker = self.trackers.get(spec.id)

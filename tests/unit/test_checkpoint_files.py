@@ -4,10 +4,12 @@ under their content's name."""
 import hashlib
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from engine.backbone import checkpoints
 from engine.backbone.checkpoints import GRACE, CheckpointFiles, CheckpointRejected
 from engine.training.state import pack_state, state_sha256
 from engine.wire.tensors import encode_file
@@ -65,10 +67,48 @@ async def test_a_file_just_published_outlives_a_removal_another_process_decided_
     long_ago = time.time() - GRACE - 1
     for p in (path, stale):
         os.utime(p, (long_ago, long_ago))
+    legacy = tmp_path / "ab" / "epoch-00000005.ckpt"  # (a project "ab", as an older Cotrain kept it)
+    legacy.parent.mkdir(exist_ok=True)
+    legacy.write_bytes(data)
+    os.utime(legacy, (long_ago, long_ago))
     recorded = {digest}
     assert await a.sweep(recorded.__contains__) == 1
-    assert path.is_file() and not stale.exists()
+    assert path.is_file() and not stale.exists() and legacy.is_file()
     assert await a.remove(digest) and not path.exists()
+
+
+async def test_a_removal_puts_back_a_file_published_between_its_look_and_its_move(tmp_path, monkeypatch):
+    data, params = state_file(3)
+    files = CheckpointFiles(tmp_path)
+    path, digest, _ = await receive(files, data, 3, params_sha=params)
+    long_ago = time.time() - GRACE - 1
+    os.utime(path, (long_ago, long_ago))
+    rename = os.rename
+
+    def published_meanwhile(source, target):
+        if Path(source) == path:  # another process publishes the same content under the name
+            os.utime(path)
+        rename(source, target)
+
+    monkeypatch.setattr(checkpoints.os, "rename", published_meanwhile)
+    assert not await files.remove(digest)
+    assert path.read_bytes() == data and [p for p in tmp_path.rglob("*") if p.is_file()] == [path]
+
+
+async def test_a_checked_upload_counts_its_age_from_when_it_was_published(tmp_path, monkeypatch):
+    """Checking a large upload can take longer than the grace: its age starts once it is in place."""
+    data, params = state_file(3)
+    verify = checkpoints._verify
+
+    def slow_verify(tmp, epoch, state_sha256):
+        long_ago = time.time() - GRACE - 1
+        os.utime(tmp, (long_ago, long_ago))
+        verify(tmp, epoch, state_sha256)
+
+    monkeypatch.setattr(checkpoints, "_verify", slow_verify)
+    files = CheckpointFiles(tmp_path)
+    path, digest, _ = await receive(files, data, 3, params_sha=params)
+    assert not await files.remove(digest) and path.is_file()
 
 
 @pytest.mark.parametrize("damage, message", [
