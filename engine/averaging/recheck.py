@@ -57,8 +57,7 @@ def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, 
             compression: CompressionMethod = "none", caps: Mapping[str, int] | None = None,
             reducer: str | None = None) -> Verdict:
     """Whether ``result`` is what the committed ``inputs`` combine to under ``spec`` at
-    ``reducer`` (None: in a round of one sender), each input's samples counted up to its
-    cap for the round."""
+    ``reducer``, each input's samples counted up to its cap for the round."""
     if result_digest(result) != result_sha256:
         return Verdict(False, "the result it sent is not the one the members applied")
     for committed, values in inputs:

@@ -13,9 +13,10 @@ claim only weighs, it is not trusted, and values are checked before they count:
 - a sender whose per-sample gradient is longer, or shorter, than ``max_norm_ratio`` times
   the median of the round's (the reducer's own among them), allowing for the noise its
   sample count leaves, is left out; with fewer than three parts, one far from the
-  reducer's own is set aside (kept out, its sender not blamed); if the reducer brought no
-  samples, two parts judge each other (both set aside if they disagree) and a lone part,
-  which nothing can judge, is set aside -- unless the round has one trainer, whose own it is.
+  reducer's own is set aside (kept out, its sender not blamed); without an own part that
+  passed, two parts judge each other (both set aside if they disagree), and if the reducer
+  brought no samples a lone part, which nothing can judge, is set aside -- unless it is an
+  auxiliary reducer beside one proven trainer, whose own the part is.
 
 What passed is averaged by weight -- or, with ``centered_clip`` (Karimireddy, He, Jaggi
 2021; the aggregator of BTARD), pulled toward the honest majority: each contribution's
@@ -79,12 +80,13 @@ def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_s
     With fewer than three parts no majority says what an honest length is: then the part
     of ``reference`` (the reducer's own) judges the other, which is set aside, not
     rejected, if it is far off: a stranger alone in a round with one member cannot poison
-    it, and a reducer cannot have a member struck on its word alone. A reducer that brought
-    no samples (it finished no micro-batch yet) has two parts judge each other and sets a
-    lone one aside: one sender's word alone never moves the model (the round is redone once
-    the reducer has computed). One whose own part failed its own checks is the one at
-    fault: the others' parts are not held hostage to it. ``reference`` None: a round of
-    one trainer, whose part is taken."""
+    it, and a reducer cannot have a member struck on its word alone. Without an own part
+    that passed, two parts judge each other; a reducer that brought no samples (it finished
+    no micro-batch yet, or reduces only) sets a lone part aside: one sender's word alone
+    never moves the model (the round is redone once the reducer has computed). One whose
+    own part failed its own checks is the one at fault: a lone part beside it is not held
+    hostage to it. ``reference`` None: an auxiliary reducer beside one proven trainer, whose
+    part it takes."""
     out = Screened()
     candidates: list[tuple[Contribution, float]] = []  # with its per-sample gradient's length
     for c in contributions:
@@ -109,11 +111,10 @@ def screen(contributions: Sequence[Contribution], caps: Mapping[str, int], max_s
         judged = [(c, length) for c, length in candidates if own and c.sender != reference]
         if own:
             median, typical = own[0][1], own[0][0].samples
-        elif reference is not None and not _brought(contributions, reference):
-            if len(candidates) == 2:
-                _mutually_judged(candidates, max_norm_ratio, out)
-            elif candidates:
-                out.set_aside[candidates[0][0].sender] = "a lone part, nothing of the reducer's to judge by"
+        elif reference is not None and len(candidates) == 2:
+            _mutually_judged(candidates, max_norm_ratio, out)
+        elif reference is not None and candidates and not _brought(contributions, reference):
+            out.set_aside[candidates[0][0].sender] = "a lone part, nothing of the reducer's to judge by"
     for c, length in judged:
         # Fewer samples average out less noise: an honest per-sample gradient of b samples
         # may be up to sqrt(typical / b) times longer (or, from more samples, shorter).
@@ -143,15 +144,12 @@ def _brought(contributions: Sequence[Contribution], reducer: str) -> bool:
 
 def _mutually_judged(pair: list[tuple[Contribution, float]], max_norm_ratio: float, out: Screened) -> None:
     """Two parts and no third to say which is right: both come in if each is within the
-    other's bounds (allowing for the noise their sample counts leave), else both are set aside."""
-    (a, length_a), (b, length_b) = pair
-    noise = math.sqrt(max(a.samples, b.samples) / min(a.samples, b.samples))
-    if min(length_a, length_b) > 0:
-        agree = max(length_a, length_b) / min(length_a, length_b) <= max_norm_ratio * noise
-    else:
-        agree = length_a == length_b
-    if not agree:
-        for c in (a, b):
+    bounds the other would set as a reducer's own part (the one from fewer samples may be
+    longer by their noise), else both are set aside."""
+    (small, length_small), (big, length_big) = sorted(pair, key=lambda p: p[0].samples)
+    noise = math.sqrt(big.samples / small.samples)
+    if not length_small / (max_norm_ratio * noise) <= length_big <= length_small * max_norm_ratio:
+        for c in (small, big):
             out.set_aside[c.sender] = "two parts that disagree, and none of the reducer's own to say which"
 
 

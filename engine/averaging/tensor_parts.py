@@ -219,8 +219,11 @@ class TensorPartReducer:
     def combine(self, contributions: list[Contribution]) -> tuple[Aggregate, list[CommittedPart]]:
         """Check and combine; in a checked project, also hash what went in."""
         plan = self.plan
-        # (one sender in all: its lone part is its own gradient, nobody else's to protect)
-        judge = plan.me if len(plan.senders) > 1 else None
+        # An auxiliary reducer beside the one proven trainer takes what comes: that trainer's
+        # own gradient is nobody else's to protect (such a round has one voter, and is never
+        # checked). Every other reducer judges by its own part, or by the rules without one.
+        proven = [s for s in plan.senders if s not in plan.optional]
+        judge = None if plan.me in plan.auxiliary and len(proven) <= 1 else plan.me
         combined = aggregate(contributions, plan.aggregation, plan.target_batch_size, plan.caps, judge)
         inputs = [(_committed(c), c.values) for c in contributions] if plan.verified else []
         return combined, inputs

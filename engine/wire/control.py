@@ -42,7 +42,7 @@ PeerList = Annotated[list[PeerId], Meta(max_length=MAX_GROUP)]
 
 
 class ControlMessage(Struct, tag_field="type", kw_only=True):
-    v: Literal[9] = WIRE_VERSION
+    v: Literal[10] = WIRE_VERSION
 
 
 def version_mismatch(peer: int, backbone: int) -> str:
@@ -341,9 +341,6 @@ class Audit(ControlMessage, tag="audit"):
     timeout: Annotated[float, Meta(gt=0, le=86400)]
     # The most samples each input counts for, in the order of ``inputs`` (RoundStart.caps).
     caps: Annotated[list[Count], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
-    # The round had one member that brings a gradient: its lone part came in unjudged
-    # (engine/averaging/robust.py).
-    one_sender: bool = False
 
     def __post_init__(self) -> None:
         if self.caps and len(self.caps) != len(self.inputs):

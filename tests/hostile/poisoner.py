@@ -17,7 +17,7 @@ from engine.wire.control import RoundStart
 from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
 from tests.hostile.adversary import Adversary, Stranger, member
-from tests.hostile.collaboration import Collaboration, assert_unharmed, under_attack
+from tests.hostile.collaboration import RATE_FLOOR, Collaboration, assert_unharmed, under_attack
 
 SAMPLES = 32  # what the stranger says each part carries, unless it inflates it
 
@@ -127,7 +127,7 @@ def left_out(collab: Collaboration, peer_id: str) -> int:
 
 async def poisoned(collab: Collaboration, poison: Poison, report_figure, name: str,
                    may_earn: bool = False, stay: Callable[[Stranger], Awaitable[None]] | None = None,
-                   ) -> tuple[int, int]:
+                   rate_floor: float = RATE_FLOOR) -> tuple[int, int]:
     """Run the attack; returns (poisoned parts sent, parts honest reducers left out).
     ``stay``: how the poisoner stays a member (default: ``member``, reporting 32 samples)."""
     async with Adversary(collab.url, collab.project.id) as adversary:
@@ -139,5 +139,5 @@ async def poisoned(collab: Collaboration, poison: Poison, report_figure, name: s
                       f"{len(stranger.rounds())} rounds, {refused} left out by honest reducers, "
                       f"{collab.credited(adversary.peer_ids)} samples credited to it")
         assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
-        assert_unharmed(collab, verdict, adversary.peer_ids, may_earn)
+        assert_unharmed(collab, verdict, adversary.peer_ids, may_earn, rate_floor)
     return poisoner.sent, refused

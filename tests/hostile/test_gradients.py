@@ -6,7 +6,7 @@ samples divided everyone else's gradient away."""
 
 import pytest
 
-from tests.hostile.collaboration import running
+from tests.hostile.collaboration import PAIR_RATE_FLOOR, running
 from tests.hostile.poisoner import flipped, inflated, nan, noise, poisoned
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -39,5 +39,5 @@ async def test_alone_with_one_member_a_poisoner_is_judged_by_the_reducers_own_pa
     """Two parts make no majority (as when the others are still starting, which is how a
     poisoner once ruined a local-mode run in CI): the honest reducer's own part judges the
     stranger's, and sets it aside."""
-    _, refused = await poisoned(pair, poison, report_figure, name)
+    _, refused = await poisoned(pair, poison, report_figure, name, rate_floor=PAIR_RATE_FLOOR)
     assert refused >= 1, "the honest reducer took the poisoned part in"

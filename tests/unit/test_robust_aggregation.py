@@ -110,8 +110,8 @@ def test_without_a_majority_the_reducers_own_part_sets_a_far_part_aside_and_blam
 
 def test_a_reducer_with_no_part_of_its_own_never_takes_one_senders_word_alone():
     """A reducer that finished no micro-batch yet (or an auxiliary one) has nothing to judge
-    a lone part by: it is set aside, its sender not blamed -- unless the round has one
-    sender, whose own gradient it is. Two parts judge each other."""
+    a lone part by: it is set aside, its sender not blamed -- unless it is an auxiliary
+    reducer beside the one proven trainer (no ``reference``). Two parts judge each other."""
     honest_part = honest(1)[0]
     poisoned = Contribution("other", honest_part.values * 100.0, 32)
     for lone in (honest_part, poisoned):
@@ -119,7 +119,7 @@ def test_a_reducer_with_no_part_of_its_own_never_takes_one_senders_word_alone():
         assert not kept_out.rejected and "lone part" in kept_out.set_aside[lone.sender]
         with pytest.raises(ValueError, match="nothing to average"):
             run([lone], reducer="reducer")
-    alone = run([honest_part], reducer=None)  # the round's one sender
+    alone = run([honest_part], reducer=None)  # the one proven trainer's, at an auxiliary reducer
     assert distance(alone.values, truth_of([honest_part])) < 1e-6 and not alone.set_aside
     agreeing = run(honest(2), reducer="reducer")
     assert not agreeing.set_aside and distance(agreeing.values, truth_of(honest(2))) < 1e-6
@@ -128,6 +128,22 @@ def test_a_reducer_with_no_part_of_its_own_never_takes_one_senders_word_alone():
     disagreeing = screen([honest_part, poisoned], {}, 64, 10.0, reference="reducer")
     assert set(disagreeing.set_aside) == {"honest-0", "other"} and not disagreeing.rejected
     assert not disagreeing.senders
+
+
+def test_two_parts_judge_each_other_by_the_bounds_a_reducers_own_part_would_set():
+    """Only the part from fewer samples may be longer by the noise fewer samples leave."""
+    torch.manual_seed(1)
+    per_sample = torch.randn(SIZE)
+    few, many = 8, 32  # noise allowance sqrt(32 / 8) = 2: up to 20x for the few, 10x for the many
+
+    def pair(few_scale: float, many_scale: float) -> set[str]:
+        parts = [Contribution("few", per_sample * few_scale * few, few),
+                 Contribution("many", per_sample * many_scale * many, many)]
+        return set(screen(parts, {}, 64, 10.0, reference="reducer").set_aside)
+
+    assert pair(15.0, 1.0) == set()  # fifteen times longer from a quarter of the samples: noise
+    assert pair(1.0, 15.0) == {"few", "many"}  # from more samples, longer is not noise
+    assert pair(1.0, 9.0) == set() and pair(25.0, 1.0) == {"few", "many"}
 
 
 def test_centered_clip_keeps_noise_within_the_norm_bound_from_moving_the_average():
@@ -175,4 +191,8 @@ def test_a_reducer_whose_own_part_fails_its_checks_does_not_hold_the_others_host
     cheat = Contribution("cheat", honest_part.values * 10, honest_part.samples * 10)
     result = aggregate([honest_part, cheat], AggregationSpec(), 10**9, caps={"cheat": 32}, reference="cheat")
     assert "more than 4x its cap" in result.rejected["cheat"] and result.weights == {"honest-0": 32}
+    # Its rejected part switches no check off: two others still judge each other.
+    poisoned = Contribution("poisoner", honest_part.values * 100.0, 32)
+    both = screen([honest_part, poisoned, cheat], {"cheat": 32}, 10**9, 10.0, reference="cheat")
+    assert set(both.set_aside) == {"honest-0", "poisoner"} and not both.senders
 

@@ -201,7 +201,7 @@ class Auditor:
         caps = [rnd.members[c.sender].cap if c.sender in rnd.members else 0 for c in inputs]
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
                            checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
-                           caps=caps, one_sender=len(rnd.group) - len(rnd.auxiliary) == 1)
+                           caps=caps)
         return self._ask_next(rnd, part)
 
     def _own_as_shown(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> bool | None:
