@@ -6,6 +6,7 @@ exp_avg crashed the joiner, NaN was accepted). Now the joiner checks each agains
 settled hash, tells the backbone who lied, and gets the state from an honest peer."""
 
 import asyncio
+import contextlib
 import os
 
 import pytest
@@ -14,7 +15,8 @@ import torch
 from engine.training.state import pack, tensors_of
 from engine.transport.link import LinkClosed
 from engine.transport.mesh import PeerMesh
-from engine.wire.frames import StateReply, StateRequest, StateUnavailable
+from engine.wire.control import RoundStart
+from engine.wire.frames import Part, StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame
 from engine.wire.tensors import decode_file, encode_file
 from tests.hostile.adversary import Adversary, Stranger
@@ -51,6 +53,24 @@ class Liar:
         self.fetched: dict[int, asyncio.Future[Frame]] = {}
         self.served: list[str] = []
         self.mesh: PeerMesh = adversary.mesh(stranger, self.on_frame)
+        previous = stranger.on_message
+
+        def on_message(msg) -> None:
+            if previous is not None:
+                previous(msg)
+            if isinstance(msg, RoundStart) and stranger.peer_id in msg.group:
+                self.mesh.spawn(self.empty_parts(msg))
+
+        stranger.on_message = on_message
+
+    async def empty_parts(self, start: RoundStart) -> None:
+        """Parts with no samples, as a member that finished no micro-batch sends: without
+        them it would be struck and sit rounds out, and never be asked for the state."""
+        for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
+            if share > 0 and member_id != self.stranger.peer_id:
+                part = Part(round_id=start.round_id, epoch=start.epoch, index=j, samples=0, loss_sum=0.0)
+                with contextlib.suppress(LinkClosed, asyncio.TimeoutError):
+                    await (await self.mesh.link(member_id, timeout=5)).send(part, b"")
 
     def on_frame(self, sender: str, frame: Frame) -> None:
         header = frame.header
