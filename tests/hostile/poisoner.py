@@ -13,6 +13,7 @@ import torch
 
 from engine.planning.partition import part_bounds
 from engine.transport.link import LinkClosed
+from engine.transport.mesh import PeerMesh
 from engine.wire.control import RoundStart
 from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
@@ -84,20 +85,9 @@ class Poisoner:
         return on_message
 
     async def send_harmless(self, start: RoundStart) -> None:
-        """Parts that pass as a member's: its own gradient of the initial model if it has one,
-        else empty ones (then it is struck for the samples it claims)."""
-        plausible = self.plausible
-        bounds = part_bounds(plausible.numel(), start.shares) if plausible is not None else None
-        self.harmless += plausible is not None
-        for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
-            if share > 0 and member_id != self.stranger.peer_id:
-                values = b""
-                if plausible is not None and bounds is not None:
-                    values = (plausible[bounds[j][0]:bounds[j][1]] * SAMPLES).numpy().tobytes()
-                part = Part(round_id=start.round_id, epoch=start.epoch, index=j,
-                            samples=SAMPLES if values else 0, loss_sum=0.0)
-                with contextlib.suppress(LinkClosed, asyncio.TimeoutError):
-                    await (await self.mesh.link(member_id, timeout=5)).send(part, values)
+        """Parts that pass as a member's (send_member_parts)."""
+        self.harmless += self.plausible is not None
+        await send_member_parts(self.mesh, self.stranger.peer_id, start, self.plausible)
 
     async def spoil(self, start: RoundStart) -> None:
         total = sum(r.numel() for r in self.results.values())
@@ -141,3 +131,20 @@ async def poisoned(collab: Collaboration, poison: Poison, report_figure, name: s
         assert poisoner.sent, "no poisoned part reached a reducer: the test proves nothing"
         assert_unharmed(collab, verdict, adversary.peer_ids, may_earn, rate_floor)
     return poisoner.sent, refused
+
+
+async def send_member_parts(mesh: PeerMesh, me: str, start: RoundStart,
+                            plausible: torch.Tensor | None = None) -> None:
+    """Parts as a member of ``start`` sends them: slices of ``plausible`` (a per-sample
+    gradient computed from the project's spec) if given, else empty ones, as a member that
+    finished no micro-batch sends -- then it is struck for no samples, not for silence."""
+    bounds = part_bounds(plausible.numel(), start.shares) if plausible is not None else None
+    for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
+        if share > 0 and member_id != me:
+            values = b""
+            if plausible is not None and bounds is not None:
+                values = (plausible[bounds[j][0]:bounds[j][1]] * SAMPLES).numpy().tobytes()
+            part = Part(round_id=start.round_id, epoch=start.epoch, index=j,
+                        samples=SAMPLES if values else 0, loss_sum=0.0)
+            with contextlib.suppress(LinkClosed, asyncio.TimeoutError):
+                await (await mesh.link(member_id, timeout=5)).send(part, values)

@@ -6,7 +6,6 @@ exp_avg crashed the joiner, NaN was accepted). Now the joiner checks each agains
 settled hash, tells the backbone who lied, and gets the state from an honest peer."""
 
 import asyncio
-import contextlib
 import os
 
 import pytest
@@ -16,11 +15,12 @@ from engine.training.state import pack, tensors_of
 from engine.transport.link import LinkClosed
 from engine.transport.mesh import PeerMesh
 from engine.wire.control import RoundStart
-from engine.wire.frames import Part, StateReply, StateRequest, StateUnavailable
+from engine.wire.frames import StateReply, StateRequest, StateUnavailable
 from engine.wire.framing import Frame
 from engine.wire.tensors import decode_file, encode_file
 from tests.hostile.adversary import Adversary, Stranger
 from tests.hostile.collaboration import Collaboration
+from tests.hostile.poisoner import send_member_parts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -59,18 +59,10 @@ class Liar:
             if previous is not None:
                 previous(msg)
             if isinstance(msg, RoundStart) and stranger.peer_id in msg.group:
-                self.mesh.spawn(self.empty_parts(msg))
+                # (else struck and left out of rounds before the joiner asks it)
+                self.mesh.spawn(send_member_parts(self.mesh, stranger.peer_id, msg))
 
         stranger.on_message = on_message
-
-    async def empty_parts(self, start: RoundStart) -> None:
-        """Parts with no samples, as a member that finished no micro-batch sends: without
-        them it would be struck and sit rounds out, and never be asked for the state."""
-        for j, (share, member_id) in enumerate(zip(start.shares, start.group, strict=True)):
-            if share > 0 and member_id != self.stranger.peer_id:
-                part = Part(round_id=start.round_id, epoch=start.epoch, index=j, samples=0, loss_sum=0.0)
-                with contextlib.suppress(LinkClosed, asyncio.TimeoutError):
-                    await (await self.mesh.link(member_id, timeout=5)).send(part, b"")
 
     def on_frame(self, sender: str, frame: Frame) -> None:
         header = frame.header
