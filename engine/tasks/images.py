@@ -43,6 +43,12 @@ TORCHVISION = "torchvision:"
 # torchvision builders that take ``num_classes`` and download nothing with ``weights=None``.
 TORCHVISION_MODELS = frozenset({"resnet18", "resnet34", "resnet50", "mobilenet_v3_small",
                                 "mobilenet_v3_large", "convnext_tiny", "efficientnet_b0"})
+# What a project may set of each one's regularisation (a probability; torchvision's default
+# otherwise). Dropped units are drawn from each peer's own random stream: at 0, the
+# collaboration's steps are those of one machine on the global batch, to the last bits' noise.
+TORCHVISION_OPTIONS = {"convnext_tiny": ("stochastic_depth_prob",),
+                       "efficientnet_b0": ("dropout", "stochastic_depth_prob"),
+                       "mobilenet_v3_small": ("dropout",), "mobilenet_v3_large": ("dropout",)}
 Augmentation = Literal["random_crop", "horizontal_flip", "rotate"]
 # Applied in this order whatever order the project lists them in.
 AUGMENTATIONS: tuple[Augmentation, ...] = ("random_crop", "horizontal_flip", "rotate")
@@ -165,9 +171,7 @@ class ImageClassification(Task):
         if name not in TORCHVISION_MODELS:
             raise ModelError(f"{p.architecture} is not a torchvision architecture this Cotrain builds "
                              f"(it builds {', '.join(sorted(TORCHVISION_MODELS))})")
-        if p.config:
-            raise ModelError(f"{p.architecture} takes no config: torchvision builds it from "
-                             "num_classes alone")
+        _check_torchvision_options(name, p.config)
         torchvision_models(p.architecture)
         return cls(p, None, data)
 
@@ -177,7 +181,7 @@ class ImageClassification(Task):
     def _torchvision_model(self) -> nn.Module:
         p = self.params
         builder = getattr(torchvision_models(p.architecture), p.architecture.removeprefix(TORCHVISION))
-        return builder(weights=None, num_classes=p.num_classes)
+        return builder(weights=None, num_classes=p.num_classes, **p.config)
 
     def build_model(self) -> nn.Module:
         model = self._torchvision_model() if self.cfg is None else build_model(HEAD, self.cfg)
@@ -293,6 +297,17 @@ class ImageClassification(Task):
         labels = batch.tensors["labels"]
         return {"loss": float(F.cross_entropy(logits, labels, reduction="sum")),
                 "accuracy": float((logits.argmax(-1) == labels).sum())}
+
+
+def _check_torchvision_options(name: str, config: dict) -> None:
+    allowed = TORCHVISION_OPTIONS.get(name, ())
+    for key, value in config.items():
+        if key not in allowed:
+            takes = f"takes only {', '.join(allowed)}" if allowed else "takes no config"
+            raise ModelError(f"torchvision:{name} {takes} (config.{key}): torchvision builds it from "
+                             "num_classes")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ModelError(f"config.{key} is a probability in [0, 1), not {value!r}")
 
 
 def batch_statistics(model: nn.Module) -> nn.Module:

@@ -1,7 +1,9 @@
 """Compute overhead: samples/s of one collaborative peer against a plain PyTorch loop on the
 same model, micro-batch and target batch: demo-lm as shipped, and the catalog's albert-mini
 (a transformers ALBERT) and digits (a transformers ResNet) on their shards, served by the
-backbone; digits again with overlapped rounds (the project option ``overlap``).
+backbone; digits again with overlapped rounds (the project option ``overlap``), and on
+torchvision's ResNet-18 where torchvision loads (in the venv tests/torchvision_venv.py makes:
+``.venv-torchvision/bin/python -m tests.bench.compute --only torchvision``).
 
 Five alternating runs of at least 20 s each; the ratio is the median of each peer run's
 over the plain run just before it (a shared machine's speed drifts by 10% within minutes:
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import math
 import os
 import shutil
@@ -43,12 +46,22 @@ from engine.training.lr_schedule import build_optimizer, lr_at
 from engine.wire.codec import encode
 
 
-def workloads(root: Path) -> list[tuple[ProjectSpec, ProjectFolder | None]]:
+def workloads(root: Path) -> list[tuple[str, ProjectSpec, ProjectFolder | None]]:
+    """(name, project, its folder) of each workload."""
     (demo,) = [p for p in load_catalog(default_catalog()) if p.id == "demo-lm"]
     folders = [builtin_folder(root, name) for name in ("albert-mini", "digits")]
-    found = [(f.spec, f) for f in folders if f is not None]
-    digits = [(replace(spec, overlap=True), f) for spec, f in found if spec.id == "digits"]
-    return [(demo, None), *found, *digits]
+    found = [(f.spec.id, f.spec, f) for f in folders if f is not None]
+    digits = [(spec, f) for _, spec, f in found if spec.id == "digits"]
+    overlapped = [("digits-overlap", replace(spec, overlap=True), f) for spec, f in digits]
+    vision = []
+    if importlib.util.find_spec("torchvision") is not None:
+        params = {"architecture": "torchvision:resnet18", "config": {}}
+        vision = [("torchvision", replace(spec, task_params={**spec.task_params, **params}), f)
+                  for spec, f in digits]
+    else:
+        print("(no torchvision workload: torchvision does not load here; run this with the python "
+              "of .venv-torchvision, which tests/collab/test_torchvision.py makes)")
+    return [("demo-lm", demo, None), *found, *overlapped, *vision]
 
 
 def plain_loop(spec: ProjectSpec, folder: ProjectFolder | None, epochs: int) -> float:
@@ -131,8 +144,8 @@ def main(quick: bool = False, only: str | None = None) -> None:
     least, trials = (2, 1) if quick else (4, 5)
     with tempfile.TemporaryDirectory() as root:
         os.environ["COTRAIN_HOME"] = root  # the peer's shard cache
-        for spec, folder in workloads(Path(root)):
-            if only is not None and spec.id != only:
+        for name, spec, folder in workloads(Path(root)):
+            if only is not None and name != only:
                 continue
             # Runs of at least RUN_SECONDS: a peer measures its link for 3 s when it joins,
             # once in half an hour, and a run of a few steps would be mostly that.
@@ -141,7 +154,7 @@ def main(quick: bool = False, only: str | None = None) -> None:
                 pace = plain_loop(spec, folder, 1)
                 epochs = max(least, math.ceil(RUN_SECONDS * pace / spec.target_batch_size))
             print(f"\n== Compute overhead: {spec.id}{', overlapped rounds' if spec.overlap else ''} "
-                  f"({spec.task}), micro-batch "
+                  f"({spec.task}, {spec.task_params.get('architecture', 'its own model')}), micro-batch "
                   f"{spec.task_params['micro_batch']}, target batch {spec.target_batch_size}, 1 thread, "
                   f"{epochs} steps per run, {trials} alternating runs each", flush=True)
             plain, ours = [], []
@@ -159,6 +172,7 @@ def main(quick: bool = False, only: str | None = None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one short pair of runs per workload")
-    parser.add_argument("--only", metavar="PROJECT", help="only this project's workloads (e.g. digits)")
+    parser.add_argument("--only", metavar="WORKLOAD",
+                        help="only this one: demo-lm, albert-mini, digits, digits-overlap, torchvision")
     args = parser.parse_args()
     main(args.quick, args.only)

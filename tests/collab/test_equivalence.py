@@ -87,9 +87,29 @@ def convnext_project(root):
     return spec, folder
 
 
-# A hand-written model and two of transformers' (an ALBERT, whose 5-8 ms micro-batches
-# outpace the peers' reports: what a round's caps must not cut; a ConvNeXt on images).
-FAMILIES = {"demo-lm": None, "hf-masked-lm": albert_project, "image-classification": convnext_project}
+def torchvision_project(root):
+    """The catalog's digits on torchvision's ConvNeXt-Tiny (28M parameters), without its
+    stochastic depth (drawn from each process's own random stream). Not a ResNet: after a
+    first step equal to the last bits, a max pool's argmax over the digits' flat regions
+    flips on those bits, and by the second the weights differ by 1e-3 relative. Runs where
+    torchvision loads: tests/collab/test_torchvision.py runs it in a venv of its own."""
+    pytest.importorskip("torchvision.models", reason="torchvision does not load beside this torch: "
+                        "tests/collab/test_torchvision.py runs this family in a venv that has it")
+    pytest.importorskip("sklearn", reason="the digits come from scikit-learn's bundled copy")
+    folder = catalog_folder(root, "digits", target_batch_size=48, task_params={
+        "architecture": "torchvision:convnext_tiny", "config": {"stochastic_depth_prob": 0.0},
+        "micro_batch": 8})
+    spec = msgspec.structs.replace(folder.spec, optimizer=SGD, schedule=tiny_project().schedule,
+                                   round_timeout=30.0)
+    (folder.root / "project.json").write_bytes(encode(spec))
+    return spec, folder
+
+
+# A hand-written model, two of transformers' (an ALBERT, whose 5-8 ms micro-batches outpace
+# the peers' reports: what a round's caps must not cut; a ConvNeXt on images) and one of
+# torchvision's.
+FAMILIES = {"demo-lm": None, "hf-masked-lm": albert_project, "image-classification": convnext_project,
+            "torchvision": torchvision_project}
 
 
 @pytest.mark.parametrize("family, overlap", [*((family, False) for family in FAMILIES),

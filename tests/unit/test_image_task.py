@@ -19,7 +19,7 @@ from engine.shards.webdataset import MAX_MEMBER_BYTES
 from engine.tasks import TaskData, create_task
 from engine.tasks.hf_models import ModelError
 from engine.tasks.image_shards import read_image_shard
-from engine.tasks.images import augment
+from engine.tasks.images import TORCHVISION_MODELS, TORCHVISION_OPTIONS, augment
 from engine.tasks.text_shards import ShardError
 
 TINY_RESNET = {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1], "layer_type": "basic"}
@@ -205,9 +205,34 @@ def test_torchvision_that_does_not_load_says_how_to_fix_it(monkeypatch):
     assert "pip install 'torchvision==0." in message and "'resnet'" in message
 
 
+@pytest.mark.parametrize("name", sorted(TORCHVISION_MODELS))
+def test_every_allowed_torchvision_network_trains_on_grey_images_and_downloads_nothing(
+        project, monkeypatch, tmp_path, name):
+    pytest.importorskip("torchvision.models", reason="torchvision does not load beside this torch: "
+                        "tests/collab/test_torchvision.py runs this in a venv that has it")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))  # where weights would be downloaded
+    root, spec = project
+    task = create_task("image-classification",
+                       params(architecture=f"torchvision:{name}", channels=1, image_size=32,
+                              config={option: 0.0 for option in TORCHVISION_OPTIONS.get(name, ())}),
+                       TaskData(spec, FolderFiles(root)))
+    model = task.build_model()
+    assert task.parameters() == sum(p.numel() for p in model.parameters())  # (counted on the meta device)
+    assert task.memory_needed() > 4 * task.parameters()
+    batch = task.batch(0, 0)
+    loss = task.loss(model, batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert 0 <= task.metrics(model, batch)["accuracy"] <= 4
+    assert not (tmp_path / "torch-home").exists()
+
+
 @pytest.mark.parametrize(("architecture", "config", "says"), [
     ("torchvision:vgg16", {}, "not a torchvision architecture this Cotrain builds"),
     ("torchvision:resnet18", {"weights": "IMAGENET1K_V1"}, "takes no config"),
+    ("torchvision:convnext_tiny", {"layer_scale": 0.1}, "takes only stochastic_depth_prob"),
+    ("torchvision:mobilenet_v3_small", {"dropout": 1.5}, r"a probability in \[0, 1\), not 1.5"),
     ("bert", {}, "model type 'bert' is not one this Cotrain builds"),
     ("timm_wrapper", {}, "model type 'timm_wrapper' is not one this Cotrain builds"),
     ("resnet", {"trust_remote_code": True}, "a project sends data, never code"),
