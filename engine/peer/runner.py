@@ -38,6 +38,7 @@ from engine.peer.training_loop import data_seed, heartbeat_loop, training_loop, 
 from engine.project import ProjectSpec
 from engine.shards.files import FetchedFiles
 from engine.tasks import Task, initial_model
+from engine.tasks.hf_models import ModelError
 from engine.training.device import Placement, choose_device
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import build_optimizer, collaboration_optimizer
@@ -238,7 +239,7 @@ class Peer:
         # Off the loop: the first optimizer imports torch's compiler stack, seconds of CPU on a
         # busy machine that would otherwise starve this peer's sockets and links.
         seed = data_seed(opts.data_seed, self.peer_id)
-        model, optimizer, micro_batch_seconds = await asyncio.to_thread(_built, self.task, project, seed)
+        model, optimizer, micro_batch_seconds = await asyncio.to_thread(built, self.task, project, seed)
         self.gate.install(model, micro_batch_seconds)
         # In local mode the project's optimizer steps this peer's own copy of the model.
         local = LocalSteps(project.local, partial(build_optimizer, project.optimizer),
@@ -325,10 +326,16 @@ class Peer:
             self.stop("could not obtain the collaboration's state")
 
 
-def _built(task: Task, project: ProjectSpec, seed: int
+def built(task: Task, project: ProjectSpec, seed: int
            ) -> tuple[torch.nn.Module, torch.optim.Optimizer, float]:
     """The project's model, warmed up (so the backbone times our pace from a warm start), its
     optimizer, and how long the warm-up's micro-batch took."""
     model = initial_model(task, project.seed)
-    seconds = warm_up(task, model, project.precision, seed)
+    try:
+        seconds = warm_up(task, model, project.precision, seed)
+    except (ValueError, OSError):
+        raise  # (the data's errors say what is wrong already)
+    except Exception as exc:  # a configuration that builds a model its first batch breaks
+        raise ModelError(f"the project's model fails on a batch of its own data: "
+                         f"{type(exc).__name__}: {exc}") from None
     return model, collaboration_optimizer(project, model), seconds

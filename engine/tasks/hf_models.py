@@ -74,7 +74,8 @@ def model_config(head: Head, model_type: str, config: dict):
 
     try:
         return AutoConfig.for_model(model_type, **config)
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+    except Exception as exc:  # (configurations validate with exceptions of their own: huggingface_hub's
+        # StrictDataclassFieldValidationError for a value of the wrong type, say)
         raise ModelError(f"transformers cannot configure a {model_type!r} model from the project: "
                          f"{exc}") from None
 
@@ -90,8 +91,10 @@ def count_parameters(head: Head, cfg) -> int:
     try:
         with torch.device("meta"):
             model = model_class(head, cfg)(cfg)
-    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
-        raise ModelError(f"transformers cannot build this {cfg.model_type!r} model: {exc}") from None
+    except Exception as exc:  # (a model's code checks a configuration as it goes: a head count of
+        # 0 is a ZeroDivisionError, a size of -3 a RuntimeError)
+        raise ModelError(f"transformers cannot build this {cfg.model_type!r} model: "
+                         f"{type(exc).__name__}: {exc}") from None
     return sum(p.numel() for p in model.parameters())
 
 

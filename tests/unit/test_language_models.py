@@ -1,13 +1,18 @@
 """The text families on the catalog's albert-mini: the batches a peer draws, the masking,
 sentence order, and what a broken project is told."""
 
+import contextlib
 import json
 
+import msgspec
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.governor.limits import Limits
 from engine.peer.project_data import ProjectRefused, check_fits
+from engine.peer.runner import built
 from engine.project_folders import load_project_folder
 from engine.shards.files import FolderFiles
 from engine.tasks import TaskData, create_task, initial_model
@@ -90,6 +95,46 @@ def test_a_project_asking_for_what_cotrain_does_not_build_gets_a_clear_error(alb
     params = {**albert.spec.task_params, **changes}
     with pytest.raises(ValueError, match=message):
         task_of(albert, params)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"hidden_act": 5}, "cannot configure a 'albert' model from the project: .*hidden_act"),
+    ({"layer_norm_eps": "small"}, "cannot configure a 'albert' model from the project: .*layer_norm_eps"),
+    ({"num_attention_heads": 0}, "cannot build this 'albert' model: ZeroDivisionError"),
+    ({"hidden_size": -3}, "cannot build this 'albert' model: RuntimeError"),
+])
+def test_a_configuration_transformers_rejects_in_its_own_way_gets_a_clear_error(albert, config, message):
+    """However the model's own code objects to a project's values, the peer says so and
+    goes on running: a ModelError, never the library's exception out of the peer."""
+    params = json.loads(json.dumps(albert.spec.task_params))
+    params["config"].update(config)
+    with pytest.raises(ModelError, match=message):
+        task_of(albert, params).memory_needed()
+
+
+ALBERT_KEYS = ["vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
+               "layer_norm_eps", "classifier_dropout_prob", "position_embedding_type", "pad_token_id"]
+VALUES = st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=True), st.booleans(), st.text(max_size=8),
+                   st.lists(st.integers(-4, 64), max_size=3))
+
+
+@settings(max_examples=100, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(config=st.dictionaries(st.sampled_from(ALBERT_KEYS), VALUES, max_size=3))
+def test_any_values_in_a_configuration_give_a_model_or_a_clear_error(albert, config):
+    params = json.loads(json.dumps(albert.spec.task_params))
+    params["config"].update(config)
+    with contextlib.suppress(ValueError):  # (ModelError and the schema's: each says what is wrong)
+        task_of(albert, params).memory_needed()
+
+
+def test_a_model_that_builds_but_breaks_on_its_first_batch_is_refused_with_what_broke(albert):
+    params = json.loads(json.dumps(albert.spec.task_params))
+    params["config"]["type_vocab_size"] = 0  # (every token's type 0 is out of range)
+    spec = msgspec.structs.replace(albert.spec, task_params=params)
+    with pytest.raises(ModelError, match="fails on a batch of its own data: RuntimeError: index_select"):
+        built(task_of(albert, params), spec, seed=1)
 
 
 def test_a_tokenizer_smaller_than_the_models_vocabulary_is_refused(albert):
