@@ -1,0 +1,96 @@
+"""Every preset of ``cotrain project new``, authored as a researcher would (texts or an image
+folder cut into shards, a tokenizer trained on them) and passed by ``cotrain project check``,
+which builds the model and runs one real batch through it; and the causal family learns."""
+
+import json
+from pathlib import Path
+from pydoc_data.topics import topics
+
+import pytest
+import torch
+from PIL import Image
+
+from engine.cli import main
+from engine.project_folders import load_project_folder
+from engine.shards.files import FolderFiles
+from engine.tasks import TaskData, create_task, initial_model
+
+pytestmark = pytest.mark.slow
+
+
+def texts(where: Path) -> Path:
+    where.mkdir()
+    for name in sorted(topics)[:40]:
+        (where / f"{name}.txt").write_text(topics[name])
+    return where
+
+
+def images(where: Path) -> Path:
+    """Three classes of pictures that differ in brightness, 12 of each."""
+    for label, name in enumerate(["dark", "grey", "light"]):
+        (where / name).mkdir(parents=True)
+        for number in range(12):
+            level = 40 + 80 * label + number
+            Image.new("RGB", (40, 40), (level, level, level)).save(where / name / f"{number}.png")
+    return where
+
+
+def cotrain(*args: object) -> None:
+    assert main(["project", *map(str, args)]) == 0, args
+
+
+@pytest.mark.parametrize("preset", ["albert-mini", "gpt2-mini"])
+def test_a_text_preset_is_cut_tokenized_and_passes_the_check(tmp_path, capsys, preset):
+    folder = tmp_path / "projects" / "mine"
+    cotrain("new", "--preset", preset, folder)
+    cotrain("shard", texts(tmp_path / "texts"), "--out", folder, "--shard-mb", 0.05)
+    cotrain("tokenizer", folder, "--vocab", 2000)
+    cotrain("check", folder)
+    said = capsys.readouterr().out
+    project = load_project_folder(folder).spec
+    assert project.task_params["config"]["vocab_size"] == 2000  # set to the tokenizer's
+    assert "wrote" in said and "tokens" in said and "recorded what a peer needs" in said, said
+    assert project.needs is not None and project.needs.memory_mb > 0
+
+
+def test_the_image_preset_takes_a_folder_of_class_folders_and_passes_the_check(tmp_path, capsys):
+    folder = tmp_path / "projects" / "pictures"
+    cotrain("new", "--preset", "resnet18", folder)
+    spec = json.loads((folder / "project.json").read_text())
+    spec["task_params"].update(image_size=32, micro_batch=4)  # (a CPU-sized check of the preset)
+    (folder / "project.json").write_text(json.dumps(spec))
+    cotrain("shard", images(tmp_path / "images"), "--out", folder, "--heldout-every", 6)
+    cotrain("check", folder)
+    said = capsys.readouterr().out
+    project = load_project_folder(folder).spec
+    assert project.task_params["num_classes"] == 3, said
+    assert "36 images of 3 classes" in said, said
+    assert project.needs is not None and project.needs.memory_mb > 0
+
+
+def test_a_causal_language_model_learns_its_texts(tmp_path):
+    folder = tmp_path / "projects" / "gpt"
+    cotrain("new", "--preset", "gpt2-mini", folder)
+    cotrain("shard", texts(tmp_path / "texts"), "--out", folder, "--shard-mb", 0.05, "--heldout-every", 8)
+    cotrain("tokenizer", folder, "--vocab", 2000)
+    spec = load_project_folder(folder).spec
+    params = {**spec.task_params, "seq_len": 32, "micro_batch": 4,
+              "config": {**spec.task_params["config"], "n_embd": 64, "n_layer": 2, "n_positions": 32}}
+    task = create_task(spec.task, params, TaskData(spec.data, FolderFiles(folder)))
+    model = initial_model(task, spec.seed)
+    batch = task.batch(0, 0)
+    real = batch.tensors["attention_mask"] == 1
+    # Next-token prediction: the labels are the inputs (the model shifts them), padding ignored.
+    assert torch.equal(batch.tensors["labels"][real], batch.tensors["input_ids"][real])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = task.loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0], losses
+    with torch.no_grad():
+        heldout = [float(task.loss(model, b)) for b in task.heldout()]
+    assert heldout and all(torch.isfinite(torch.tensor(heldout))), "the held-out texts are scored"
