@@ -92,8 +92,9 @@ class Controller(QObject):
         self.local_url = self.store.local_url
         self.login: Login | None = None
         self.last_stats: p.Stats | None = None
-        # This computer's samples/s per (backbone URL, project), as measured while in it.
-        self.measured_rates: dict[tuple[str, str], float] = {}
+        # This computer's samples/s per (backbone URL, project), as measured while in it (and
+        # kept: the Projects page shows it before the next Join).
+        self.measured_rates: dict[tuple[str, str], float] = self.store.rates()
         self._worker_state: p.GovernorDecided | None = None
         self._error = ""
         self._retrying = ""  # what the worker waits out, saying when it tries again
@@ -240,7 +241,9 @@ class Controller(QObject):
         elif isinstance(event, p.Stats):
             self.last_stats = event
             if event.samples_per_second > 0 and self.state.project_id:
-                self.measured_rates[(self.state.backbone, self.state.project_id)] = event.samples_per_second
+                key = (self.state.backbone, self.state.project_id)
+                self.measured_rates[key] = event.samples_per_second
+                self.store.keep_rate(*key, event.samples_per_second)
             self.stats.emit(event)
             self._milestones(event.my_samples_total)
         elif isinstance(event, EpochCompleted):

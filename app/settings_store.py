@@ -75,6 +75,26 @@ class SettingsStore:
     def remove_backbone(self, url: str) -> None:
         self.qsettings.setValue("backbones", json.dumps([u for u in self.backbones() if u != url]))
 
+    def rates(self) -> dict[tuple[str, str], float]:
+        """This computer's samples/s per (backbone URL, project), as last measured in each."""
+        try:
+            rows = json.loads(str(self._get("rates", "[]")))
+        except ValueError:
+            return {}
+        valid = (r for r in rows if isinstance(r, list) and len(r) == 3) if isinstance(rows, list) else ()
+        return {(str(url), str(project)): float(rate) for url, project, rate in valid
+                if isinstance(rate, (int, float)) and rate > 0}
+
+    def keep_rate(self, backbone: str, project: str, rate: float) -> None:
+        """Remember ``rate`` unless it is within 5% of the one kept (stats come every second)."""
+        rates = self.rates()
+        kept = rates.get((backbone, project))
+        if kept is not None and abs(rate - kept) <= 0.05 * kept:
+            return
+        rates[(backbone, project)] = round(rate, 2)
+        rows = [[url, pid, r] for (url, pid), r in sorted(rates.items())]
+        self.qsettings.setValue("rates", json.dumps(rows))
+
     @property
     def paused(self) -> bool:
         """The user paused and has not resumed: stays paused across restarts."""

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 
+import msgspec
 import pytest
 from keyring.backends import null
 
@@ -25,6 +26,7 @@ from app.window import MainWindow
 from engine.governor.limits import Limits
 from engine.governor.policy import GovernorState
 from engine.paths import engine_command
+from engine.project import DataSpec, FileRef, ProjectNeeds
 from engine.wire import ProtocolError
 from engine.worker import protocol as p
 from tests.app.conftest import keyring_backend, threaded_backbone, tiny, wait_until
@@ -282,3 +284,34 @@ def test_backbones_announced_on_the_lan_are_offered_and_added(qtbot, home, tmp_p
             wait_until(lambda: not page.on_lan, 20, "the added backbone to leave the offers")
         finally:
             backbone.call(advertiser.stop())
+
+
+def test_the_projects_page_says_what_a_project_takes_here_before_join(qtbot, home, tmp_path):
+    """Download and disk, memory, and this computer's pace once it has been measured there,
+    remembered across runs of the app."""
+    shards = [FileRef(path=f"shards/{i}.txt", sha256="ab" * 32, bytes=1_500_000) for i in range(2)]
+    project = msgspec.structs.replace(tiny(), data=DataSpec(shards=shards),
+                                      needs=ProjectNeeds(parameters=3_300_000, memory_mb=712))
+    with threaded_backbone(tmp_path / "backbone", project) as backbone:
+        controller = Controller(store=SettingsStore())
+        controller.add_backbone(backbone.url)
+        page = ProjectsPage(controller)
+        qtbot.addWidget(page)
+
+        def takes() -> str:
+            page.refresh(force=True)
+            wait_until(lambda: backbone.url in page.rows and page.rows[backbone.url].projects, 10)
+            titles = [page.tree.topLevelItem(i).text(0) for i in range(page.tree.topLevelItemCount())]
+            (title,) = [t for t in titles if t.startswith("Tiny LM")]
+            return title.splitlines()[-1]
+
+        assert takes() == "Takes 3.0 MB to download and keep, about 712 MB of memory"
+        controller.state.backbone, controller.state.project_id = backbone.url, project.id
+        controller.manager.received.emit(p.Stats(
+            samples_per_second=41.27, my_samples_session=64, my_samples_total=64, collab_samples=0,
+            collab_target=64, eta_seconds=None, epoch=1, peers=1, upload_bps=0, download_bps=0, loss=None))
+        assert takes().endswith("about 712 MB of memory, 41.3 samples/s here")
+        controller.store.qsettings.sync()
+        page = ProjectsPage(Controller(store=SettingsStore()))  # (the app started again)
+        qtbot.addWidget(page)
+        assert takes().endswith("41.3 samples/s here")
