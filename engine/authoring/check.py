@@ -68,10 +68,10 @@ def _check_model(spec: ProjectSpec, root: Path, say: Callable[[str], None]) -> b
 
     try:
         task = create_task(spec.task, dict(spec.task_params), TaskData(spec.data, FolderFiles(root)))
-        needed = task.memory_needed()
-        if needed is not None and isinstance(task, LanguageModel):
+        needed, micro_batch = task.memory_needed(), spec.task_params.get("micro_batch")
+        if needed is not None and hasattr(task, "parameters"):
             say(f"✓ model: {task.parameters():,} parameters; about {needed / MB:,.0f} MB for each peer "
-                f"at {task.params.micro_batch} samples a micro-batch")
+                f"at {micro_batch} samples a micro-batch")
         if isinstance(task, LanguageModel):
             size = task.tokenizer().get_vocab_size()
             say(f"✓ tokenizer: {size} tokens, for a vocabulary of {task.cfg.vocab_size}")
@@ -80,8 +80,11 @@ def _check_model(spec: ProjectSpec, root: Path, say: Callable[[str], None]) -> b
         batch = task.batch(0, 0)
         loss = task.loss(model, batch)
         loss.backward()
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, OSError) as exc:
         say(f"✗ {exc}")
+        return False
+    except Exception as exc:  # (what a model's own code raises on a batch it cannot take)
+        say(f"✗ the model fails on a batch of the project's data: {type(exc).__name__}: {exc}")
         return False
     if not math.isfinite(loss.item()):
         say(f"✗ one batch of {batch.size} through the model gives a loss of {loss.item()}")

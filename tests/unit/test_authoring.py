@@ -1,8 +1,10 @@
-"""Every preset of ``cotrain project new``, authored as a researcher would (texts or an image
+"""Authoring: every preset of ``cotrain project new``, authored as a researcher would (texts or an image
 folder cut into shards, a tokenizer trained on them) and passed by ``cotrain project check``,
-which builds the model and runs one real batch through it; and the causal family learns."""
+which builds the model and runs one real batch through it; the check naming what is wrong
+in a broken project; and the causal family learning."""
 
 import json
+import shutil
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -49,8 +51,60 @@ def test_a_text_preset_is_cut_tokenized_and_passes_the_check(tmp_path, capsys, p
     said = capsys.readouterr().out
     project = load_project_folder(folder).spec
     assert project.task_params["config"]["vocab_size"] == 2000  # set to the tokenizer's
-    assert "wrote" in said and "tokens" in said and "recorded what a peer needs" in said, said
+    assert "✓ model: " in said and "✓ tokenizer: 2000 tokens" in said, said
+    assert "recorded what a peer needs" in said, said
     assert project.needs is not None and project.needs.memory_mb > 0
+
+
+@pytest.fixture(scope="module")
+def authored(tmp_path_factory) -> Path:
+    """An albert-mini project authored as the README does, with a 2,000-token tokenizer."""
+    root = tmp_path_factory.mktemp("authored")
+    folder = root / "mine"
+    cotrain("new", "--preset", "albert-mini", folder)
+    cotrain("shard", texts(root / "texts"), "--out", folder, "--shard-mb", 0.05)
+    cotrain("tokenizer", folder, "--vocab", 2000)
+    return folder
+
+
+def spoil_a_shard(folder: Path) -> str:
+    shard = sorted((folder / "shards").iterdir())[0]
+    shard.write_bytes(shard.read_bytes()[:-1] + b"!")
+    return shard.name
+
+
+def wrong_type(folder: Path) -> str:
+    project = json.loads((folder / "project.json").read_text())
+    project["target_batch_size"] = "lots"
+    (folder / "project.json").write_text(json.dumps(project))
+    return "Expected `int`, got `str` - at `$.target_batch_size`"
+
+
+def vocabulary_past_the_tokenizer(folder: Path) -> str:
+    project = json.loads((folder / "project.json").read_text())
+    project["task_params"]["config"]["vocab_size"] = 3000
+    (folder / "project.json").write_text(json.dumps(project))
+    return "the tokenizer has 2000 tokens, the model's vocabulary 3000"
+
+
+def breaks_on_a_batch(folder: Path) -> str:
+    project = json.loads((folder / "project.json").read_text())
+    project["task_params"]["config"]["type_vocab_size"] = 0
+    (folder / "project.json").write_text(json.dumps(project))
+    return "the model fails on a batch of the project's data: RuntimeError"
+
+
+@pytest.mark.parametrize("spoil", [spoil_a_shard, wrong_type, vocabulary_past_the_tokenizer,
+                                   breaks_on_a_batch])
+def test_the_check_names_what_is_wrong_and_records_nothing(authored, tmp_path, capsys, spoil):
+    folder = tmp_path / "mine"
+    shutil.copytree(authored, folder)
+    says = spoil(folder)
+    before = (folder / "project.json").read_text()
+    assert main(["project", "check", str(folder)]) == 1
+    said = capsys.readouterr().out
+    assert "✗ " in said and says in said, said
+    assert "Traceback" not in said and (folder / "project.json").read_text() == before
 
 
 def test_the_image_preset_takes_a_folder_of_class_folders_and_passes_the_check(tmp_path, capsys):
@@ -64,7 +118,7 @@ def test_the_image_preset_takes_a_folder_of_class_folders_and_passes_the_check(t
     said = capsys.readouterr().out
     project = load_project_folder(folder).spec
     assert project.task_params["num_classes"] == 3, said
-    assert "36 images of 3 classes" in said, said
+    assert "36 images of 3 classes" in said and "✓ model: " in said and "MB for each peer" in said, said
     assert project.needs is not None and project.needs.memory_mb > 0
 
 
