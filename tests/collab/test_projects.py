@@ -95,16 +95,19 @@ async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_p
     assert scored[30] >= 0.85 and min(scored.values()) > 0.5, scored  # chance is 10%
 
 
-@pytest.mark.parametrize(("change", "says"), [
-    ({"task_params": {"model_type": "no-such-model"}},
+@pytest.mark.parametrize(("change", "limit", "says"), [
+    ({"task_params": {"model_type": "no-such-model"}}, [],
      "model type 'no-such-model' is not one this Cotrain builds"),
-    ({"task_params": {"config": {"vocab_size": 8000, "trust_remote_code": True}}},
+    ({"task_params": {"config": {"vocab_size": 8000, "trust_remote_code": True}}}, [],
      "asks for trust_remote_code: a project sends data, never code"),
+    ({"task_params": {"config": {"vocab_size": 8000, "hidden_size": 2048, "intermediate_size": 8192,
+                                 "num_attention_heads": 16}}}, ["--max-memory", "512"],
+     "lets Cotrain use 512 MB"),
 ])
-async def test_a_peer_told_to_build_what_cotrain_does_not_says_so_and_exits(tmp_path, change, says):
+async def test_a_peer_told_to_build_what_cotrain_does_not_says_so_and_exits(tmp_path, change, limit, says):
     folder = albert_folder(tmp_path / "projects", **change)
     async with running_backbone(tmp_path / "bb", projects_dir=folder.root.parent) as backbone:
-        peer = await spawn_peer(backbone.url, "albert-mini", "volunteer", tmp_path,
+        peer = await spawn_peer(backbone.url, "albert-mini", "volunteer", tmp_path, *limit,
                                 env={"COTRAIN_HOME": str(tmp_path / "home")})
         code = await asyncio.wait_for(peer.process.wait(), 120)
     log = (tmp_path / "volunteer.log").read_text()
