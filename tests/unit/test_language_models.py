@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.cli import build_parser, limits_from_args
 from engine.governor.limits import Limits
 from engine.peer.project_data import ProjectRefused, check_fits
 from engine.peer.runner import built
@@ -154,6 +155,19 @@ def test_a_model_over_the_memory_limit_is_refused_before_a_byte_is_downloaded(al
     task = create_task(spec.task, params, TaskData(spec.data, FolderFiles(tmp_path / "nothing-here")))
     with pytest.raises(ProjectRefused, match=r"needs about [\d,]+ MB of memory .* lets Cotrain use 512 MB"):
         check_fits(spec, task, Limits(max_memory_mb=512))
+
+
+def test_a_shard_larger_than_the_disk_limit_set_on_the_command_line_is_refused(albert, tmp_path):
+    args = build_parser().parse_args(["peer", "--project", "albert-mini", "--max-disk", "0.5"])
+    limits = limits_from_args(args)
+    assert limits.max_disk_gb == 0.5
+    data = albert.spec.data
+    big = msgspec.structs.replace(data.shards[0], bytes=800 * 2**20)
+    spec = msgspec.structs.replace(albert.spec, data=msgspec.structs.replace(data, shards=[big]))
+    task = create_task(spec.task, spec.task_params, TaskData(spec.data, FolderFiles(tmp_path / "nothing")))
+    with pytest.raises(ProjectRefused, match=r"has files of 0\.8 GB; the disk limit is 0\.5 GB.*--max-disk"):
+        check_fits(spec, task, limits)
+    check_fits(albert.spec, task, limits)  # (its real shards fit)
 
 
 def test_a_malformed_project_file_names_the_field(albert, tmp_path):
