@@ -76,22 +76,27 @@ class SettingsStore:
         self.qsettings.setValue("backbones", json.dumps([u for u in self.backbones() if u != url]))
 
     def rates(self) -> dict[tuple[str, str], float]:
-        """This computer's samples/s per (backbone URL, project), as last measured in each."""
+        """This computer's samples/s per (backbone URL, project), as last measured in each
+        (a row that is not one, in a hand-edited file, is passed over)."""
         try:
             rows = json.loads(str(self._get("rates", "[]")))
         except ValueError:
             return {}
-        valid = (r for r in rows if isinstance(r, list) and len(r) == 3) if isinstance(rows, list) else ()
-        return {(str(url), str(project)): float(rate) for url, project, rate in valid
-                if isinstance(rate, (int, float)) and rate > 0}
+        rates = {}
+        for row in rows if isinstance(rows, list) else ():
+            if isinstance(row, list) and len(row) == 3 and _is_rate(row[2]):
+                rates[(str(row[0]), str(row[1]))] = float(row[2])
+        return rates
 
     def keep_rate(self, backbone: str, project: str, rate: float) -> None:
         """Remember ``rate`` unless it is within 5% of the one kept (stats come every second)."""
+        if not _is_rate(rate):
+            return
         rates = self.rates()
         kept = rates.get((backbone, project))
         if kept is not None and abs(rate - kept) <= 0.05 * kept:
             return
-        rates[(backbone, project)] = round(rate, 2)
+        rates[(backbone, project)] = float(rate)
         rows = [[url, pid, r] for (url, pid), r in sorted(rates.items())]
         self.qsettings.setValue("rates", json.dumps(rows))
 
@@ -120,3 +125,8 @@ class SettingsStore:
     @local_url.setter
     def local_url(self, url: str) -> None:
         self.qsettings.setValue("local_url", url)
+
+
+def _is_rate(value: object) -> bool:
+    """A positive, finite number of samples a second (not NaN, infinity or a boolean)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1e12

@@ -3,48 +3,65 @@
 torchvision is built against one torch release, and PyPI's builds load only beside PyPI's
 (CUDA) torch: not beside the CPU wheel of torch 2.13 this project's venv pins ("operator
 torchvision::nms does not exist"). The tests of torchvision's models therefore run in a venv
-of their own, beside the project's, with the newest pair these machines' pip allows --
-created once (about 6 GB and a minute from PyPI) and kept in ``.venv-torchvision``.
+of their own, beside the project's, with the newest pair these machines' pip allows: made
+on first use (about 6 GB from PyPI, a minute or two on a fast link) and kept in
+``.venv-torchvision``, remade when what it installs changes.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-torchvision"
-RELEASES = ("torch==2.14.1", "torchvision==0.29.1")  # a pair built for each other
-READY = "import torchvision.models, engine.tasks.images, pytest_asyncio, sklearn"
-INSTALL_SECONDS = 1200
+RELEASES = ["torch==2.14.1", "torchvision==0.29.1"]  # a pair built for each other
+# The peer's own dependencies and what the tests that run there import.
+PACKAGES = [*RELEASES, "pytest>=8", "pytest-asyncio>=0.23", "pytest-timeout>=2.2", "scikit-learn>=1.3",
+            "-e", f"{ROOT}[peer]"]
+READY = "import torchvision.models, engine.tasks.images, pytest_asyncio, pytest_timeout, sklearn"
+INSTALL_SECONDS = 1200  # making the venv, all steps together
 
 
 def torchvision_python() -> Path:
-    """That venv's python, created on first use; skips the test, saying why, where it
-    cannot be installed (no package registry)."""
+    """That venv's python, made on first use; skips the test, saying why, where it cannot be
+    installed (no package registry, or one too slow)."""
     python = VENV / "bin" / "python"
     with open(ROOT / ".venv-torchvision.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # (two test processes never build it at once)
         if _ready(python):
             return python
+        deadline = time.monotonic() + INSTALL_SECONDS
         steps = [[sys.executable, "-m", "venv", "--clear", str(VENV)],
-                 [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *RELEASES,
-                  "-e", f"{ROOT}[test]"]]
+                 [str(python), "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check",
+                  *PACKAGES]]
         for step in steps:
             try:
-                done = subprocess.run(step, capture_output=True, text=True, timeout=INSTALL_SECONDS)
+                done = subprocess.run(step, capture_output=True, text=True,
+                                      timeout=max(deadline - time.monotonic(), 1.0))
             except subprocess.TimeoutExpired:
                 pytest.skip(f"installing {' and '.join(RELEASES)} took over {INSTALL_SECONDS} s")
             if done.returncode:
-                pytest.skip(f"could not install {' and '.join(RELEASES)} for torchvision's models: "
-                            f"{done.stderr.strip().splitlines()[-1:]}")
-        assert _ready(python), f"{VENV} was installed but torchvision does not load in it"
+                last = (done.stderr.strip().splitlines() or ["(pip said nothing)"])[-1]
+                pytest.skip(f"could not install {' and '.join(RELEASES)} for torchvision's models: {last}")
+        assert _ready(python, after_install=True), f"{VENV} was installed but torchvision does not load in it"
         return python
 
 
-def _ready(python: Path) -> bool:
-    return python.exists() and subprocess.run([str(python), "-c", READY], capture_output=True).returncode == 0
+def _ready(python: Path, after_install: bool = False) -> bool:
+    """Whether the venv loads what the tests need and was made for the packages asked now."""
+    marker = VENV / "cotrain-installed"
+    wanted = hashlib.sha256("\n".join(PACKAGES).encode() + (ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if not after_install and (not marker.exists() or marker.read_text() != wanted):
+        return False
+    loads = python.exists() and subprocess.run([str(python), "-c", READY],
+                                               capture_output=True).returncode == 0
+    if loads and after_install:
+        marker.write_text(wanted)
+    return loads

@@ -64,11 +64,12 @@ def _check_files(spec: ProjectSpec, root: Path, say: Callable[[str], None]) -> b
 
 def _check_model(spec: ProjectSpec, root: Path, say: Callable[[str], None]) -> bool:
     from engine.tasks import TaskData, create_task, initial_model
+    from engine.tasks.hf_models import failed_on_a_batch
     from engine.tasks.language_models import LanguageModel
 
-    try:
+    try:  # (the schema's, the model's size and the data's errors each say what is wrong)
         task = create_task(spec.task, dict(spec.task_params), TaskData(spec.data, FolderFiles(root)))
-        needed, micro_batch = task.memory_needed(), spec.task_params.get("micro_batch")
+        needed, micro_batch = task.memory_needed(), getattr(getattr(task, "params", None), "micro_batch", "?")
         if needed is not None and hasattr(task, "parameters"):
             say(f"✓ model: {task.parameters():,} parameters; about {needed / MB:,.0f} MB for each peer "
                 f"at {micro_batch} samples a micro-batch")
@@ -78,13 +79,14 @@ def _check_model(spec: ProjectSpec, root: Path, say: Callable[[str], None]) -> b
         began = time.perf_counter()
         model = initial_model(task, spec.seed)
         batch = task.batch(0, 0)
-        loss = task.loss(model, batch)
-        loss.backward()
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
         say(f"✗ {exc}")
         return False
+    try:
+        loss = task.loss(model, batch)
+        loss.backward()
     except Exception as exc:  # (what a model's own code raises on a batch it cannot take)
-        say(f"✗ the model fails on a batch of the project's data: {type(exc).__name__}: {exc}")
+        say(f"✗ {failed_on_a_batch(exc)}")
         return False
     if not math.isfinite(loss.item()):
         say(f"✗ one batch of {batch.size} through the model gives a loss of {loss.item()}")

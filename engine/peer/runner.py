@@ -37,8 +37,9 @@ from engine.peer.state_sync import StateSync
 from engine.peer.training_loop import data_seed, heartbeat_loop, training_loop, warm_up
 from engine.project import ProjectSpec
 from engine.shards.files import FetchedFiles
+from engine.shards.jsonl import ShardError
 from engine.tasks import Task, initial_model
-from engine.tasks.hf_models import ModelError
+from engine.tasks.hf_models import ModelError, failed_on_a_batch
 from engine.training.device import Placement, choose_device
 from engine.training.local import LocalSteps
 from engine.training.lr_schedule import build_optimizer, collaboration_optimizer
@@ -326,16 +327,15 @@ class Peer:
             self.stop("could not obtain the collaboration's state")
 
 
-def built(task: Task, project: ProjectSpec, seed: int
-           ) -> tuple[torch.nn.Module, torch.optim.Optimizer, float]:
+def built(task: Task, project: ProjectSpec,
+          seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, float]:
     """The project's model, warmed up (so the backbone times our pace from a warm start), its
     optimizer, and how long the warm-up's micro-batch took."""
     model = initial_model(task, project.seed)
     try:
         seconds = warm_up(task, model, project.precision, seed)
-    except (ValueError, OSError):
-        raise  # (the data's errors say what is wrong already)
+    except (ModelError, ShardError, OSError):
+        raise  # (the task's and the data's own errors say what is wrong already)
     except Exception as exc:  # a configuration that builds a model its first batch breaks
-        raise ModelError(f"the project's model fails on a batch of its own data: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise ModelError(failed_on_a_batch(exc)) from None
     return model, collaboration_optimizer(project, model), seconds

@@ -80,6 +80,15 @@ def model_config(head: Head, model_type: str, config: dict):
                          f"{exc}") from None
 
 
+def failed_on_a_batch(exc: Exception) -> str:
+    """What to tell the volunteer (or the project's author) when a model that was built fails
+    on a batch: out of memory is this computer's limit, anything else the project's."""
+    what = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(exc):
+        return f"the project's model ran out of this computer's memory on one batch: {what}"
+    return f"the project's model fails on a batch of its own data: {what}"
+
+
 def model_class(head: Head, cfg) -> type[nn.Module]:
     import transformers
 

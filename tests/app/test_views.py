@@ -50,6 +50,19 @@ def test_settings_are_kept_across_runs(home):
     assert again.backbones() == ["http://example.org:8470"]
 
 
+def test_measured_paces_in_a_hand_edited_settings_file_are_read_or_passed_over(home):
+    store = SettingsStore()
+    store.qsettings.setValue("rates", '[["a", "b", 1e999], ["a", "c", true], ["a", "d", ' + "9" * 400 + '], '
+                             '["a", "e", "fast"], ["a", "f", 2.5], ["a", "g", -1], "junk", ["a", "h", NaN]]')
+    assert store.rates() == {("a", "f"): 2.5}
+    store.qsettings.setValue("rates", "not json")
+    assert store.rates() == {}
+    store.keep_rate("a", "b", 40.0)
+    store.keep_rate("a", "b", 41.0)  # (within 5%: not written again)
+    store.keep_rate("a", "b", float("inf"))
+    assert store.rates() == {("a", "b"): 40.0}
+
+
 def test_the_settings_page_shows_and_validates_every_limit(qtbot, home):
     controller = Controller(store=SettingsStore())
     controller.store.set_limits(Limits(threads=1, max_memory_mb=900, schedule="weekends"))

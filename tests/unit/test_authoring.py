@@ -91,7 +91,7 @@ def breaks_on_a_batch(folder: Path) -> str:
     project = json.loads((folder / "project.json").read_text())
     project["task_params"]["config"]["type_vocab_size"] = 0
     (folder / "project.json").write_text(json.dumps(project))
-    return "the model fails on a batch of the project's data: RuntimeError"
+    return "the project's model fails on a batch of its own data: RuntimeError"
 
 
 @pytest.mark.parametrize("spoil", [spoil_a_shard, wrong_type, vocabulary_past_the_tokenizer,

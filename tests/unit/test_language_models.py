@@ -7,7 +7,7 @@ import json
 import msgspec
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.cli import build_parser, limits_from_args
@@ -115,13 +115,12 @@ def test_a_configuration_transformers_rejects_in_its_own_way_gets_a_clear_error(
 
 ALBERT_KEYS = ["vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
-               "layer_norm_eps", "classifier_dropout_prob", "position_embedding_type", "pad_token_id"]
+               "layer_norm_eps", "classifier_dropout_prob", "num_hidden_groups", "pad_token_id"]
 VALUES = st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=True), st.booleans(), st.text(max_size=8),
                    st.lists(st.integers(-4, 64), max_size=3))
 
 
-@settings(max_examples=100, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, derandomize=True, deadline=None)
 @given(config=st.dictionaries(st.sampled_from(ALBERT_KEYS), VALUES, max_size=3))
 def test_any_values_in_a_configuration_give_a_model_or_a_clear_error(albert, config):
     params = json.loads(json.dumps(albert.spec.task_params))
