@@ -8,9 +8,12 @@ The model's size is known on the meta device before a byte of it is allocated.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
+import threading
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -22,6 +25,11 @@ Head = Literal["masked-lm", "causal-lm", "pretraining", "image-classification"]
 REFUSED_KEYS = {"trust_remote_code", "auto_map", "name_or_path", "_name_or_path", "transformers_version",
                 "quantization_config", "pretrained_model_name_or_path", "custom_pipelines"}
 MAX_PARAMETERS = 20 * 10**9
+# The largest models have a few thousand modules; a configuration that asks for far more
+# (ALBERT's num_hidden_groups: 100000) would take minutes to build even on the meta device.
+MAX_MODULES = 5_000
+# A model's declared depth: weight-shared models (ALBERT) run any depth with few parameters.
+MAX_LAYERS = 1_000
 
 
 class ModelError(ValueError):
@@ -95,11 +103,42 @@ def model_class(head: Head, cfg) -> type[nn.Module]:
     return getattr(transformers, _classes(head)[cfg.model_type])
 
 
+class _ModuleCount(threading.local):
+    built: int | None = None
+
+
+_counting = _ModuleCount()
+
+
+def _count_module(parent: nn.Module, name: str, module: nn.Module | None) -> None:
+    if _counting.built is None:
+        return
+    _counting.built += 1
+    if _counting.built > MAX_MODULES:
+        raise ModelError(f"configuration builds more than {MAX_MODULES:,} modules (the largest "
+                         "models have a few thousand)")
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_count_module)
+
+
+@contextlib.contextmanager
+def bounded_modules() -> Iterator[None]:
+    """Stop a build in this thread past MAX_MODULES (other threads' builds are not counted)."""
+    outer, _counting.built = _counting.built, 0
+    try:
+        yield
+    finally:
+        _counting.built = outer
+
+
 def count_parameters(head: Head, cfg) -> int:
     """The model's parameters, counted on the meta device (nothing allocated)."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), bounded_modules():
             model = model_class(head, cfg)(cfg)
+    except ModelError as exc:
+        raise ModelError(f"this {cfg.model_type!r} model's {exc}") from None
     except Exception as exc:  # (a model's code checks a configuration as it goes: a head count of
         # 0 is a ZeroDivisionError, a size of -3 a RuntimeError)
         raise ModelError(f"transformers cannot build this {cfg.model_type!r} model: "
@@ -112,6 +151,22 @@ def build_model(head: Head, cfg) -> nn.Module:
     if count > MAX_PARAMETERS:
         raise ModelError(f"the model has {count:,} parameters; Cotrain trains at most {MAX_PARAMETERS:,}")
     return model_class(head, cfg)(cfg)
+
+
+def structure(cfg) -> tuple[int, int]:
+    """The model's width and depth as its configuration declares them (a default where it names
+    neither), refused where no model could have them."""
+    sizes = []
+    for names, bound, default in ((("hidden_size", "n_embd", "d_model"), None, 768),
+                                  (("num_hidden_layers", "n_layer", "num_layers"), MAX_LAYERS, 12),
+                                  (("vocab_size",), None, 1)):
+        key = next((k for k in names if isinstance(getattr(cfg, k, None), int)), None)
+        size = default if key is None else getattr(cfg, key)
+        if size < 1 or (bound is not None and size > bound):
+            limit = "at least 1" if bound is None else f"from 1 to {bound:,}"
+            raise ModelError(f"the model's {key} is {size}: it must be {limit}")
+        sizes.append(size)
+    return sizes[0], sizes[1]
 
 
 def training_memory(parameters: int, optimizer_states: int = 2) -> int:

@@ -25,6 +25,7 @@ from engine.tasks.hf_models import (
     build_model,
     count_parameters,
     model_config,
+    structure,
     training_memory,
 )
 from engine.tasks.masking import IGNORE, mask_tokens
@@ -102,8 +103,7 @@ class LanguageModel(Task):
     def memory_needed(self) -> int:
         """Bytes a peer needs for this model: its training state and a micro-batch's
         activations (a rough bound: 16 fp32 values per token, layer and hidden unit)."""
-        hidden = int(getattr(self.cfg, "hidden_size", 0) or getattr(self.cfg, "n_embd", 0) or 768)
-        layers = int(getattr(self.cfg, "num_hidden_layers", 0) or getattr(self.cfg, "n_layer", 0) or 12)
+        hidden, layers = structure(self.cfg)
         tokens = self.params.micro_batch * self.params.seq_len
         return training_memory(self.parameters()) + 64 * tokens * hidden * layers
 

@@ -94,8 +94,16 @@ def breaks_on_a_batch(folder: Path) -> str:
     return "the project's model fails on a batch of its own data: RuntimeError"
 
 
+def builds_without_end(folder: Path) -> str:
+    """(ALBERT builds every group it is asked for: 100,000 took minutes on the meta device)"""
+    project = json.loads((folder / "project.json").read_text())
+    project["task_params"]["config"]["num_hidden_groups"] = 100_000
+    (folder / "project.json").write_text(json.dumps(project))
+    return "this 'albert' model's configuration builds more than 5,000 modules"
+
+
 @pytest.mark.parametrize("spoil", [spoil_a_shard, wrong_type, vocabulary_past_the_tokenizer,
-                                   breaks_on_a_batch])
+                                   breaks_on_a_batch, builds_without_end])
 def test_the_check_names_what_is_wrong_and_records_nothing(authored, tmp_path, capsys, spoil):
     folder = tmp_path / "mine"
     shutil.copytree(authored, folder)

@@ -1,7 +1,6 @@
 """The text families on the catalog's albert-mini: the batches a peer draws, the masking,
 sentence order, and what a broken project is told."""
 
-import contextlib
 import json
 
 import msgspec
@@ -17,7 +16,7 @@ from engine.peer.runner import built
 from engine.project_folders import load_project_folder
 from engine.shards.files import FolderFiles
 from engine.tasks import TaskData, create_task, initial_model
-from engine.tasks.hf_models import ModelError
+from engine.tasks.hf_models import ModelError, training_memory
 from engine.tasks.masking import IGNORE, mask_tokens
 from tests.projects import albert_folder
 
@@ -102,7 +101,11 @@ def test_a_project_asking_for_what_cotrain_does_not_build_gets_a_clear_error(alb
     ({"hidden_act": 5}, "cannot configure a 'albert' model from the project: .*hidden_act"),
     ({"layer_norm_eps": "small"}, "cannot configure a 'albert' model from the project: .*layer_norm_eps"),
     ({"num_attention_heads": 0}, "cannot build this 'albert' model: ZeroDivisionError"),
-    ({"hidden_size": -3}, "cannot build this 'albert' model: RuntimeError"),
+    ({"embedding_size": -3}, "cannot build this 'albert' model: RuntimeError"),
+    ({"hidden_size": -3}, "the model's hidden_size is -3: it must be at least 1"),
+    ({"num_hidden_layers": -3}, "the model's num_hidden_layers is -3: it must be from 1 to 1,000"),
+    ({"num_hidden_layers": 2**40}, "num_hidden_layers is 1099511627776: it must be from 1 to 1,000"),
+    ({"num_hidden_groups": 100_000}, "this 'albert' model's configuration builds more than 5,000 modules"),
 ])
 def test_a_configuration_transformers_rejects_in_its_own_way_gets_a_clear_error(albert, config, message):
     """However the model's own code objects to a project's values, the peer says so and
@@ -125,8 +128,12 @@ VALUES = st.one_of(st.integers(-2**40, 2**40), st.floats(allow_nan=True), st.boo
 def test_any_values_in_a_configuration_give_a_model_or_a_clear_error(albert, config):
     params = json.loads(json.dumps(albert.spec.task_params))
     params["config"].update(config)
-    with contextlib.suppress(ValueError):  # (ModelError and the schema's: each says what is wrong)
-        task_of(albert, params).memory_needed()
+    try:
+        needed = task_of(albert, params).memory_needed()
+    except ModelError as exc:  # (it names the value it refuses, or says that the model's code did)
+        assert any(key in str(exc) for key in config) or "this 'albert' model" in str(exc), exc
+    else:  # (a model that builds needs memory, so that the memory limit means something)
+        assert needed > training_memory(1)
 
 
 def test_a_model_that_builds_but_breaks_on_its_first_batch_is_refused_with_what_broke(albert):
