@@ -179,11 +179,18 @@ class ProjectSpec(Struct, kw_only=True):
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     # Only peers logged in to an account may join: no free identities (see SECURITY.md).
     require_account: bool = False
+    # Rounds of more members run in groups of about this many (engine/averaging/grouped.py):
+    # a member links to its group and its slot's reducers, not to every reducer. None: flat.
+    group_size: Annotated[int, Meta(ge=2, le=1000)] | None = None
 
     def __post_init__(self) -> None:
         if self.overlap and self.mode == "local":
             raise ValueError("overlap applies to sync rounds: in local mode peers already train "
                              "between rounds, on their own copy")
+        if self.group_size is not None and (self.compression == "powersgd"
+                                            or self.aggregation.verify_probability > 0):
+            raise ValueError("grouped rounds (group_size) do not check reducers or run PowerSGD yet: "
+                             "set aggregation.verify_probability to 0 and another compression")
 
 
 class Catalog(Struct):

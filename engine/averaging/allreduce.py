@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 # on a link like the others', little for a silent one to cost. Results still being sent
 # when the round is done get as long before the round returns (and go on after).
 GRACE = 0.1
+# What a reducer does with a part it reduced before the result goes out (a grouped round's
+# level 1: the part is its group's, and the groups combine theirs first).
+Finish = Callable[[int, ReducedPart], Awaitable[ReducedPart]]
 
 
 async def butterfly_allreduce(
@@ -63,10 +67,11 @@ async def butterfly_allreduce(
     loss_sum: float,
     mesh: PeerMesh,
     timeout: float,
+    finish: Finish | None = None,
 ) -> Averaged:
     """Average ``local_sum`` (gradient x samples, flat fp32) with the group's; raise AveragingError."""
     parts = TensorPartContainer(plan, local_sum.detach().contiguous().view(-1), samples)
-    runner = AllReduceRunner(plan, parts, loss_sum, mesh, timeout)
+    runner = AllReduceRunner(plan, parts, loss_sum, mesh, timeout, finish)
     try:
         return await asyncio.wait_for(runner.run(), timeout)
     except asyncio.TimeoutError:
@@ -106,6 +111,7 @@ class AllReduceRunner:
     loss_sum: float
     mesh: PeerMesh
     timeout: float
+    finish: Finish | None = None
     links: dict[str, PeerLink] = field(default_factory=dict)
     # Whom the round still waits for. A missing link or part points at that peer; a missing
     # result does not: its reducer may itself be waiting on someone else, and blaming it would
@@ -331,9 +337,13 @@ class AllReduceRunner:
         try:
             # Off the event loop: CenteredClip of a large part takes seconds, and the links'
             # SCTP and DTLS run on this loop.
-            done = await asyncio.to_thread(self._reduce, j, parts)
+            done = await asyncio.to_thread(self.reducer.reduce, j, parts)
         except ValueError as exc:
             raise AveragingError(f"round {self.plan.round_id}: {exc}") from None
+        if self.finish is not None:
+            done = await self.finish(j, done)
+        if self.sends:  # (the result applied here too, if we take the step)
+            await asyncio.to_thread(self.parts.land, j, done.values)
         for peer in self.plan.senders:
             if peer != self.plan.me and peer not in self.members.lost:
                 # One result at a time to each peer, in piece order: with our own parts on the
@@ -343,13 +353,6 @@ class AllReduceRunner:
                 self.last_result[peer] = send
                 self.result_sends.append(send)
         return done.result
-
-    def _reduce(self, j: int, parts: dict[str, Received]) -> ReducedPart:
-        """(On a thread.) The reduction, and its result applied here if we take the step."""
-        done = self.reducer.reduce(j, parts)
-        if self.sends:
-            self.parts.land(j, done.values)
-        return done
 
     async def _values(self, frame: Frame, j: int, peer: str, what: str) -> torch.Tensor | None:
         """The fp32 values a part or result carries (None: an empty part)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.averaging.errors import AveragingError
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
-from engine.wire.control import RoundStart
+from engine.wire.control import RoundGroups, RoundStart
 from engine.wire.types import MAX_GROUP
 
 
@@ -32,6 +32,55 @@ class RoundChanges:
         await self._changed.wait()
 
 
+@dataclass(frozen=True)
+class GroupedRound:
+    """Who is in which group, who reduces which slot, and how large slots and pieces are."""
+
+    groups: list[list[str]]  # member ids, per group
+    reducers: list[list[str]]  # per group, its reducer of each slot (slot k: the k-th)
+    slot_shares: list[float]  # per slot, its share of the vector
+    pieces: list[list[float]]  # per slot, per group: the share of the slot its reducer finishes
+
+    def __post_init__(self) -> None:
+        slots = len(self.slot_shares)
+        if any(len(r) != slots for r in self.reducers) or len(self.pieces) != slots:
+            raise ValueError(f"every group has one reducer for each of the {slots} slots")
+        for group, reducers in zip(self.groups, self.reducers, strict=True):
+            if not set(reducers) <= set(group):
+                raise ValueError(f"a group's reducers {reducers} are not all in it")
+
+    @classmethod
+    def of(cls, groups: RoundGroups) -> GroupedRound:
+        return cls(groups.groups, groups.reducers, groups.slot_shares, groups.pieces)
+
+    def group_of(self, member: str) -> int:
+        return next(g for g, group in enumerate(self.groups) if member in group)
+
+    def level_one(self, plan: RoundPlan) -> RoundPlan:
+        """The round within our group: its slot reducers first, in slot order, so that slot
+        k covers the same values in every group."""
+        g = self.group_of(plan.me)
+        reducers = self.reducers[g]
+        members = reducers + [p for p in self.groups[g] if p not in reducers]
+        shares = self.slot_shares + [0.0] * (len(members) - len(reducers))
+        return replace(plan, group=members, shares=shares, pieces=1, grouped=True, groups=None,
+                       changes=RoundChanges(),
+                       optional=plan.optional & set(members), auxiliary=plan.auxiliary & set(members),
+                       caps={p: c for p, c in plan.caps.items() if p in members})
+
+    def level_two(self, plan: RoundPlan, slot: int) -> RoundPlan:
+        """The round among the reducers of ``slot``, one per group, on their groups' sums:
+        its parts travel past every level-1 part's index."""
+        members = [reducers[slot] for reducers in self.reducers]
+        caps = {}
+        if plan.caps:
+            caps = {r: sum(plan.caps.get(p, 0) for p in group) for r, group in zip(members, self.groups,
+                                                                                     strict=True)}
+        return replace(plan, group=members, shares=self.pieces[slot], pieces=1, optional=frozenset(),
+                       auxiliary=frozenset(), caps=caps, changes=RoundChanges(), grouped=False, groups=None,
+                       offset=max(len(group) for group in self.groups))
+
+
 @dataclass
 class RoundPlan:
     round_id: int
@@ -52,6 +101,11 @@ class RoundPlan:
     # ``k * parts + j``: the two phases' frames, commitments and audits never meet.
     phase: int = 0
     phases: int = 1
+    # A level of a grouped round (engine/averaging/grouped.py): its parts travel from
+    # ``offset`` on, and a member's results carry the whole round's samples, not its group's.
+    offset: int = 0
+    grouped: bool = False
+    groups: GroupedRound | None = None  # a grouped round, as the whole round runs
 
     @classmethod
     def of(cls, start: RoundStart, me: str, aggregation: AggregationSpec, target_batch_size: int,
@@ -66,7 +120,7 @@ class RoundPlan:
                    aggregation, target_batch_size, codec_of(compression), changes or RoundChanges(),
                    frozenset(start.auxiliary), start.pieces,
                    dict(zip(start.group, start.caps, strict=True)) if start.caps else {},
-                   phases=phases)
+                   phases=phases, groups=GroupedRound.of(start.groups) if start.groups else None)
 
     def phased(self, phase: int) -> RoundPlan:
         """This round's ``phase``-th all-reduce: the same members, shares and backbone's
@@ -77,7 +131,7 @@ class RoundPlan:
 
     def wire(self, j: int) -> int:
         """The index part ``j`` of this phase travels and is committed under."""
-        return self.phase * self.parts + j
+        return self.offset + self.phase * self.parts + j
 
     @property
     def my_index(self) -> int:

@@ -243,8 +243,11 @@ def outcome(results: list[Result], parts: TensorPartContainer, reducer: TensorPa
     say, the same on every peer handed the same results; ValueError if nobody reduced."""
     if not results:
         raise ValueError("nobody reduced anything")
-    senders = {s for r in results for s in r.received}
-    samples = total_count(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
+    if parts.plan.grouped:  # (a grouped round's results count every group; each lists its own)
+        samples = statistics.median_low(r.samples for r in results)
+    else:
+        senders = {s for r in results for s in r.received}
+        samples = total_count(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
     losses = [r.loss for r in results if r.loss is not None]
     return Averaged(parts.averaged, samples, statistics.median_low(losses) if losses else None,
                     reducer.seen_in_all(), parts.commitment(reducer.reduced), reducer.reduced)

@@ -18,6 +18,7 @@ from msgspec.structs import replace
 
 from engine.averaging.allreduce import butterfly_allreduce, round_key
 from engine.averaging.errors import AveragingError
+from engine.averaging.grouped import grouped_allreduce
 from engine.averaging.powersgd import Layout
 from engine.averaging.powersgd_round import powersgd_allreduce
 from engine.averaging.round_plan import RoundChanges, RoundPlan
@@ -111,7 +112,9 @@ class Rounds:
         before, began = peer.mesh.totals(), time.monotonic()
         plan.changes = self._changes.setdefault(plan.round_id, RoundChanges())
         try:
-            if plan.phases > 1:  # compression: powersgd
+            if plan.groups is not None:  # a round too large to run flat
+                averaged = await grouped_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+            elif plan.phases > 1:  # compression: powersgd
                 averaged = await powersgd_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout,
                                                     layout=self.layout(), feedback=peer.optimizer.residual,
                                                     seed=peer.project.seed, warm=self._warm())

@@ -36,6 +36,10 @@ import numpy as np
 
 from engine.planning.load_balancing import Member, solve_lp
 
+# Members keep last round's groups (and so their links, each a NAT traversal to set up)
+# unless new groups would end the round in this share of the time or less.
+REGROUP_GAIN = 0.8
+
 
 @dataclass(frozen=True)
 class GroupedPlan:
@@ -73,9 +77,24 @@ def form_groups(members: Sequence[Member], group_size: int) -> list[list[int]]:
     return groups
 
 
-def plan_groups(members: Sequence[Member], group_size: int, nbytes: float) -> GroupedPlan:
-    """The grouped round that ends soonest; ValueError if a group has nobody who may reduce."""
-    groups = form_groups(members, group_size)
+def plan_groups(members: Sequence[Member], group_size: int, nbytes: float,
+                kept: tuple[list[list[int]], list[list[int]]] | None = None,
+                regroup_gain: float = REGROUP_GAIN) -> GroupedPlan:
+    """The grouped round that ends soonest; ValueError if a group has nobody who may reduce.
+    ``kept``: the groups and reducers of the last round, if its members are these: they stay
+    (their links are open) unless new groups would end the round in ``regroup_gain`` of
+    the time or less."""
+    fresh = _planned(members, form_groups(members, group_size), nbytes)
+    if kept is None or not _still_fits(members, *kept):
+        return fresh
+    groups, reducers = kept
+    shares, pieces = _solve(members, groups, reducers, len(reducers[0]))
+    again = GroupedPlan(groups, reducers, shares, pieces, 0.0)
+    again = GroupedPlan(groups, reducers, shares, pieces, grouped_round_time(again, members, nbytes))
+    return fresh if fresh.seconds < regroup_gain * again.seconds else again
+
+
+def _planned(members: Sequence[Member], groups: list[list[int]], nbytes: float) -> GroupedPlan:
     slots = min(sum(members[i].reduces for i in g) for g in groups)
     if slots == 0:
         raise ValueError("a group has no member that may reduce")
@@ -86,6 +105,13 @@ def plan_groups(members: Sequence[Member], group_size: int, nbytes: float) -> Gr
     shares, pieces = _solve(members, groups, reducers, slots)
     plan = GroupedPlan(groups, reducers, shares, pieces, 0.0)
     return GroupedPlan(groups, reducers, shares, pieces, grouped_round_time(plan, members, nbytes))
+
+
+def _still_fits(members: Sequence[Member], groups: list[list[int]], reducers: list[list[int]]) -> bool:
+    """Whether last round's groups hold exactly these members, and its reducers may still reduce."""
+    placed = sorted(i for g in groups for i in g)
+    return (placed == list(range(len(members))) and bool(reducers) and len({len(r) for r in reducers}) == 1
+            and len(reducers[0]) > 0 and all(members[i].reduces for r in reducers for i in r))
 
 
 def grouped_loads(plan: GroupedPlan, members: Sequence[Member], nbytes: float) -> list[float]:

@@ -251,6 +251,31 @@ class SyncPlan(ControlMessage, tag="sync_plan"):
 AUXILIARY_DEADLINE = 0.8
 
 
+class RoundGroups(Struct, kw_only=True):
+    """How a round too large for one flat all-reduce runs in groups (engine/averaging/grouped.py):
+    each group's reducer of slot k reduces its group's slot k, and the reducers of slot k
+    across groups finish its pieces among themselves."""
+
+    groups: Annotated[list[list[PeerId]], Meta(min_length=2, max_length=MAX_GROUP)]
+    reducers: Annotated[list[list[PeerId]], Meta(max_length=MAX_GROUP)]  # per group, per slot
+    slot_shares: Annotated[list[Share], Meta(min_length=1, max_length=MAX_GROUP)]
+    pieces: Annotated[list[list[Share]], Meta(max_length=MAX_GROUP)]  # per slot, per group
+
+    def __post_init__(self) -> None:
+        slots, count = len(self.slot_shares), len(self.groups)
+        if len(self.reducers) != count or any(len(r) != slots for r in self.reducers):
+            raise ValueError("every group has one reducer per slot")
+        if len(self.pieces) != slots or any(len(p) != count or sum(p) <= 0 for p in self.pieces):
+            raise ValueError("every slot has one piece per group, not all empty")
+        if sum(self.slot_shares) <= 0:
+            raise ValueError("slot shares must have a positive sum")
+        if any(not set(r) <= set(g) or len(set(r)) != len(r) for g, r in zip(self.groups, self.reducers,
+                                                                             strict=True)):
+            raise ValueError("a group's reducers are its own members, each once")
+        if max(len(g) for g in self.groups) + count > MAX_GROUP:
+            raise ValueError(f"a grouped round's parts number at most {MAX_GROUP}")
+
+
 class RoundStart(ControlMessage, tag="round_start"):
     """Opens an averaging round: who is in it and which part of the vector each reduces."""
 
@@ -274,6 +299,8 @@ class RoundStart(ControlMessage, tag="round_start"):
     caps: Annotated[list[Count], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
     # What members prove they hold the state with (RoundDone.proof): fresh for every round.
     nonce: Sha256 | None = None
+    # A round of many members runs in groups; then ``shares`` is each slot reducer's slot share.
+    groups: RoundGroups | None = None
 
     def __post_init__(self) -> None:
         if len(self.group) != len(self.shares):
@@ -296,6 +323,11 @@ class RoundStart(ControlMessage, tag="round_start"):
             raise ValueError("a round needs a member that brings a gradient")
         if len(self.group) * self.pieces > MAX_GROUP:
             raise ValueError(f"a round has at most {MAX_GROUP} parts")
+        if self.groups is not None:
+            members = [p for g in self.groups.groups for p in g]
+            if sorted(members) != sorted(self.group) or self.pieces != 1 or auxiliary:
+                raise ValueError("a grouped round's groups hold each member once, in one piece, "
+                                 "none auxiliary")
 
 
 class Reassign(ControlMessage, tag="reassign"):

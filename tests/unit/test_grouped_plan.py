@@ -69,3 +69,28 @@ def test_a_thousand_home_links_link_to_dozens_not_hundreds():
 def test_plans_that_cannot_be_are_refused(members, size, message):
     with pytest.raises(ValueError, match=message):
         plan_groups(members, size, MB)
+
+
+def test_members_keep_last_rounds_groups_unless_new_ones_end_the_round_a_fifth_sooner():
+    members = [Member(10 * MB, 10 * MB)] * 12
+    last = plan_groups(members, 4, 100 * MB)
+    kept = (last.groups, last.reducers)
+    # One member measures a somewhat faster link: new groups would gain little, so the
+    # links stay as they are.
+    faster = [Member(14 * MB, 14 * MB), *members[1:]]
+    again = plan_groups(faster, 4, 100 * MB, kept)
+    assert (again.groups, again.reducers) == kept
+    assert again.seconds <= last.seconds
+    # Three members turn out to have links three times as fast, all in one group (the
+    # first grouping knew nothing of them): new groups spread them, and the round ends in
+    # 0.7 of the time the old groups would take.
+    fast = set(last.groups[0][:3])
+    measured = [Member(30 * MB, 30 * MB) if i in fast else m for i, m in enumerate(members)]
+    regrouped = plan_groups(measured, 4, 100 * MB, kept)
+    assert all(len(fast & set(g)) == 1 for g in regrouped.groups)
+    as_it_was = plan_groups(measured, 4, 100 * MB, kept, regroup_gain=0.0)
+    assert (as_it_was.groups, as_it_was.reducers) == kept
+    assert regrouped.seconds < 0.8 * as_it_was.seconds
+    # Groups that no longer hold the members (one left) are planned afresh.
+    fewer = plan_groups(members[:11], 4, 100 * MB, kept)
+    assert sorted(i for g in fewer.groups for i in g) == list(range(11))

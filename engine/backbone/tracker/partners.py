@@ -9,12 +9,17 @@ from engine.backbone.tracker.pairs import Pairs
 from engine.wire.control import MAX_PARTNERS
 
 
-def partners(members: Members, pairs: Pairs, peer: PeerState, epoch: int, now: float) -> list[str]:
+def partners(members: Members, pairs: Pairs, peer: PeerState, epoch: int, now: float,
+             grouped: bool = False) -> list[str]:
     """The live trainers of ``epoch`` and (for a trainer) the auxiliary peers that ``peer``
     may be grouped with and exchange with: not kept apart from it, and not both reducing
     nothing (they send only to reducers). Auxiliary and proven peers first (the reducers
     rounds need), at most MAX_PARTNERS: a round with more links to the rest when it starts.
-    (Auxiliary peers exchange with trainers only.)"""
+    (Auxiliary peers exchange with trainers only.) None in a project whose rounds run in
+    groups: a member exchanges with its group and its slot's reducers, which each round's
+    plan decides, and a link to everyone is what groups are there to avoid."""
+    if grouped:
+        return []
     others = members.live(epoch) + ([] if peer.auxiliary else members.auxiliaries())
     senders = members.sends_only()
     candidates = [p for p in others

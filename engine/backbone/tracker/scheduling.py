@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
+from engine.planning.groups import plan_groups
 from engine.planning.load_balancing import Balance, Member, balance, equal_shares, round_time
 from engine.planning.partition import part_bounds
 from engine.project import ProjectSpec
-from engine.wire.control import RoundDone, RoundStart
+from engine.wire.control import RoundDone, RoundGroups, RoundStart
 
 if TYPE_CHECKING:
     from engine.backbone.tracker.checks import RoundAudit
@@ -94,6 +95,9 @@ class OpenRound:
     phases: int = 1
     answered_at: dict[str, float] = field(default_factory=dict)  # when each outcome arrived
     nonce: str = field(default_factory=lambda: secrets.token_hex(32))  # what voters prove the state with
+    # A round of more than the project's group_size members runs in these groups; then
+    # ``shares`` is each slot reducer's share of the vector (0 for the other members).
+    groups: RoundGroups | None = None
 
     def __post_init__(self) -> None:
         if not self.reducers:
@@ -166,7 +170,17 @@ class OpenRound:
 
     def start(self, timeout: float) -> RoundStart:
         return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,
-                          sorted(self.optional), sorted(self.auxiliary), self.pieces, self.caps(), self.nonce)
+                          sorted(self.optional), sorted(self.auxiliary), self.pieces, self.caps(), self.nonce,
+                          self.groups)
+
+    def reducer_groups(self) -> list[tuple[set[str], dict[str, float]]]:
+        """Who sends to whom: each group's members and its reducers' weights (a flat round:
+        one group, every member)."""
+        weights = self.weights()
+        if self.groups is None:
+            return [(set(self.group), weights)]
+        return [(set(members), {r: weights[r] for r in reducers})
+                for members, reducers in zip(self.groups.groups, self.groups.reducers, strict=True)]
 
     def holds_settled(self, outcome: RoundDone) -> bool:
         """Whether ``outcome`` reports the state the round settled on, with its proof."""
@@ -191,6 +205,7 @@ class Scheduler:
         self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
         self._failed_trials = 0  # trial rounds in a row that did not settle
         self.vector_bytes = 0  # what a round moves per member, once a settled round told us
+        self._groups: RoundGroups | None = None  # the last round's, if it ran in groups
 
     def retry_later(self) -> None:
         """A round failed: give the peers a moment before the next."""
@@ -246,7 +261,12 @@ class Scheduler:
         helpers = self._auxiliaries(trainers, now, sends_only)
         auxiliary = {p.peer_id for p in helpers}
         group = sorted([*trainers, *auxiliary])
-        balanced = shares([*members, *helpers], group, optional, self.equal_shares, auxiliary, sends_only)
+        size = self.project.group_size
+        grouped = grouped_shares(members, group, optional, sends_only, size, self._groups) \
+            if size is not None and len(group) > size and not auxiliary else None
+        self._groups = grouped[0] if grouped is not None else None
+        balanced = grouped[1] if grouped is not None else shares(
+            [*members, *helpers], group, optional, self.equal_shares, auxiliary, sends_only)
         idle = {p for p, share in zip(group, balanced.shares, strict=True) if p in auxiliary and share == 0}
         if idle:  # the LP found their links no help: they sit this round out
             kept = [(p, s) for p, s in zip(group, balanced.shares, strict=True) if p not in idle]
@@ -265,7 +285,9 @@ class Scheduler:
             opened_at=now, deadline=now + self.project.round_timeout,
             checkpoint_by=next(p for p in group if p in proven) if due else None,
             members=self.members.paces(members, now), optional=optional,
-            auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined else 1, phases=phases,
+            auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined and not grouped else 1,
+            phases=phases,
+            groups=grouped[0] if grouped is not None else None,
         )
         log.info("%s: round %d for epoch %d with %d peers (%d auxiliary), %d samples, shares %s in %d "
                  "pieces (%.3f s per MB, %.1f s predicted)", self.project.id, rnd.round_id, rnd.epoch,
@@ -318,6 +340,20 @@ def shares(members: list[PeerState], group: list[str], optional: set[str], equal
     inverse) counts as that much: in a group of more than MAX_CLAIM_RATIO + 1 a stranger
     cannot make itself the only reducer by saying it is fast.
     ``equal``: every reducer the same share, as before DeDLOC's LP (to compare)."""
+    links = link_claims(members, group, optional, auxiliary, sends_only)
+    if not equal:
+        try:
+            return balance(links, 1.0)
+        except (ArithmeticError, ValueError) as exc:
+            log.warning("round shares: the LP failed (%s); equal shares this round", exc)
+    even = equal_shares(links)
+    return Balance([s / sum(even) for s in even], round_time(even, links, 1.0))
+
+
+def link_claims(members: list[PeerState], group: list[str], optional: set[str],
+                auxiliary: set[str] | frozenset[str] = frozenset(),
+                sends_only: set[str] | frozenset[str] = frozenset()) -> list[Member]:
+    """Each member of ``group`` as the LP sees it: its claimed links within bounds, and its role."""
     by_id = {p.peer_id: p for p in members}
     client = {p for p in group if p in sends_only} | optional
     if client >= set(group) - optional:
@@ -329,12 +365,30 @@ def shares(members: list[PeerState], group: list[str], optional: set[str], equal
         # Within MAX_CLAIM_RATIO of the median either way: keeps the LP well conditioned.
         return min(max(value or typical, typical / MAX_CLAIM_RATIO), typical * MAX_CLAIM_RATIO)
 
-    links = [Member(rate(by_id[peer].upload), rate(by_id[peer].download), sends=peer not in auxiliary,
-                    reduces=peer not in client) for peer in group]
-    if not equal:
-        try:
-            return balance(links, 1.0)
-        except (ArithmeticError, ValueError) as exc:
-            log.warning("round shares: the LP failed (%s); equal shares this round", exc)
-    even = equal_shares(links)
-    return Balance([s / sum(even) for s in even], round_time(even, links, 1.0))
+    return [Member(rate(by_id[peer].upload), rate(by_id[peer].download), sends=peer not in auxiliary,
+                   reduces=peer not in client) for peer in group]
+
+
+def grouped_shares(members: list[PeerState], group: list[str], optional: set[str], sends_only: set[str],
+                   group_size: int, last: RoundGroups | None = None) -> tuple[RoundGroups, Balance] | None:
+    """A round of ``group`` in groups of about ``group_size`` (planning/groups.py), and each
+    member's share of the vector as a slot reducer; None (a flat round) if some group would
+    have nobody that may reduce. The ``last`` round's groups stay where they still fit."""
+    links = link_claims(members, group, optional, frozenset(), sends_only)
+    index = {p: i for i, p in enumerate(group)}
+    kept = None
+    if last is not None and all(p in index for g in last.groups for p in g):
+        kept = [[index[p] for p in g] for g in last.groups], [[index[p] for p in r] for r in last.reducers]
+    try:
+        plan = plan_groups(links, group_size, 1.0, kept)
+    except (ArithmeticError, ValueError) as exc:
+        log.warning("grouped round: %s; a flat round instead", exc)
+        return None
+    share = dict.fromkeys(group, 0.0)
+    for reducers in plan.reducers:
+        for k, i in enumerate(reducers):
+            share[group[i]] = plan.slot_shares[k]
+    groups = RoundGroups(groups=[[group[i] for i in g] for g in plan.groups],
+                         reducers=[[group[i] for i in r] for r in plan.reducers],
+                         slot_shares=plan.slot_shares, pieces=plan.pieces)
+    return groups, Balance([share[p] for p in group], plan.seconds)

@@ -307,16 +307,22 @@ class Settlement:
         # Reducers that never reported (an auxiliary member silent past its grace) vouch for
         # nobody and against nobody: the others decide, and a sender they did not see is
         # struck only if they hold most of the vector.
-        weights = rnd.weights()
-        reported = {r: w for r, w in weights.items() if r in rnd.outcomes}
-        conclusive = sum(reported.values()) * 2 > sum(weights.values())
-        seen = {p: n for p, n in seen_by_reducers(reports, reported).items() if p not in rnd.lost}
+        # In a grouped round a member's parts go to its group's reducers only: they decide.
+        seen: dict[str, int] = {}
+        conclusive: set[str] = set()  # the senders whose reducers hold most of their weight
+        for senders, weights in rnd.reducer_groups():
+            reported = {r: w for r, w in weights.items() if r in rnd.outcomes}
+            if sum(reported.values()) * 2 > sum(weights.values()):
+                conclusive |= senders
+            seen |= {p: n for p, n in seen_by_reducers(reports, reported).items()
+                     if p in senders and p not in rnd.lost}
         for pid in rnd.group:
             peer = self.t.members.get(pid)
             if peer is None or pid in rnd.auxiliary:  # (it sends no part)
                 continue
             if pid not in seen:
-                if conclusive and (pid in rnd.optional or pid in rnd.outcomes):  # (a silent voter: below)
+                # (a silent voter: below)
+                if pid in conclusive and (pid in rnd.optional or pid in rnd.outcomes):
                     self.t.members.strike(peer, "the reducers did not get its part")
             elif seen[pid] > 0 and peer.strikes == 0:
                 # Proven once its step agrees too: sending parts is not taking part. (An

@@ -166,5 +166,6 @@ class StateSources:
         # the gradient it brought to that step: it accumulated since the time it had.)
         peer.ready, peer.epoch = True, msg.epoch
         out = self.answer_waiting(patient=True)  # it may serve those asking
-        linked_with = partners(t.members, t.pairs, peer, msg.epoch, t.clock())
+        linked_with = partners(t.members, t.pairs, peer, msg.epoch, t.clock(),
+                               t.project.group_size is not None)
         return [*out, Send(peer.peer_id, Partners(peers=linked_with))] if linked_with else out

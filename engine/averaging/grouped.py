@@ -1,0 +1,75 @@
+"""A grouped round as one member takes part in it: the exact two-level all-reduce that
+engine/planning/groups.py plans, for rounds too large for every member to link to every
+reducer.
+
+Level 1 is a flat round within the member's group (engine/averaging/allreduce.py) whose
+reducers are the group's slot reducers: slot k of every sender's vector goes to the
+group's reducer of slot k, which reduces it to the group's sum. Before that result goes
+out, the reducers of slot k in every group run level 2, a flat round among themselves on
+their groups' sums (each finishes one piece of the slot, ``GroupedRound.pieces``); only
+then does each send the finished slot back to its group. Every piece of the vector is
+finished by one member and travels as the same bytes to everyone, so every member of
+every group applies the same bits, as in a flat round.
+
+A member links to its group and, as a reducer, to the other groups' reducers of its slot:
+O(group size + groups) links, where a flat round needs one to every reducer.
+
+A level-2 sender is a reducer speaking for its group: its sample count is a claim like
+any sender's, bounded as the round bounds one (a share of the target batch, the group's
+caps), and the level-2 reducers check and aggregate the groups' sums with the project's
+rule. Results carry the whole round's samples (``RoundPlan.grouped``): a member's
+outcome takes the median of what its group's reducers say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from engine.averaging import compression
+from engine.averaging.allreduce import butterfly_allreduce
+from engine.averaging.errors import AveragingError
+from engine.averaging.round_plan import RoundPlan
+from engine.averaging.tensor_parts import Averaged, ReducedPart
+from engine.transport.mesh import PeerMesh
+from engine.wire.frames import Result
+
+
+async def grouped_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: int,
+                            loss_sum: float, mesh: PeerMesh, timeout: float) -> Averaged:
+    """Average ``local_sum`` (gradient x samples, flat fp32) with every group's; raise
+    AveragingError."""
+    grouped = plan.groups
+    if grouped is None:
+        raise AveragingError(f"round {plan.round_id} is not a grouped round")
+    if plan.phases > 1 or plan.verified:
+        raise AveragingError(f"round {plan.round_id}: grouped rounds neither check reducers nor "
+                             "run PowerSGD's phases yet")
+    deadline = asyncio.get_running_loop().time() + timeout
+    one = grouped.level_one(plan)
+
+    async def finish(j: int, group_part: ReducedPart) -> ReducedPart:
+        two = grouped.level_two(plan, j)
+        group_samples = group_part.result.samples
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise AveragingError(f"round {plan.round_id} ran out of time before its groups combined")
+        total = await butterfly_allreduce(two, group_part.values * group_samples, group_samples,
+                                          (group_part.result.loss or 0.0) * group_samples, mesh, left)
+        return await asyncio.to_thread(_finished, one, j, group_part, total)
+
+    return await butterfly_allreduce(one, local_sum, samples, loss_sum, mesh, timeout, finish)
+
+
+def _finished(one: RoundPlan, j: int, group_part: ReducedPart, total: Averaged) -> ReducedPart:
+    """(On a thread.) Slot ``j`` as every group combined it, as it travels back to ours: the
+    bytes we apply are the bytes they get."""
+    values = total.vector
+    payload: bytes | memoryview = values.numpy().data
+    if one.compression != "none":
+        payload = compression.encode(values, one.compression)
+        values = compression.decode(payload, values.numel(), one.compression)
+    result = Result(round_id=one.round_id, epoch=one.epoch, index=one.wire(j), samples=total.samples,
+                    loss=total.loss, received=group_part.result.received)
+    return ReducedPart(result, payload, values)

@@ -1,0 +1,65 @@
+"""Grouped rounds with real `cotrain peer` processes: twelve peers in groups of four."""
+
+import statistics
+
+import pytest
+
+from engine.backbone.tracker import Send
+from engine.wire.control import RoundStart
+from tests.collab.harness import running_backbone, tiny_project
+from tests.collab.processes import spawn_peer, terminate
+
+pytestmark = pytest.mark.slow
+
+PEERS, GROUP_SIZE, EPOCHS = 12, 4, 4
+
+
+async def collaboration(tmp_path, group_size: int | None) -> tuple[list, list[RoundStart]]:
+    """Twelve peers for EPOCHS steps; their epochs and the rounds the backbone opened.
+    Rounds open once all twelve are in: every peer starts from the project's seed, so
+    nobody downloads the state, and every link a peer holds is one a round needed."""
+    project = tiny_project(target_batch_size=240, round_timeout=60, group_size=group_size)
+    starts: list[RoundStart] = []
+    async with running_backbone(tmp_path, project) as backbone:
+        tracker = backbone.trackers[project.id]
+        scheduled, carry_out = tracker.scheduler.open, backbone.execute
+
+        def open_when_all_are_in(epoch, last_checkpoint):
+            return scheduled(epoch, last_checkpoint) if len(tracker.members.live(epoch)) == PEERS else None
+
+        def execute(project_id, outs):
+            starts.extend(o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart))
+            carry_out(project_id, outs)
+
+        tracker.scheduler.open, backbone.execute = open_when_all_are_in, execute
+        peers = [await spawn_peer(backbone.url, project.id, f"p{i:02}", tmp_path) for i in range(PEERS)]
+        try:
+            for p in peers:
+                await p.reached(EPOCHS, timeout=240)
+        finally:
+            await terminate(*peers)
+    return peers, starts
+
+
+def round_seconds(peers) -> float:
+    return statistics.median(e["averaging_seconds"] for p in peers for e in p.epochs[:EPOCHS])
+
+
+async def test_twelve_peers_in_groups_of_four_hold_one_state_with_few_links(tmp_path, report_figure):
+    peers, starts = await collaboration(tmp_path / "grouped", GROUP_SIZE)
+    opened = {s.round_id: s for s in starts}.values()
+    assert opened and all(s.groups is not None and len(s.groups.groups) == PEERS // GROUP_SIZE
+                          for s in opened)
+    for epoch in range(1, EPOCHS + 1):
+        hashes = {e["state_sha256"] for p in peers for e in p.epochs if e["epoch"] == epoch}
+        assert len(hashes) == 1, f"epoch {epoch}: {len(hashes)} states"
+    # A member links to its group (3 others) and to the reducers of its slot in the two
+    # other groups: 5, where a flat round of twelve links each to 11.
+    most = max(len(e["paths"]) for p in peers for e in p.epochs[:EPOCHS])
+    assert most <= GROUP_SIZE - 1 + PEERS // GROUP_SIZE - 1
+    flat_peers, _ = await collaboration(tmp_path / "flat", None)
+    flat_most = max(len(e["paths"]) for p in flat_peers for e in p.epochs[:EPOCHS])
+    assert flat_most == PEERS - 1
+    report_figure(f"{PEERS} peers, groups of {GROUP_SIZE}: at most {most} links a peer (flat: {flat_most}); "
+                  f"a round averaged in {round_seconds(peers):.2f} s median (flat: "
+                  f"{round_seconds(flat_peers):.2f} s), on loopback, 2 cores")

@@ -1,0 +1,103 @@
+"""Grouped rounds: the exact two-level all-reduce over real WebRTC links on loopback."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.averaging.allreduce import butterfly_allreduce
+from engine.averaging.grouped import grouped_allreduce
+from engine.averaging.round_plan import GroupedRound, RoundPlan
+from engine.planning.groups import plan_groups
+from engine.planning.load_balancing import Member
+from engine.planning.partition import part_bounds
+from tests.transport.mesh_pair import make_meshes
+from tests.transport.test_allreduce import FP32_SUMS
+
+MB = 2**20
+
+
+def grouped_round(names: list[str], links: list[tuple[float, float]], group_size: int) -> GroupedRound:
+    """The plan planning/groups.py makes for these links, in member ids."""
+    plan = plan_groups([Member(up * MB, down * MB) for up, down in links], group_size, 4e6)
+    return GroupedRound([[names[i] for i in g] for g in plan.groups],
+                        [[names[i] for i in r] for r in plan.reducers], plan.slot_shares, plan.pieces)
+
+
+NAMES = [f"p{i}" for i in range(8)]
+LINKS = [(60, 300), (20, 100), (10, 50), (5, 20), (60, 300), (20, 100), (10, 50), (5, 20)]
+
+
+def test_a_slot_covers_the_same_values_in_every_group():
+    grouped = grouped_round(NAMES, LINKS, 4)
+    assert len(grouped.groups) == 2 and grouped.slot_shares and len(grouped.reducers[0]) >= 2
+    slots = []
+    for group in grouped.groups:
+        one = grouped.level_one(RoundPlan(7, 3, NAMES, [1.0] * 8, group[0]))
+        reducers = len(grouped.reducers[0])
+        assert one.group[:reducers] == grouped.reducers[grouped.group_of(group[0])]
+        slots.append(part_bounds(100_003, one.shares, one.pieces)[:reducers])
+    assert slots[0] == slots[1]
+    two = grouped.level_two(RoundPlan(7, 3, NAMES, [1.0] * 8, grouped.reducers[1][0]), 0)
+    assert two.group == [grouped.reducers[0][0], grouped.reducers[1][0]]
+    assert two.wire(0) >= max(len(g) for g in grouped.groups)  # past every level-1 part
+
+
+async def _rounds(names, vectors, samples, run, compression="none"):
+    meshes = make_meshes(names)
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(
+            run(RoundPlan(1, 4, names, [1.0] * len(names), me, compression=compression),
+                vectors[i] * samples[i], samples[i], 2.0 * samples[i], meshes[me])
+            for i, me in enumerate(names))), 120)
+        links = {me: set(meshes[me].link_transports()) for me in names}
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    return results, links
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+async def test_every_member_of_every_group_applies_the_same_bits_with_few_links(compression):
+    grouped = grouped_round(NAMES, LINKS, 4)
+    vectors = [torch.randn(60_001) for _ in NAMES]
+    samples = [3, 5, 0, 7, 2, 4, 6, 1]
+
+    async def grouped_run(plan, local_sum, n, loss_sum, mesh):
+        return await grouped_allreduce(replace(plan, groups=grouped), local_sum, n, loss_sum, mesh, 90)
+
+    results, links = await _rounds(NAMES, vectors, samples, grouped_run, compression)
+    expected = sum(v * n for v, n in zip(vectors, samples, strict=True)) / sum(samples)
+    for r in results:
+        assert torch.equal(r.vector, results[0].vector)
+        assert r.samples == sum(samples) and r.loss == pytest.approx(2.0)
+    tolerance = {"none": (1e-6, FP32_SUMS), "fp16": (1e-2, 2e-3)}[compression]
+    torch.testing.assert_close(results[0].vector, expected, rtol=tolerance[0], atol=tolerance[1])
+    # A member links to its group, and a reducer to the reducers of its slot in other groups.
+    groups = len(grouped.groups)
+    for me, peers in links.items():
+        g = grouped.group_of(me)
+        mine = set(grouped.groups[g]) - {me}
+        if me in grouped.reducers[g]:
+            slot = grouped.reducers[g].index(me)
+            mine |= {reducers[slot] for reducers in grouped.reducers} - {me}
+        assert peers <= mine, (me, peers - mine)
+    assert max(len(p) for p in links.values()) <= 4 - 1 + groups - 1 < len(NAMES) - 1
+
+
+async def test_a_grouped_round_gives_what_the_flat_round_gives():
+    grouped = grouped_round(NAMES, LINKS, 4)
+    vectors = [torch.randn(30_007) for _ in NAMES]
+    samples = [1, 2, 3, 4, 5, 6, 7, 8]
+
+    async def grouped_run(plan, local_sum, n, loss_sum, mesh):
+        return await grouped_allreduce(replace(plan, groups=grouped), local_sum, n, loss_sum, mesh, 90)
+
+    async def flat_run(plan, local_sum, n, loss_sum, mesh):
+        return await butterfly_allreduce(plan, local_sum, n, loss_sum, mesh, 90)
+
+    by_groups, _ = await _rounds(NAMES, vectors, samples, grouped_run)
+    flat, flat_links = await _rounds(NAMES, vectors, samples, flat_run)
+    assert all(len(p) == len(NAMES) - 1 for p in flat_links.values())
+    torch.testing.assert_close(by_groups[0].vector, flat[0].vector, rtol=1e-6, atol=FP32_SUMS)
+    assert by_groups[0].samples == flat[0].samples == sum(samples)
