@@ -30,6 +30,7 @@ import torch
 from engine.averaging import compression
 from engine.averaging.allreduce import butterfly_allreduce
 from engine.averaging.errors import AveragingError
+from engine.averaging.lost_members import quiet
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import Averaged, ReducedPart
 from engine.transport.mesh import PeerMesh
@@ -59,7 +60,32 @@ async def grouped_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: i
                                           (group_part.result.loss or 0.0) * group_samples, mesh, left)
         return await asyncio.to_thread(_finished, one, j, group_part, total)
 
-    return await butterfly_allreduce(one, local_sum, samples, loss_sum, mesh, timeout, finish)
+    levels = asyncio.ensure_future(butterfly_allreduce(one, local_sum, samples, loss_sum, mesh, timeout,
+                                                       finish))
+    watch = asyncio.ensure_future(_until_a_reducer_is_lost(plan))
+    try:
+        await asyncio.wait([levels, watch], return_when=asyncio.FIRST_COMPLETED)
+        if levels.done():
+            return levels.result()
+        return watch.result()  # (raises)
+    finally:
+        for task in (levels, watch):
+            if not task.done():
+                task.cancel()
+            task.add_done_callback(quiet)
+
+
+async def _until_a_reducer_is_lost(plan: RoundPlan) -> Averaged:
+    """Raise once the backbone says a slot reducer of any group left: its slot cannot be
+    finished, and members waiting on it through others would only learn at the deadline."""
+    assert plan.groups is not None
+    reducers = {r for group in plan.groups.reducers for r in group}
+    while True:
+        lost = plan.changes.lost & reducers
+        if lost:
+            raise AveragingError(f"round {plan.round_id}: {', '.join(sorted(lost))} left with a slot to "
+                                 "reduce, and grouped rounds have no backups")
+        await plan.changes.wait()
 
 
 def _finished(one: RoundPlan, j: int, group_part: ReducedPart, total: Averaged) -> ReducedPart:

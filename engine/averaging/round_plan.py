@@ -56,6 +56,10 @@ class GroupedRound:
     def group_of(self, member: str) -> int:
         return next(g for g, group in enumerate(self.groups) if member in group)
 
+    # Both levels share the round's word on members lost midway (``RoundPlan.changes``): a
+    # member that left is waited for no longer, and a slot reducer that left fails the round
+    # at once (no backup takes a slot over yet), not at its deadline.
+
     def level_one(self, plan: RoundPlan) -> RoundPlan:
         """The round within our group: its slot reducers first, in slot order, so that slot
         k covers the same values in every group."""
@@ -64,7 +68,6 @@ class GroupedRound:
         members = reducers + [p for p in self.groups[g] if p not in reducers]
         shares = self.slot_shares + [0.0] * (len(members) - len(reducers))
         return replace(plan, group=members, shares=shares, pieces=1, grouped=True, groups=None,
-                       changes=RoundChanges(),
                        optional=plan.optional & set(members), auxiliary=plan.auxiliary & set(members),
                        caps={p: c for p, c in plan.caps.items() if p in members})
 
@@ -77,7 +80,7 @@ class GroupedRound:
             caps = {r: sum(plan.caps.get(p, 0) for p in group) for r, group in zip(members, self.groups,
                                                                                      strict=True)}
         return replace(plan, group=members, shares=self.pieces[slot], pieces=1, optional=frozenset(),
-                       auxiliary=frozenset(), caps=caps, changes=RoundChanges(), grouped=False, groups=None,
+                       auxiliary=frozenset(), caps=caps, grouped=False, groups=None,
                        offset=max(len(group) for group in self.groups))
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from engine.averaging.allreduce import butterfly_allreduce
+from engine.averaging.errors import AveragingError
 from engine.averaging.grouped import grouped_allreduce
-from engine.averaging.round_plan import GroupedRound, RoundPlan
+from engine.averaging.round_plan import GroupedRound, RoundChanges, RoundPlan
 from engine.planning.groups import plan_groups
 from engine.planning.load_balancing import Member
 from engine.planning.partition import part_bounds
@@ -101,3 +102,51 @@ async def test_a_grouped_round_gives_what_the_flat_round_gives():
     assert all(len(p) == len(NAMES) - 1 for p in flat_links.values())
     torch.testing.assert_close(by_groups[0].vector, flat[0].vector, rtol=1e-6, atol=FP32_SUMS)
     assert by_groups[0].samples == flat[0].samples == sum(samples)
+
+
+# Two groups; two reducers each, the other two send only.
+BY_HAND = GroupedRound([["a", "b", "c", "d"], ["e", "f", "g", "h"]], [["a", "b"], ["e", "f"]], [0.5, 0.5],
+                       [[0.5, 0.5], [0.5, 0.5]])
+
+
+async def _with_one_lost(lost: str) -> tuple[dict, float]:
+    """Every member but ``lost`` averages; the backbone says ``lost`` left once the others
+    are under way. Each member's outcome (or error), and how long the round took."""
+    names = [p for g in BY_HAND.groups for p in g]
+    vectors = {p: torch.full((20_000,), float(i + 1)) for i, p in enumerate(names)}
+    meshes = make_meshes(names)
+    changes = {p: RoundChanges() for p in names}
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    async def member(me):
+        plan = RoundPlan(3, 1, names, [1.0] * 8, me, changes=changes[me], groups=BY_HAND)
+        return await grouped_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60)
+
+    try:
+        rounds = {p: asyncio.ensure_future(member(p)) for p in names if p != lost}
+        await asyncio.wait(rounds.values(), timeout=1.0)  # (under way: links up, parts going)
+        for c in changes.values():
+            c.update([lost], [])
+        await asyncio.wait(rounds.values(), timeout=30)
+        took = loop.time() - began
+        outcomes = {p: r.exception() or r.result() for p, r in rounds.items() if r.done()}
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    return outcomes, took
+
+
+async def test_a_sender_lost_midway_is_left_out_and_the_round_completes():
+    outcomes, _ = await _with_one_lost("h")
+    assert len(outcomes) == 7
+    averaged = list(outcomes.values())
+    assert all(not isinstance(o, BaseException) for o in averaged), averaged
+    assert all(torch.equal(o.vector, averaged[0].vector) for o in averaged)
+    assert averaged[0].samples == 14  # seven members' two samples each
+    torch.testing.assert_close(averaged[0].vector, torch.full((20_000,), sum(range(1, 8)) / 7))
+
+
+async def test_a_slot_reducer_lost_midway_fails_the_round_at_once_not_at_its_deadline():
+    outcomes, took = await _with_one_lost("f")
+    assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
+    assert all(isinstance(o, AveragingError) for o in outcomes.values()), outcomes

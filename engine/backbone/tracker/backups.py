@@ -58,7 +58,8 @@ class Backups:
         if peer_id in rnd.outcomes:
             return []  # it had finished: its step stands, and its results went out
         rnd.lost.add(peer_id)
-        # (A grouped round has no backups yet: it fails at its deadline, and is redone.)
+        # (A grouped round has no backups yet: its members fail it at once when they hear a
+        # slot reducer left, and it is redone.)
         orphaned = [j for j, r in enumerate(rnd.reducers)
                     if r == peer_id and rnd.share_of(j) > 0 and rnd.groups is None]
         backup = backup_reducer(rnd, t.members.sends_only()) if orphaned else None
