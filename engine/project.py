@@ -187,10 +187,9 @@ class ProjectSpec(Struct, kw_only=True):
         if self.overlap and self.mode == "local":
             raise ValueError("overlap applies to sync rounds: in local mode peers already train "
                              "between rounds, on their own copy")
-        if self.group_size is not None and (self.compression == "powersgd"
-                                            or self.aggregation.verify_probability > 0):
-            raise ValueError("grouped rounds (group_size) do not check reducers or run PowerSGD yet: "
-                             "set aggregation.verify_probability to 0 and another compression")
+        if self.group_size is not None and self.aggregation.verify_probability > 0:
+            raise ValueError("grouped rounds (group_size) do not check reducers yet: set "
+                             "aggregation.verify_probability to 0")
 
 
 class Catalog(Struct):

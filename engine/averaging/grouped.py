@@ -44,9 +44,8 @@ async def grouped_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: i
     grouped = plan.groups
     if grouped is None:
         raise AveragingError(f"round {plan.round_id} is not a grouped round")
-    if plan.phases > 1 or plan.verified:
-        raise AveragingError(f"round {plan.round_id}: grouped rounds neither check reducers nor "
-                             "run PowerSGD's phases yet")
+    if plan.verified:
+        raise AveragingError(f"round {plan.round_id}: grouped rounds do not check reducers yet")
     deadline = asyncio.get_running_loop().time() + timeout
     one = grouped.level_one(plan)
 

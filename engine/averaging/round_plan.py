@@ -73,7 +73,7 @@ class GroupedRound:
 
     def level_two(self, plan: RoundPlan, slot: int) -> RoundPlan:
         """The round among the reducers of ``slot``, one per group, on their groups' sums:
-        its parts travel past every level-1 part's index."""
+        its parts travel past every level-1 part's index, of every phase."""
         members = [reducers[slot] for reducers in self.reducers]
         caps = {}
         if plan.caps:
@@ -81,7 +81,7 @@ class GroupedRound:
                                                                                      strict=True)}
         return replace(plan, group=members, shares=self.pieces[slot], pieces=1, optional=frozenset(),
                        auxiliary=frozenset(), caps=caps, grouped=False, groups=None,
-                       offset=max(len(group) for group in self.groups))
+                       offset=plan.phases * max(len(group) for group in self.groups))
 
 
 @dataclass

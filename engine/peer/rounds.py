@@ -112,14 +112,15 @@ class Rounds:
         before, began = peer.mesh.totals(), time.monotonic()
         plan.changes = self._changes.setdefault(plan.round_id, RoundChanges())
         try:
-            if plan.groups is not None:  # a round too large to run flat
-                averaged = await grouped_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
-            elif plan.phases > 1:  # compression: powersgd
+            # (a round too large to run flat runs in groups)
+            allreduce = butterfly_allreduce if plan.groups is None else grouped_allreduce
+            if plan.phases > 1:  # compression: powersgd
                 averaged = await powersgd_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout,
                                                     layout=self.layout(), feedback=peer.optimizer.residual,
-                                                    seed=peer.project.seed, warm=self._warm())
+                                                    seed=peer.project.seed, warm=self._warm(),
+                                                    allreduce=allreduce)
             else:
-                averaged = await butterfly_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+                averaged = await allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
             peer.audits.keep(averaged.reduced)
             moved = peer.mesh.totals()
             peer.bandwidth.observed(moved.bytes_sent - before.bytes_sent,

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.slow
 PEERS, GROUP_SIZE, EPOCHS = 12, 4, 4
 
 
-async def collaboration(tmp_path, group_size: int | None) -> tuple[list, list[RoundStart]]:
+async def collaboration(tmp_path, group_size: int | None, **options) -> tuple[list, list[RoundStart]]:
     """Twelve peers for EPOCHS steps; their epochs and the rounds the backbone opened.
     Rounds open once all twelve are in: every peer starts from the project's seed, so
     nobody downloads the state, and every link a peer holds is one a round needed."""
-    project = tiny_project(target_batch_size=240, round_timeout=60, group_size=group_size)
+    project = tiny_project(target_batch_size=240, round_timeout=60, group_size=group_size, **options)
     starts: list[RoundStart] = []
     async with running_backbone(tmp_path, project) as backbone:
         tracker = backbone.trackers[project.id]
@@ -45,14 +45,18 @@ def round_seconds(peers) -> float:
     return statistics.median(e["averaging_seconds"] for p in peers for e in p.epochs[:EPOCHS])
 
 
-async def test_twelve_peers_in_groups_of_four_hold_one_state_with_few_links(tmp_path, report_figure):
-    peers, starts = await collaboration(tmp_path / "grouped", GROUP_SIZE)
+def assert_grouped_with_one_state(peers, starts) -> None:
     opened = {s.round_id: s for s in starts}.values()
     assert opened and all(s.groups is not None and len(s.groups.groups) == PEERS // GROUP_SIZE
                           for s in opened)
     for epoch in range(1, EPOCHS + 1):
         hashes = {e["state_sha256"] for p in peers for e in p.epochs if e["epoch"] == epoch}
         assert len(hashes) == 1, f"epoch {epoch}: {len(hashes)} states"
+
+
+async def test_twelve_peers_in_groups_of_four_hold_one_state_with_few_links(tmp_path, report_figure):
+    peers, starts = await collaboration(tmp_path / "grouped", GROUP_SIZE)
+    assert_grouped_with_one_state(peers, starts)
     # A member links to its group (3 others) and to the reducers of its slot in the two
     # other groups: 5, where a flat round of twelve links each to 11.
     most = max(len(e["paths"]) for p in peers for e in p.epochs[:EPOCHS])
@@ -63,3 +67,10 @@ async def test_twelve_peers_in_groups_of_four_hold_one_state_with_few_links(tmp_
     report_figure(f"{PEERS} peers, groups of {GROUP_SIZE}: at most {most} links a peer (flat: {flat_most}); "
                   f"a round averaged in {round_seconds(peers):.2f} s median (flat: "
                   f"{round_seconds(flat_peers):.2f} s), on loopback, 2 cores")
+
+
+async def test_powersgd_rounds_in_groups_hold_one_state(tmp_path):
+    """PowerSGD's two all-reduces each run in the groups: the same state on every peer."""
+    peers, starts = await collaboration(tmp_path, GROUP_SIZE, compression="powersgd")
+    assert_grouped_with_one_state(peers, starts)
+    assert all(e["loss"] < peers[0].epochs[0]["loss"] for p in peers for e in p.epochs[EPOCHS - 1:EPOCHS])

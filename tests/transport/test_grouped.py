@@ -9,6 +9,8 @@ import torch
 from engine.averaging.allreduce import butterfly_allreduce
 from engine.averaging.errors import AveragingError
 from engine.averaging.grouped import grouped_allreduce
+from engine.averaging.powersgd import Layout
+from engine.averaging.powersgd_round import powersgd_allreduce
 from engine.averaging.round_plan import GroupedRound, RoundChanges, RoundPlan
 from engine.planning.groups import plan_groups
 from engine.planning.load_balancing import Member
@@ -150,3 +152,31 @@ async def test_a_slot_reducer_lost_midway_fails_the_round_at_once_not_at_its_dea
     outcomes, took = await _with_one_lost("f")
     assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
     assert all(isinstance(o, AveragingError) for o in outcomes.values()), outcomes
+
+
+async def test_a_powersgd_round_in_groups_gives_every_member_the_same_bits():
+    """PowerSGD's two phases each run as a grouped round: every member applies the same
+    step, the flat PowerSGD round's up to the order of fp32 sums."""
+    names = [p for g in BY_HAND.groups for p in g]
+    layout = Layout.of([(300, 200), (300,), (64, 32, 3, 3)], rank=4)
+    g = torch.Generator().manual_seed(0)
+    trend = torch.randn(layout.numel, generator=g)
+    sums = {me: (trend + 0.3 * torch.randn(layout.numel, generator=g)) * (i + 1)
+            for i, me in enumerate(names)}
+
+    async def run(groups):
+        meshes = make_meshes(names)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(
+                powersgd_allreduce(RoundPlan(1, 3, names, [1.0] * 8, me, phases=2, groups=groups), sums[me],
+                                   i + 1, 2.0 * (i + 1), meshes[me], 60, layout=layout, feedback=None, seed=1,
+                                   allreduce=butterfly_allreduce if groups is None else grouped_allreduce)
+                for i, me in enumerate(names))), 120)
+        finally:
+            await asyncio.gather(*(m.close() for m in meshes.values()))
+
+    grouped, flat = await run(BY_HAND), await run(None)
+    assert all(torch.equal(r.vector, grouped[0].vector) for r in grouped)
+    assert grouped[0].samples == flat[0].samples == 36
+    assert all(torch.equal(r.next_q[m], grouped[0].next_q[m]) for r in grouped for m in r.next_q)
+    torch.testing.assert_close(grouped[0].vector, flat[0].vector, rtol=1e-4, atol=1e-4)
