@@ -81,37 +81,60 @@ def plan_groups(members: Sequence[Member], group_size: int, nbytes: float,
                 kept: tuple[list[list[int]], list[list[int]]] | None = None,
                 regroup_gain: float = REGROUP_GAIN) -> GroupedPlan:
     """The grouped round that ends soonest; ValueError if a group has nobody who may reduce.
-    ``kept``: the groups and reducers of the last round, if its members are these: they stay
-    (their links are open) unless new groups would end the round in ``regroup_gain`` of
-    the time or less."""
+    ``kept``: the last round's groups and slot reducers, as indices of these members (those
+    who left dropped). Their links are open, so they carry over (``carried_groups``: the
+    members who stayed keep their groups and slots, newcomers fill the smallest groups)
+    unless new groups would end the round in ``regroup_gain`` of the time or less."""
     fresh = _planned(members, form_groups(members, group_size), nbytes)
-    if kept is None or not _still_fits(members, *kept):
+    groups = carried_groups(members, group_size, kept[0]) if kept is not None else None
+    if kept is None or groups is None:
         return fresh
-    groups, reducers = kept
-    shares, pieces = _solve(members, groups, reducers, len(reducers[0]))
-    again = GroupedPlan(groups, reducers, shares, pieces, 0.0)
-    again = GroupedPlan(groups, reducers, shares, pieces, grouped_round_time(again, members, nbytes))
+    again = _planned(members, groups, nbytes, [r for g in kept[1] for r in g])
     return fresh if fresh.seconds < regroup_gain * again.seconds else again
 
 
-def _planned(members: Sequence[Member], groups: list[list[int]], nbytes: float) -> GroupedPlan:
+def carried_groups(members: Sequence[Member], group_size: int,
+                   last: list[list[int]]) -> list[list[int]] | None:
+    """Last round's groups for these members: those who stayed keep theirs; a group left
+    with fewer than half of ``group_size`` is dealt out; newcomers and its members join the
+    smallest groups, fastest first; a group grown past one and a half times ``group_size``
+    splits in two. None if no group is left, or one has nobody who may reduce."""
+    floor, ceiling = max(2, group_size // 2), max(3, group_size * 3 // 2)
+    stayed = [[i for i in g if 0 <= i < len(members)] for g in last]
+    groups = [g for g in stayed if len(g) >= floor]
+    if not groups:
+        return None
+    placed = {i for g in groups for i in g}
+    loose = sorted((i for i in range(len(members)) if i not in placed),
+                   key=lambda i: (not members[i].reduces, -_capacity(members[i]), i))
+    for i in loose:
+        smallest = min(groups, key=len)
+        smallest.append(i)
+        if len(smallest) > ceiling:
+            groups.remove(smallest)
+            groups += [smallest[0::2], smallest[1::2]]
+    if any(not any(members[i].reduces for i in g) for g in groups):
+        return None
+    return groups
+
+
+def _planned(members: Sequence[Member], groups: list[list[int]], nbytes: float,
+             first: Sequence[int] = ()) -> GroupedPlan:
+    """The plan for these groups: each takes as many slot reducers as the group with fewest
+    has members that may reduce. ``first``: reducers that keep their slots if they can."""
     slots = min(sum(members[i].reduces for i in g) for g in groups)
     if slots == 0:
         raise ValueError("a group has no member that may reduce")
     # Each group's fastest reducers take the slots, in order: slot k pairs the k-th fastest
     # of every group across groups, so no slot waits on one slow reducer among fast ones.
-    reducers = [sorted((i for i in g if members[i].reduces), key=lambda i: -_capacity(members[i]))[:slots]
+    # Reducers of the last round come first, in their slots: their links are open.
+    order = {i: k for k, i in enumerate(first)}
+    reducers = [sorted((i for i in g if members[i].reduces),
+                       key=lambda i: (order.get(i, len(order)), -_capacity(members[i])))[:slots]
                 for g in groups]
     shares, pieces = _solve(members, groups, reducers, slots)
     plan = GroupedPlan(groups, reducers, shares, pieces, 0.0)
     return GroupedPlan(groups, reducers, shares, pieces, grouped_round_time(plan, members, nbytes))
-
-
-def _still_fits(members: Sequence[Member], groups: list[list[int]], reducers: list[list[int]]) -> bool:
-    """Whether last round's groups hold exactly these members, and its reducers may still reduce."""
-    placed = sorted(i for g in groups for i in g)
-    return (placed == list(range(len(members))) and bool(reducers) and len({len(r) for r in reducers}) == 1
-            and len(reducers[0]) > 0 and all(members[i].reduces for r in reducers for i in r))
 
 
 def grouped_loads(plan: GroupedPlan, members: Sequence[Member], nbytes: float) -> list[float]:

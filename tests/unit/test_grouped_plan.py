@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from engine.planning.groups import form_groups, grouped_round_time, plan_groups
+from engine.planning.groups import carried_groups, form_groups, grouped_round_time, plan_groups
 from engine.planning.load_balancing import Member, balance
 
 MB = 1e6
@@ -91,6 +91,29 @@ def test_members_keep_last_rounds_groups_unless_new_ones_end_the_round_a_fifth_s
     as_it_was = plan_groups(measured, 4, 100 * MB, kept, regroup_gain=0.0)
     assert (as_it_was.groups, as_it_was.reducers) == kept
     assert regrouped.seconds < 0.8 * as_it_was.seconds
-    # Groups that no longer hold the members (one left) are planned afresh.
-    fewer = plan_groups(members[:11], 4, 100 * MB, kept)
-    assert sorted(i for g in fewer.groups for i in g) == list(range(11))
+
+
+def test_when_members_come_and_go_the_others_keep_their_groups_and_slots():
+    members = [Member(10 * MB, 10 * MB)] * 12
+    last = plan_groups(members, 4, 100 * MB)
+    # Member 11 leaves (the caller drops it from the last round's groups), and two others
+    # come (indices 11 and 12): they join the groups left smallest.
+    stayed = ([[i for i in g if i != 11] for g in last.groups],
+              [[i for i in r if i != 11] for r in last.reducers])
+    now = [*members[:11], Member(10 * MB, 10 * MB), Member(10 * MB, 10 * MB)]
+    plan = plan_groups(now, 4, 100 * MB, stayed)
+    for before, after in zip(stayed[0], plan.groups, strict=True):
+        assert after[:len(before)] == before  # nobody moved
+    assert sorted(i for g in plan.groups for i in g) == list(range(13))
+    assert sorted(map(len, plan.groups)) == [4, 4, 5]
+    # Slot reducers that stayed keep their slots (a group that lost its reducer of slot k
+    # gives slot k to another member; the pairs across groups of the other slots hold).
+    for before, after in zip(stayed[1], plan.reducers, strict=True):
+        assert [i for i in after if i in before] == before
+    # A group left with one member is dealt out into the others.
+    few = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10]]
+    groups = carried_groups([Member(10 * MB, 10 * MB)] * 11, 4, few)
+    assert groups is not None and len(groups) == 2 and groups[0][:5] == few[0] and groups[1][:5] == few[1]
+    # One grown past one and a half times the group size splits in two.
+    grown = carried_groups([Member(10 * MB, 10 * MB)] * 7, 4, [[0, 1, 2, 3, 4, 5]])
+    assert grown is not None and sorted(map(len, grown)) == [3, 4]

@@ -9,7 +9,7 @@ from engine.backbone.tracker import RecordCredits
 from engine.project import AggregationSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import encode
-from engine.wire.control import Progress, from_backbone
+from engine.wire.control import Progress, Ready, SyncRequest, from_backbone
 from tests.unit.test_tracker import Clock, done, open_round, project, ready_tracker
 
 TWELVE = tuple(f"p{i:02}" for i in range(12))
@@ -103,3 +103,22 @@ def test_a_round_start_whose_groups_do_not_hold_its_members_is_refused():
         from_backbone.decode(json.dumps(start))
     start["groups"]["reducers"] = [["a"], ["c"]]
     assert from_backbone.decode(json.dumps(start)).groups is not None
+
+
+def test_when_a_member_leaves_and_another_joins_the_rest_keep_their_groups(clock):
+    t = grouped_tracker(clock)
+    first = open_round(t, dict.fromkeys(TWELVE, 10))
+    for p in TWELVE:
+        t.handle(p, done(first))
+    gone = first.groups.groups[0][1]
+    t.leave(gone)
+    t.join("newcomer", "newcomer")
+    t.handle("newcomer", SyncRequest())
+    t.handle("newcomer", Ready(1, "h1"))
+    now = [p for p in TWELVE if p != gone]
+    second = open_round(t, dict.fromkeys(now, 12))
+    assert second.groups is not None and "newcomer" in second.group
+    for before, after in zip(first.groups.groups, second.groups.groups, strict=True):
+        stayed = [p for p in before if p != gone]
+        assert after[:len(stayed)] == stayed
+    assert second.groups.groups[0][-1] == "newcomer"  # (the group it left was the smallest)

@@ -373,12 +373,13 @@ def grouped_shares(members: list[PeerState], group: list[str], optional: set[str
                    group_size: int, last: RoundGroups | None = None) -> tuple[RoundGroups, Balance] | None:
     """A round of ``group`` in groups of about ``group_size`` (planning/groups.py), and each
     member's share of the vector as a slot reducer; None (a flat round) if some group would
-    have nobody that may reduce. The ``last`` round's groups stay where they still fit."""
+    have nobody that may reduce. The ``last`` round's groups carry over to those who stayed."""
     links = link_claims(members, group, optional, frozenset(), sends_only)
     index = {p: i for i, p in enumerate(group)}
     kept = None
-    if last is not None and all(p in index for g in last.groups for p in g):
-        kept = [[index[p] for p in g] for g in last.groups], [[index[p] for p in r] for r in last.reducers]
+    if last is not None:  # (as members of this round: those who left dropped)
+        kept = ([[index[p] for p in g if p in index] for g in last.groups],
+                [[index[p] for p in r if p in index] for r in last.reducers])
     try:
         plan = plan_groups(links, group_size, 1.0, kept)
     except (ArithmeticError, ValueError) as exc:
