@@ -84,11 +84,12 @@ async def butterfly_allreduce(
         raise AveragingError(f"round {plan.round_id}: {exc}", {exc.peer}, runner.waiting()) from None
 
 
-async def aggregate_parts(plan: RoundPlan, numel: int, mesh: PeerMesh, timeout: float) -> ReducedParts:
+async def aggregate_parts(plan: RoundPlan, numel: int, mesh: PeerMesh, timeout: float,
+                          finish: Finish | None = None) -> ReducedParts:
     """As an auxiliary member of the round: reduce the parts of a ``numel``-element vector
     that are ours and send the results to everyone who brought a gradient; raise
     AveragingError."""
-    runner = AllReduceRunner(plan, TensorPartContainer(plan, None, 0, numel), 0.0, mesh, timeout)
+    runner = AllReduceRunner(plan, TensorPartContainer(plan, None, 0, numel), 0.0, mesh, timeout, finish)
     try:
         return await asyncio.wait_for(runner.run_auxiliary(), timeout)
     except asyncio.TimeoutError:

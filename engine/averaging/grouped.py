@@ -24,23 +24,46 @@ outcome takes the median of what its group's reducers say.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import NoReturn, TypeVar
 
 import torch
 
 from engine.averaging import compression
-from engine.averaging.allreduce import butterfly_allreduce
+from engine.averaging.allreduce import Finish, aggregate_parts, butterfly_allreduce
 from engine.averaging.errors import AveragingError
 from engine.averaging.lost_members import quiet
 from engine.averaging.round_plan import RoundPlan
-from engine.averaging.tensor_parts import Averaged, ReducedPart
+from engine.averaging.tensor_parts import Averaged, ReducedPart, ReducedParts
 from engine.transport.mesh import PeerMesh
 from engine.wire.frames import Result
+
+Outcome = TypeVar("Outcome", Averaged, ReducedParts)
 
 
 async def grouped_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: int,
                             loss_sum: float, mesh: PeerMesh, timeout: float) -> Averaged:
     """Average ``local_sum`` (gradient x samples, flat fp32) with every group's; raise
     AveragingError."""
+    def level_one(one: RoundPlan, finish: Finish) -> Awaitable[Averaged]:
+        return butterfly_allreduce(one, local_sum, samples, loss_sum, mesh, timeout, finish)
+
+    return await _in_groups(plan, mesh, timeout, level_one)
+
+
+async def grouped_aggregate(plan: RoundPlan, numel: int, mesh: PeerMesh, timeout: float) -> ReducedParts:
+    """As an auxiliary member: reduce our group's slot of a ``numel``-element vector, finish
+    it with the other groups' reducers of that slot, and send it back to our group."""
+    def level_one(one: RoundPlan, finish: Finish) -> Awaitable[ReducedParts]:
+        return aggregate_parts(one, numel, mesh, timeout, finish)
+
+    return await _in_groups(plan, mesh, timeout, level_one)
+
+
+async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
+                     level_one: Callable[[RoundPlan, Finish], Awaitable[Outcome]]) -> Outcome:
+    """Our part of the round: level 1 in our group, and level 2 for each slot we reduce
+    before its result goes back to the group; raise AveragingError."""
     grouped = plan.groups
     if grouped is None:
         raise AveragingError(f"round {plan.round_id} is not a grouped round")
@@ -59,8 +82,7 @@ async def grouped_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: i
                                           (group_part.result.loss or 0.0) * group_samples, mesh, left)
         return await asyncio.to_thread(_finished, one, j, group_part, total)
 
-    levels = asyncio.ensure_future(butterfly_allreduce(one, local_sum, samples, loss_sum, mesh, timeout,
-                                                       finish))
+    levels = asyncio.ensure_future(level_one(one, finish))
     watch = asyncio.ensure_future(_until_a_reducer_is_lost(plan))
     try:
         await asyncio.wait([levels, watch], return_when=asyncio.FIRST_COMPLETED)
@@ -74,7 +96,7 @@ async def grouped_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: i
             task.add_done_callback(quiet)
 
 
-async def _until_a_reducer_is_lost(plan: RoundPlan) -> Averaged:
+async def _until_a_reducer_is_lost(plan: RoundPlan) -> NoReturn:
     """Raise once the backbone says a slot reducer of any group left: its slot cannot be
     finished, and members waiting on it through others would only learn at the deadline."""
     assert plan.groups is not None

@@ -21,6 +21,7 @@ import torch
 
 from engine.averaging.allreduce import aggregate_parts, round_key
 from engine.averaging.errors import AveragingError
+from engine.averaging.grouped import grouped_aggregate
 from engine.averaging.powersgd import Layout
 from engine.averaging.powersgd_round import aggregate_phases
 from engine.averaging.round_plan import RoundChanges, RoundPlan
@@ -147,11 +148,13 @@ class AuxiliaryPeer(Peer):
             # Giving up before the trainers do, it names whose parts it missed before they
             # name it as the reducer they waited for.
             deadline = AUXILIARY_DEADLINE * start.timeout
+            # (a round too large to run flat runs in groups)
+            aggregate = aggregate_parts if plan.groups is None else grouped_aggregate
             if plan.phases > 1:
                 assert self.layout is not None
-                done = await aggregate_phases(plan, self.layout, self.mesh, deadline)
+                done = await aggregate_phases(plan, self.layout, self.mesh, deadline, aggregate)
             else:
-                done = await aggregate_parts(plan, self.numel, self.mesh, deadline)
+                done = await aggregate(plan, self.numel, self.mesh, deadline)
         except AveragingError as exc:
             log.warning("round %d: %s", start.round_id, exc)
             self.emit(RoundFailed(start.epoch, str(exc)))

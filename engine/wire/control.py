@@ -325,9 +325,11 @@ class RoundStart(ControlMessage, tag="round_start"):
             raise ValueError(f"a round has at most {MAX_GROUP} parts")
         if self.groups is not None:
             members = [p for g in self.groups.groups for p in g]
-            if sorted(members) != sorted(self.group) or self.pieces != 1 or auxiliary:
-                raise ValueError("a grouped round's groups hold each member once, in one piece, "
-                                 "none auxiliary")
+            if sorted(members) != sorted(self.group) or self.pieces != 1:
+                raise ValueError("a grouped round's groups hold each member once, in one piece")
+            reducers = {r for g in self.groups.reducers for r in g}
+            if not auxiliary <= reducers:
+                raise ValueError("an auxiliary member of a grouped round reduces a slot")
 
 
 class Reassign(ControlMessage, tag="reassign"):

@@ -8,7 +8,7 @@ import torch
 
 from engine.averaging.allreduce import butterfly_allreduce
 from engine.averaging.errors import AveragingError
-from engine.averaging.grouped import grouped_allreduce
+from engine.averaging.grouped import grouped_aggregate, grouped_allreduce
 from engine.averaging.powersgd import Layout
 from engine.averaging.powersgd_round import powersgd_allreduce
 from engine.averaging.round_plan import GroupedRound, RoundChanges, RoundPlan
@@ -180,3 +180,26 @@ async def test_a_powersgd_round_in_groups_gives_every_member_the_same_bits():
     assert grouped[0].samples == flat[0].samples == 36
     assert all(torch.equal(r.next_q[m], grouped[0].next_q[m]) for r in grouped for m in r.next_q)
     torch.testing.assert_close(grouped[0].vector, flat[0].vector, rtol=1e-4, atol=1e-4)
+
+
+async def test_an_auxiliary_member_reduces_its_groups_slot_and_every_trainer_applies_the_same_bits():
+    names = [p for g in BY_HAND.groups for p in g]
+    trainers = [p for p in names if p != "b"]  # b: an auxiliary reducer of slot 1 in the first group
+    vectors = {p: torch.randn(30_011) for p in trainers}
+    meshes = make_meshes(names)
+
+    def plan(me):
+        return RoundPlan(5, 2, names, [1.0] * 8, me, auxiliary=frozenset({"b"}), groups=BY_HAND)
+
+    try:
+        done = await asyncio.wait_for(asyncio.gather(
+            grouped_aggregate(plan("b"), 30_011, meshes["b"], 60),
+            *(grouped_allreduce(plan(me), vectors[me] * 3, 3, 3.0, meshes[me], 60) for me in trainers)), 120)
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+    auxiliary, averaged = done[0], done[1:]
+    assert all(torch.equal(a.vector, averaged[0].vector) for a in averaged)
+    assert averaged[0].samples == 3 * len(trainers)
+    torch.testing.assert_close(averaged[0].vector, sum(vectors.values()) / len(trainers), rtol=1e-5,
+                               atol=FP32_SUMS)
+    assert auxiliary.received == {"a": 3, "c": 3, "d": 3}  # its group's senders, in full

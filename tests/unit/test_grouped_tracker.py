@@ -10,6 +10,7 @@ from engine.project import AggregationSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import encode
 from engine.wire.control import Progress, Ready, SyncRequest, from_backbone
+from engine.wire.types import PeerRole
 from tests.unit.test_tracker import Clock, done, open_round, project, ready_tracker
 
 TWELVE = tuple(f"p{i:02}" for i in range(12))
@@ -122,3 +123,19 @@ def test_when_a_member_leaves_and_another_joins_the_rest_keep_their_groups(clock
         stayed = [p for p in before if p != gone]
         assert after[:len(stayed)] == stayed
     assert second.groups.groups[0][-1] == "newcomer"  # (the group it left was the smallest)
+
+
+def test_an_auxiliary_peer_reduces_a_slot_of_a_grouped_round_and_brings_no_gradient(clock):
+    t = grouped_tracker(clock, peers=TWELVE[:8])
+    t.join("aux", "aux", PeerRole.AUXILIARY)
+    t.handle("aux", Progress(0, 0, 0.0, upload=50e6, download=50e6))
+    for p in TWELVE[:8]:
+        t.handle(p, Progress(0, 0, 0.0, upload=1e6, download=1e6))
+    start = open_round(t, dict.fromkeys(TWELVE[:8], 15))
+    assert start.groups is not None and start.auxiliary == ["aux"]
+    (mine,) = [g for g in start.groups.reducers if "aux" in g]
+    assert from_backbone.decode(encode(start)) == start
+    # Its share is its slot's; the members of its group send it their parts of that slot.
+    shares = dict(zip(start.group, start.shares, strict=True))
+    assert shares["aux"] == pytest.approx(start.groups.slot_shares[mine.index("aux")])
+    assert t.round.voters == [p for p in start.group if p != "aux"]

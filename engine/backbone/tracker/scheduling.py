@@ -262,8 +262,8 @@ class Scheduler:
         auxiliary = {p.peer_id for p in helpers}
         group = sorted([*trainers, *auxiliary])
         size = self.project.group_size
-        grouped = grouped_shares(members, group, optional, sends_only, size, self._groups) \
-            if size is not None and len(group) > size and not auxiliary else None
+        grouped = grouped_shares([*members, *helpers], group, optional, sends_only, size, self._groups,
+                                 auxiliary) if size is not None and len(group) > size else None
         self._groups = grouped[0] if grouped is not None else None
         balanced = grouped[1] if grouped is not None else shares(
             [*members, *helpers], group, optional, self.equal_shares, auxiliary, sends_only)
@@ -370,11 +370,14 @@ def link_claims(members: list[PeerState], group: list[str], optional: set[str],
 
 
 def grouped_shares(members: list[PeerState], group: list[str], optional: set[str], sends_only: set[str],
-                   group_size: int, last: RoundGroups | None = None) -> tuple[RoundGroups, Balance] | None:
+                   group_size: int, last: RoundGroups | None = None,
+                   auxiliary: set[str] | frozenset[str] = frozenset()) -> tuple[RoundGroups, Balance] | None:
     """A round of ``group`` in groups of about ``group_size`` (planning/groups.py), and each
     member's share of the vector as a slot reducer; None (a flat round) if some group would
-    have nobody that may reduce. The ``last`` round's groups carry over to those who stayed."""
-    links = link_claims(members, group, optional, frozenset(), sends_only)
+    have nobody that may reduce. The ``last`` round's groups carry over to those who stayed.
+    An auxiliary member that reduces no slot has nothing to do: it is in no group, and its
+    share is 0 (the caller leaves it out of the round)."""
+    links = link_claims(members, group, optional, auxiliary, sends_only)
     index = {p: i for i, p in enumerate(group)}
     kept = None
     if last is not None:  # (as members of this round: those who left dropped)
@@ -389,7 +392,8 @@ def grouped_shares(members: list[PeerState], group: list[str], optional: set[str
     for reducers in plan.reducers:
         for k, i in enumerate(reducers):
             share[group[i]] = plan.slot_shares[k]
-    groups = RoundGroups(groups=[[group[i] for i in g] for g in plan.groups],
+    idle = {i for i, p in enumerate(group) if p in auxiliary and share[p] == 0}
+    groups = RoundGroups(groups=[[group[i] for i in g if i not in idle] for g in plan.groups],
                          reducers=[[group[i] for i in r] for r in plan.reducers],
                          slot_shares=plan.slot_shares, pieces=plan.pieces)
     return groups, Balance([share[p] for p in group], plan.seconds)
