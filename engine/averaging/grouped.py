@@ -32,6 +32,7 @@ import torch
 from engine.averaging import compression
 from engine.averaging.allreduce import Finish, aggregate_parts, butterfly_allreduce
 from engine.averaging.errors import AveragingError
+from engine.averaging.grouped_commitment import grouped_commitment
 from engine.averaging.lost_members import quiet
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import Averaged, ReducedPart, ReducedParts
@@ -67,10 +68,11 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
     grouped = plan.groups
     if grouped is None:
         raise AveragingError(f"round {plan.round_id} is not a grouped round")
-    if plan.verified:
-        raise AveragingError(f"round {plan.round_id}: grouped rounds do not check reducers yet")
+    if plan.verified and plan.phases > 1:
+        raise AveragingError(f"round {plan.round_id}: grouped PowerSGD rounds do not check reducers yet")
     deadline = asyncio.get_running_loop().time() + timeout
     one = grouped.level_one(plan)
+    level_two: list[tuple[RoundPlan, Averaged]] = []
 
     async def finish(j: int, group_part: ReducedPart) -> ReducedPart:
         two = grouped.level_two(plan, j)
@@ -80,15 +82,19 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
             raise AveragingError(f"round {plan.round_id} ran out of time before its groups combined")
         total = await butterfly_allreduce(two, group_part.values * group_samples, group_samples,
                                           (group_part.result.loss or 0.0) * group_samples, mesh, left)
+        level_two.append((two, total))
         return await asyncio.to_thread(_finished, one, j, group_part, total)
 
     levels = asyncio.ensure_future(level_one(one, finish))
     watch = asyncio.ensure_future(_until_a_reducer_is_lost(plan))
     try:
         await asyncio.wait([levels, watch], return_when=asyncio.FIRST_COMPLETED)
-        if levels.done():
-            return levels.result()
-        return watch.result()  # (raises)
+        if not levels.done():
+            return watch.result()  # (raises)
+        outcome = levels.result()
+        if plan.verified:
+            await asyncio.to_thread(_commit, plan, one, outcome, level_two)
+        return outcome
     finally:
         for task in (levels, watch):
             if not task.done():
@@ -107,6 +113,16 @@ async def _until_a_reducer_is_lost(plan: RoundPlan) -> NoReturn:
             raise AveragingError(f"round {plan.round_id}: {', '.join(sorted(lost))} left with a slot to "
                                  "reduce, and grouped rounds have no backups")
         await plan.changes.wait()
+
+
+def _commit(plan: RoundPlan, one: RoundPlan, outcome: Averaged | ReducedParts,
+            level_two: list[tuple[RoundPlan, Averaged]]) -> None:
+    """(On a thread: it hashes the vector.) The round's commitment and what we reduced at
+    either level, in place of level 1's."""
+    reduced = outcome.reduced + [r for _, total in level_two for r in total.reduced]
+    applied = outcome.vector if isinstance(outcome, Averaged) else torch.empty(0)
+    outcome.commitment = grouped_commitment(plan, one, outcome.commitment, applied, reduced, level_two)
+    outcome.reduced = reduced
 
 
 def _finished(one: RoundPlan, j: int, group_part: ReducedPart, total: Averaged) -> ReducedPart:

@@ -17,15 +17,18 @@ compresses results, the result may also be off by as much as the compression may
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.averaging import compression
 from engine.averaging.compression import error_bound
 from engine.averaging.robust import Contribution, aggregate, norm
-from engine.project import AggregationSpec, CompressionMethod
+from engine.planning.partition import part_bounds
+from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
 from engine.wire.control import Committed
+from engine.wire.types import total_count
 
 TOLERANCE = 1e-4
 
@@ -55,9 +58,12 @@ class Verdict:
 def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, result_sha256: str,
             spec: AggregationSpec, target_batch_size: int,
             compression: CompressionMethod = "none", caps: Mapping[str, int] | None = None,
-            reducer: str | None = None) -> Verdict:
+            reducer: str | None = None, forwarded: Sequence[str | None] = (),
+            pieces: Sequence[float] = ()) -> Verdict:
     """Whether ``result`` is what the committed ``inputs`` combine to under ``spec`` at
-    ``reducer``, each input's samples counted up to its cap for the round."""
+    ``reducer``, each input's samples counted up to its cap for the round; and, for a
+    grouped round's level-1 part, whether the reducer sent that result on, times the
+    samples that weighed in it, as the level-2 parts it committed to (``forwarded``)."""
     if result_digest(result) != result_sha256:
         return Verdict(False, "the result it sent is not the one the members applied")
     for committed, values in inputs:
@@ -68,9 +74,14 @@ def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, 
             return Verdict(False, f"the part of {committed.sender} is not the one it committed to")
     contributions = [Contribution(c.sender, values, c.samples) for c, values in inputs]
     try:
-        mine = aggregate(contributions, spec, target_batch_size, caps, reducer).values
+        combined = aggregate(contributions, spec, target_batch_size, caps, reducer)
     except ValueError:
         return Verdict(False, "its inputs combine to nothing, yet it sent a result")
+    if forwarded and not forwarded_as_committed(result, total_count(combined.weights.values()), forwarded,
+                                                pieces, codec_of(compression)):
+        return Verdict(False, "the level-2 parts it sent are not its result times the samples that "
+                              "weighed in it")
+    mine = combined.values
     digest = result_digest(mine)
     off = norm(mine - result)
     allowed = TOLERANCE * norm(mine) + error_bound(mine, compression) * (1 + TOLERANCE) + 1e-30
@@ -78,3 +89,19 @@ def recheck(inputs: list[tuple[Committed, torch.Tensor]], result: torch.Tensor, 
         return Verdict(False, f"its result is {off:.3g} away from the average of its inputs "
                               f"({off / max(norm(mine), 1e-30):.3g} of its length)", digest)
     return Verdict(True, "", digest)
+
+
+def forwarded_as_committed(result: torch.Tensor, samples: int, forwarded: Sequence[str | None],
+                           pieces: Sequence[float], codec: Codec) -> bool:
+    """Whether each piece of ``result`` times ``samples``, as it travels, hashes to the
+    level-2 part committed for it (an empty piece: to none, or to nothing)."""
+    forward = result * samples
+    for (lo, hi), committed in zip(part_bounds(result.numel(), pieces), forwarded, strict=True):
+        if hi == lo:
+            continue
+        piece = forward[lo:hi]
+        if codec != "none":
+            piece = compression.decode(compression.encode(piece, codec), hi - lo, codec)
+        if part_digest(samples, piece) != committed:
+            return False
+    return True

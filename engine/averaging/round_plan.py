@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from engine.averaging.errors import AveragingError
+from engine.planning.grouped_indices import GroupedIndices
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
 from engine.wire.control import RoundGroups, RoundStart
 from engine.wire.types import MAX_GROUP
@@ -56,24 +57,28 @@ class GroupedRound:
     def group_of(self, member: str) -> int:
         return next(g for g, group in enumerate(self.groups) if member in group)
 
+    def indices(self, phases: int) -> GroupedIndices:
+        return GroupedIndices([len(g) for g in self.groups], len(self.slot_shares), phases)
+
     # Both levels share the round's word on members lost midway (``RoundPlan.changes``): a
     # member that left is waited for no longer, and a slot reducer that left fails the round
     # at once (no backup takes a slot over yet), not at its deadline.
 
     def level_one(self, plan: RoundPlan) -> RoundPlan:
         """The round within our group: its slot reducers first, in slot order, so that slot
-        k covers the same values in every group."""
+        k covers the same values in every group. Every part of the round travels, is
+        committed and is checked under an index of its own (planning/grouped_indices.py)."""
         g = self.group_of(plan.me)
         reducers = self.reducers[g]
         members = reducers + [p for p in self.groups[g] if p not in reducers]
         shares = self.slot_shares + [0.0] * (len(members) - len(reducers))
         return replace(plan, group=members, shares=shares, pieces=1, grouped=True, groups=None,
+                       offset=self.indices(plan.phases).level_one_offset(g),
                        optional=plan.optional & set(members), auxiliary=plan.auxiliary & set(members),
                        caps={p: c for p, c in plan.caps.items() if p in members})
 
     def level_two(self, plan: RoundPlan, slot: int) -> RoundPlan:
-        """The round among the reducers of ``slot``, one per group, on their groups' sums:
-        its parts travel past every level-1 part's index, of every phase."""
+        """The round among the reducers of ``slot``, one per group, on their groups' sums."""
         members = [reducers[slot] for reducers in self.reducers]
         caps = {}
         if plan.caps:
@@ -81,7 +86,7 @@ class GroupedRound:
                                                                                      strict=True)}
         return replace(plan, group=members, shares=self.pieces[slot], pieces=1, optional=frozenset(),
                        auxiliary=frozenset(), caps=caps, grouped=False, groups=None,
-                       offset=plan.phases * max(len(group) for group in self.groups))
+                       offset=self.indices(plan.phases).level_two_offset(slot))
 
 
 @dataclass
@@ -116,6 +121,9 @@ class RoundPlan:
         """The round the backbone opened, as ``me`` takes part in it; AveragingError if its
         phases would number more parts than the wire carries (the backbone opens none such)."""
         phases = 2 if compression == "powersgd" else 1
+        grouped = GroupedRound.of(start.groups) if start.groups else None
+        if grouped is not None and grouped.indices(phases).count > MAX_GROUP:
+            raise AveragingError(f"round {start.round_id}: more than {MAX_GROUP} parts in its groups")
         if phases * len(start.group) * start.pieces > MAX_GROUP:
             raise AveragingError(f"round {start.round_id}: {phases} phases of more than "
                                  f"{MAX_GROUP // phases} parts each")
@@ -123,7 +131,7 @@ class RoundPlan:
                    aggregation, target_batch_size, codec_of(compression), changes or RoundChanges(),
                    frozenset(start.auxiliary), start.pieces,
                    dict(zip(start.group, start.caps, strict=True)) if start.caps else {},
-                   phases=phases, groups=GroupedRound.of(start.groups) if start.groups else None)
+                   phases=phases, groups=grouped)
 
     def phased(self, phase: int) -> RoundPlan:
         """This round's ``phase``-th all-reduce: the same members, shares and backbone's

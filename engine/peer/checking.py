@@ -126,7 +126,7 @@ class Audits:
         caps = {c.sender: cap for c, cap in zip(msg.inputs, msg.caps, strict=True)} if msg.caps else None
         return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, project.aggregation,
                                        project.target_batch_size, codec_of(project.compression), caps,
-                                       msg.reducer)
+                                       msg.reducer, msg.forwarded, msg.pieces)
 
 
 def _wrong_input(frame: Frame, msg: Audit, position: int, committed: Committed | None) -> str:

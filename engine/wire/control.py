@@ -272,8 +272,8 @@ class RoundGroups(Struct, kw_only=True):
         if any(not set(r) <= set(g) or len(set(r)) != len(r) for g, r in zip(self.groups, self.reducers,
                                                                              strict=True)):
             raise ValueError("a group's reducers are its own members, each once")
-        if max(len(g) for g in self.groups) + count > MAX_GROUP:
-            raise ValueError(f"a grouped round's parts number at most {MAX_GROUP}")
+        if 2 * (sum(len(g) for g in self.groups) + slots * count) > MAX_GROUP:
+            raise ValueError(f"a grouped round's parts, in two phases, number at most {MAX_GROUP}")
 
 
 class RoundStart(ControlMessage, tag="round_start"):
@@ -375,10 +375,17 @@ class Audit(ControlMessage, tag="audit"):
     timeout: Annotated[float, Meta(gt=0, le=86400)]
     # The most samples each input counts for, in the order of ``inputs`` (RoundStart.caps).
     caps: Annotated[list[Count], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    # A grouped round's level-1 part: nobody applies its result, the group's average; its
+    # reducer sent it on, times the group's samples, as its level-2 parts, which hash to
+    # ``forwarded`` (its commitment), one per piece of the slot (``pieces``: their shares).
+    forwarded: Digests = field(default_factory=list)
+    pieces: Annotated[list[Share], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.caps and len(self.caps) != len(self.inputs):
             raise ValueError("caps, if given, are one per input")
+        if len(self.forwarded) != len(self.pieces) or (self.pieces and sum(self.pieces) <= 0):
+            raise ValueError("forwarded parts are one per piece, of shares with a positive sum")
 
 
 class Resync(ControlMessage, tag="resync"):

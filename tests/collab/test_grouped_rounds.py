@@ -5,6 +5,7 @@ import statistics
 import pytest
 
 from engine.backbone.tracker import Send
+from engine.project import AggregationSpec
 from engine.wire.control import RoundStart
 from tests.collab.harness import running_backbone, tiny_project
 from tests.collab.processes import spawn_peer, terminate
@@ -14,8 +15,10 @@ pytestmark = pytest.mark.slow
 PEERS, GROUP_SIZE, EPOCHS = 12, 4, 4
 
 
-async def collaboration(tmp_path, group_size: int | None, **options) -> tuple[list, list[RoundStart]]:
-    """Twelve peers for EPOCHS steps; their epochs and the rounds the backbone opened.
+async def collaboration(tmp_path, group_size: int | None, checks: list | None = None,
+                        **options) -> tuple[list, list[RoundStart]]:
+    """Twelve peers for EPOCHS steps; their epochs and the rounds the backbone opened (and,
+    into ``checks``, how many parts it drew for checking and how many failed).
     Rounds open once all twelve are in: every peer starts from the project's seed, so
     nobody downloads the state, and every link a peer holds is one a round needed."""
     project = tiny_project(target_batch_size=240, round_timeout=60, group_size=group_size, **options)
@@ -38,6 +41,8 @@ async def collaboration(tmp_path, group_size: int | None, **options) -> tuple[li
                 await p.reached(EPOCHS, timeout=240)
         finally:
             await terminate(*peers)
+        if checks is not None:
+            checks += [tracker.audits.drawn, tracker.audits.caught]
     return peers, starts
 
 
@@ -74,3 +79,17 @@ async def test_powersgd_rounds_in_groups_hold_one_state(tmp_path):
     peers, starts = await collaboration(tmp_path, GROUP_SIZE, compression="powersgd")
     assert_grouped_with_one_state(peers, starts)
     assert all(e["loss"] < peers[0].epochs[0]["loss"] for p in peers for e in p.epochs[EPOCHS - 1:EPOCHS])
+
+
+async def test_every_part_of_a_grouped_round_checks_out_when_every_part_is_checked(tmp_path, report_figure):
+    """With verify_probability 1, every part at both levels is rechecked by another peer
+    before its round settles: the level-1 parts against what their reducers sent on."""
+    checks: list[int] = []
+    peers, starts = await collaboration(tmp_path, GROUP_SIZE, checks,
+                                        aggregation=AggregationSpec(verify_probability=1.0))
+    assert_grouped_with_one_state(peers, starts)
+    drawn, caught = checks
+    # Each round: a slot's part in each of the three groups at level 1, and its pieces at
+    # level 2, at least (the LP may give every other slot, or piece, nothing to hold).
+    assert drawn >= EPOCHS * (PEERS // GROUP_SIZE + 1) and caught == 0
+    report_figure(f"{drawn} parts of {EPOCHS}+ grouped rounds checked, none wrong")

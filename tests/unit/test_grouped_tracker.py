@@ -6,12 +6,22 @@ import json
 import pytest
 
 from engine.backbone.tracker import RecordCredits
+from engine.planning.grouped_indices import GroupedIndices
 from engine.project import AggregationSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import encode
-from engine.wire.control import Progress, Ready, SyncRequest, from_backbone
+from engine.wire.control import (
+    Audit,
+    Commitment,
+    Committed,
+    PartInputs,
+    Progress,
+    Ready,
+    SyncRequest,
+    from_backbone,
+)
 from engine.wire.types import PeerRole
-from tests.unit.test_tracker import Clock, done, open_round, project, ready_tracker
+from tests.unit.test_tracker import Clock, done, open_round, project, ready_tracker, sent
 
 TWELVE = tuple(f"p{i:02}" for i in range(12))
 
@@ -85,10 +95,12 @@ def test_a_member_its_group_did_not_see_gets_no_credit(clock):
     assert silent not in record.credits and len(record.credits) == 11
 
 
-def test_grouped_rounds_that_would_go_unchecked_are_refused_in_the_project_file():
+def test_grouped_powersgd_rounds_that_would_go_unchecked_are_refused_in_the_project_file():
+    checked = AggregationSpec(verify_probability=0.1)
     with pytest.raises(ValueError, match=r"set aggregation\.verify_probability to 0"):
-        project(group_size=4, aggregation=AggregationSpec(verify_probability=0.1))
+        project(group_size=4, aggregation=checked, compression="powersgd")
     assert project(group_size=4, compression="powersgd").group_size == 4
+    assert project(group_size=4, aggregation=checked).group_size == 4
 
 
 def test_a_round_start_whose_groups_do_not_hold_its_members_is_refused():
@@ -139,3 +151,49 @@ def test_an_auxiliary_peer_reduces_a_slot_of_a_grouped_round_and_brings_no_gradi
     shares = dict(zip(start.group, start.shares, strict=True))
     assert shares["aux"] == pytest.approx(start.groups.slot_shares[mine.index("aux")])
     assert t.round.voters == [p for p in start.group if p != "aux"]
+
+
+def test_a_checked_grouped_round_draws_parts_of_both_levels_and_checks_level_one_against_what_was_sent_on(
+        clock):
+    t = grouped_tracker(clock, aggregation=AggregationSpec(verify_probability=1.0))
+    start = open_round(t, dict.fromkeys(TWELVE, 10))
+    groups = start.groups
+    indices = GroupedIndices([len(g) for g in groups.groups], len(groups.slot_shares))
+    count = indices.count
+    audits = []
+    for g, (members, reducers) in enumerate(zip(groups.groups, groups.reducers, strict=True)):
+        for p in members:
+            sent, results = ["s" * 64] * count, ["r" * 64] * count
+            reduced = []
+            if p in reducers:  # its level-1 slot, and its level-2 piece of that slot
+                k = reducers.index(p)
+                mine, piece = indices.level_one_offset(g) + k, indices.level_two_offset(k) + g
+                results[mine] = f"{g}{k}".ljust(64, "a")
+                pieces = range(indices.level_two_offset(k), indices.level_two_offset(k) + 3)
+                sent = [f"{g}{k}{i}".ljust(64, "f") if i in pieces else s for i, s in enumerate(sent)]
+                reduced = [PartInputs(index=mine, inputs=[Committed(sender=q, samples=10, sha256="s" * 64)
+                                                          for q in members]),
+                           PartInputs(index=piece, inputs=[Committed(sender=r[k], samples=40, sha256="s" * 64)
+                                                           for r in groups.reducers])]
+            commitment = Commitment(sent=sent, results=results, reduced=reduced, shown=[None] * count)
+            audits += sent_audits(t.handle(p, done(start, received={q: 10 for q in members},
+                                                   commitment=commitment, numel=12_000)))
+    levels = {indices.place(a.index).level for a in audits}
+    assert levels == {1, 2}
+    caps = {p: m.cap for p, m in t.round.members.items()}
+    for a in audits:
+        place = indices.place(a.index)
+        k = place.slot
+        if place.level == 1:  # the reducer's own result, and the level-2 parts it committed to
+            assert a.result_sha256 == f"{place.group}{k}".ljust(64, "a")
+            pieces = range(indices.level_two_offset(k), indices.level_two_offset(k) + 3)
+            assert a.forwarded == [f"{place.group}{k}{i}".ljust(64, "f") for i in pieces]
+            assert a.pieces == groups.pieces[k] and a.caps == [caps[c.sender] for c in a.inputs]
+        else:  # what every member applied; each group's reducer counts for its group's caps
+            assert a.result_sha256 == "r" * 64 and not a.forwarded
+            group_of = {p: g for g in groups.groups for p in g}
+            assert a.caps == [sum(caps[q] for q in group_of[c.sender]) for c in a.inputs]
+
+
+def sent_audits(outs) -> list[Audit]:
+    return [msg for _, msg in sent(outs, Audit) if msg.checker != "-"]

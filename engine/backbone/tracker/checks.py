@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
+from engine.backbone.tracker.grouped_parts import forwarded, grouped_parts, level_two_caps, place_of
 from engine.backbone.tracker.outputs import Out, Send, WithdrawCredits
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.wire.control import EMPTY_PART, Audit, AuditDone, Committed, RoundDone
@@ -151,11 +152,16 @@ class Auditor:
             # length). Each part of each phase is drawn alone: a reducer that lies in one
             # phase only is caught as often as one that lies in both.
             said = rnd.phase_lengths(majority)
-            indices = range(rnd.phases * rnd.parts)
-            sizes = (rnd.wire_sizes([max(lengths[k] for lengths in said) for k in range(rnd.phases)])
-                     if said else [1] * len(indices))
-            parts = [PartCheck(j, rnd.reducer_of(j)) for j in indices
-                     if rnd.share_of(j) > 0 and sizes[j] > 0 and self.rng.random() < p]
+            if rnd.groups is not None:  # (each level of each group, each part drawn alone)
+                numel = max(lengths[0] for lengths in said) if said else 10**9
+                parts = [PartCheck(part.index, part.reducer) for part in grouped_parts(rnd.groups, numel)
+                         if part.size > 0 and self.rng.random() < p]
+            else:
+                indices = range(rnd.phases * rnd.parts)
+                sizes = (rnd.wire_sizes([max(lengths[k] for lengths in said) for k in range(rnd.phases)])
+                         if said else [1] * len(indices))
+                parts = [PartCheck(j, rnd.reducer_of(j)) for j in indices
+                         if rnd.share_of(j) > 0 and sizes[j] > 0 and self.rng.random() < p]
         self.drawn += len(parts)
         return RoundAudit(majority, parts)
 
@@ -174,7 +180,7 @@ class Auditor:
         commitment = done.commitment
         inputs = commitment.inputs_of(part.index) if commitment is not None else None
         holds_state = part.reducer in rnd.auxiliary or vote(done) == audit.majority
-        first = rnd.group[part.index % rnd.parts // rnd.pieces]
+        first = rnd.group[part.index % rnd.parts // rnd.pieces] if rnd.groups is None else part.reducer
         if inputs is None and first in rnd.lost and part.index < (rnd.phases - 1) * rnd.parts:
             # Its backup took over a later phase only: the lost reducer combined this part,
             # and nobody can show what it combined. Kept unchecked, it would let a liar lie,
@@ -188,8 +194,13 @@ class Auditor:
             part.passed = False
             part.why = f"its reducer {part.reducer} did not commit to what it combined: {why}"
             return []
+        place = place_of(rnd.groups, part.index) if rnd.groups is not None else None
         holders = _holders(rnd, audit.majority)
-        applied = Counter(result for p in holders if (result := _applied(rnd, p, part.index)))
+        if place is not None and place.level == 1:
+            # The group's average: its reducer alone holds it, and sent it on (``forwarded``).
+            applied = Counter(result for result in [_applied(rnd, part.reducer, part.index)] if result)
+        else:
+            applied = Counter(result for p in holders if (result := _applied(rnd, p, part.index)))
         if not applied:
             part.passed, part.why = False, "nobody committed to the result it applied"
             return []
@@ -198,10 +209,17 @@ class Auditor:
             return []  # failed, or undecided until the other senders report
         self._compare_sent(rnd, part, inputs)
         result = applied.most_common(1)[0][0]
-        caps = [rnd.members[c.sender].cap if c.sender in rnd.members else 0 for c in inputs]
+        caps = {p: m.cap for p, m in rnd.members.items()}
+        if place is not None and place.level == 2:
+            assert rnd.groups is not None
+            caps = level_two_caps(rnd.groups, caps)
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
                            checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
-                           caps=caps)
+                           caps=[caps.get(c.sender, 0) for c in inputs])
+        if place is not None and place.level == 1:
+            assert rnd.groups is not None
+            part.audit = replace(part.audit, forwarded=forwarded(rnd.groups, place, done),
+                                 pieces=rnd.groups.pieces[place.slot])
         return self._ask_next(rnd, part)
 
     def _own_as_shown(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> bool | None:
