@@ -187,10 +187,6 @@ class ProjectSpec(Struct, kw_only=True):
         if self.overlap and self.mode == "local":
             raise ValueError("overlap applies to sync rounds: in local mode peers already train "
                              "between rounds, on their own copy")
-        if self.group_size is not None and self.aggregation.verify_probability > 0 \
-                and self.compression == "powersgd":
-            raise ValueError("grouped PowerSGD rounds (group_size) do not check reducers yet: set "
-                             "aggregation.verify_probability to 0, or another compression")
 
 
 class Catalog(Struct):

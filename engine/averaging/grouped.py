@@ -68,8 +68,6 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
     grouped = plan.groups
     if grouped is None:
         raise AveragingError(f"round {plan.round_id} is not a grouped round")
-    if plan.verified and plan.phases > 1:
-        raise AveragingError(f"round {plan.round_id}: grouped PowerSGD rounds do not check reducers yet")
     deadline = asyncio.get_running_loop().time() + timeout
     one = grouped.level_one(plan)
     level_two: list[tuple[RoundPlan, Averaged]] = []

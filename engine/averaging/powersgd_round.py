@@ -65,7 +65,7 @@ async def powersgd_allreduce(plan: RoundPlan, local_sum: torch.Tensor, samples: 
     q_avg = second.vector if second is not None else None
     step = await asyncio.to_thread(decompress, layout, first.vector, basis, q_avg)
     kept = await asyncio.to_thread(_residual, layout, m, basis, q_local, samples)
-    return joined(first, second, step, kept, layout)
+    return joined(first, second, step, kept, layout, overlaid=plan.groups is not None)
 
 
 async def aggregate_phases(plan: RoundPlan, layout: Layout, mesh: PeerMesh, timeout: float,
@@ -79,19 +79,20 @@ async def aggregate_phases(plan: RoundPlan, layout: Layout, mesh: PeerMesh, time
         return first
     second = await aggregate(plan.phased(1), layout.q_numel, mesh, _left(plan, deadline))
     return ReducedParts(first.results + second.results, seen_in_both(first.received, second.received),
-                        joined_commitment(first.commitment, second.commitment),
+                        joined_commitment(first.commitment, second.commitment, plan.groups is not None),
                         first.reduced + second.reduced, first.bytes_in + second.bytes_in,
                         [layout.p_numel, layout.q_numel])
 
 
 def joined(first: Averaged, second: Averaged | None, step: torch.Tensor, feedback: torch.Tensor | None,
-           layout: Layout) -> Averaged:
+           layout: Layout, overlaid: bool = False) -> Averaged:
     """The round as one: the step, the samples and loss the last phase's reducers say
     (those of the values applied last), the senders seen in full in both phases, one
     commitment listing phase P's parts then phase Q's."""
     last = second if second is not None else first
     received = seen_in_both(first.received, second.received if second is not None else None)
-    commitment = joined_commitment(first.commitment, second.commitment if second is not None else None)
+    commitment = joined_commitment(first.commitment, second.commitment if second is not None else None,
+                                   overlaid)
     reduced = first.reduced + (second.reduced if second is not None else [])
     next_q = ({mat.param: layout.q(second.vector, mat).clone() for mat in layout.matrices}
               if second is not None else {})
@@ -110,10 +111,19 @@ def seen_in_both(first: dict[str, int], second: dict[str, int] | None) -> dict[s
     return {s: min(first[s], second[s]) for s in sorted(first.keys() & second.keys())}
 
 
-def joined_commitment(first: Commitment | None, second: Commitment | None) -> Commitment | None:
-    """One commitment for the round: each list by wire index, phase P's parts first."""
+def joined_commitment(first: Commitment | None, second: Commitment | None,
+                      overlaid: bool = False) -> Commitment | None:
+    """One commitment for the round: each list by wire index, phase P's parts first.
+    ``overlaid``: each phase's lists already span the round's indices (a grouped round's:
+    planning/grouped_indices.py), each phase's parts at their own."""
     if first is None or second is None:
         return first or second
+    if overlaid:
+        def both(a: list[str | None], b: list[str | None]) -> list[str | None]:
+            return [x or y for x, y in zip(a, b, strict=True)]
+
+        return Commitment(sent=both(first.sent, second.sent), results=both(first.results, second.results),
+                          reduced=first.reduced + second.reduced, shown=both(first.shown, second.shown))
     return Commitment(sent=first.sent + second.sent, results=first.results + second.results,
                       reduced=first.reduced + second.reduced, shown=first.shown + second.shown)
 

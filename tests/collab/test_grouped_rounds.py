@@ -74,10 +74,15 @@ async def test_twelve_peers_in_groups_of_four_hold_one_state_with_few_links(tmp_
                   f"{round_seconds(flat_peers):.2f} s), on loopback, 2 cores")
 
 
-async def test_powersgd_rounds_in_groups_hold_one_state(tmp_path):
-    """PowerSGD's two all-reduces each run in the groups: the same state on every peer."""
-    peers, starts = await collaboration(tmp_path, GROUP_SIZE, compression="powersgd")
+async def test_powersgd_rounds_in_groups_hold_one_state_and_check_out(tmp_path):
+    """PowerSGD's two all-reduces each run in the groups: the same state on every peer, and
+    every part of both phases at both levels checked, none wrong."""
+    checks: list[int] = []
+    peers, starts = await collaboration(tmp_path, GROUP_SIZE, checks, compression="powersgd",
+                                        aggregation=AggregationSpec(verify_probability=1.0))
     assert_grouped_with_one_state(peers, starts)
+    drawn, caught = checks
+    assert drawn >= EPOCHS * 2 * (PEERS // GROUP_SIZE + 1) and caught == 0
     assert all(e["loss"] < peers[0].epochs[0]["loss"] for p in peers for e in p.epochs[EPOCHS - 1:EPOCHS])
 
 

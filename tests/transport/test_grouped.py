@@ -207,22 +207,31 @@ async def test_an_auxiliary_member_reduces_its_groups_slot_and_every_trainer_app
     assert auxiliary.received == {"a": 3, "c": 3, "d": 3}  # its group's senders, in full
 
 
-async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine():
-    """Every part any member reduced, at either level, rechecks from the inputs and result
-    it committed to; a level-1 part's check also finds the level-2 parts its reducer sent
-    on; and every member commits the same result for each piece it applied."""
+@pytest.mark.parametrize("phases", [1, 2])
+async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine(phases):
+    """Every part any member reduced, at either level (of either PowerSGD phase), rechecks
+    from the inputs and result it committed to; a level-1 part's check also finds the
+    level-2 parts its reducer sent on; every member commits the same result for each piece
+    it applied."""
     names = [p for g in BY_HAND.groups for p in g]
-    vectors = {p: torch.randn(20_011) for p in names}
+    layout = Layout.of([(300, 200), (300,), (64, 32, 3, 3)], rank=4)
+    vectors = {p: torch.randn(layout.numel if phases == 2 else 20_011) for p in names}
     meshes = make_meshes(names)
     checked = AggregationSpec(verify_probability=1.0)
+
+    def run(me):
+        plan = RoundPlan(9, 2, names, [1.0] * 8, me, aggregation=checked, groups=BY_HAND, phases=phases)
+        if phases == 1:
+            return grouped_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60)
+        return powersgd_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60, layout=layout, feedback=None,
+                                  seed=1, allreduce=grouped_allreduce)
+
     try:
-        done = await asyncio.wait_for(asyncio.gather(*(
-            grouped_allreduce(RoundPlan(9, 2, names, [1.0] * 8, me, aggregation=checked, groups=BY_HAND),
-                              vectors[me] * 2, 2, 2.0, meshes[me], 60) for me in names)), 120)
+        done = await asyncio.wait_for(asyncio.gather(*(run(me) for me in names)), 120)
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
     commitments = dict(zip(names, (d.commitment for d in done), strict=True))
-    indices = BY_HAND.indices(1)
+    indices = BY_HAND.indices(phases)
     assert all(len(c.results) == len(c.sent) == indices.count for c in commitments.values())
     for index in range(indices.level_two_offset(0), indices.count):  # the pieces, as applied
         assert len({c.results[index] for c in commitments.values()}) == 1
@@ -232,12 +241,12 @@ async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine():
             result = commitments[me].results[r.index]
             extra = {}
             if place.level == 1:
-                pieces = range(indices.level_two_offset(place.slot), indices.level_two_offset(place.slot) + 2)
-                extra = {"forwarded": [commitments[me].sent[i] for i in pieces],
+                first = indices.level_two_offset(place.slot) + place.phase * 2
+                extra = {"forwarded": [commitments[me].sent[i] for i in range(first, first + 2)],
                          "pieces": BY_HAND.pieces[place.slot]}
             verdict = recheck(r.inputs, r.result, result, checked, 10**9, reducer=me, **extra)
             assert verdict.ok, (me, r.index, verdict.reason)
             if place.level == 1:  # a reducer that sent on other values than its result is caught
                 extra["forwarded"] = extra["forwarded"][::-1]
                 assert not recheck(r.inputs, r.result, result, checked, 10**9, reducer=me, **extra).ok
-    assert sum(len(d.reduced) for d in done) == 4 + 4  # four slot reducers, at each level
+    assert sum(len(d.reduced) for d in done) == phases * (4 + 4)  # four slot reducers, at each level

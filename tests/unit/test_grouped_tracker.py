@@ -21,7 +21,7 @@ from engine.wire.control import (
     from_backbone,
 )
 from engine.wire.types import PeerRole
-from tests.unit.test_tracker import Clock, done, open_round, project, ready_tracker, sent
+from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 
 TWELVE = tuple(f"p{i:02}" for i in range(12))
 
@@ -93,14 +93,6 @@ def test_a_member_its_group_did_not_see_gets_no_credit(clock):
         outs += t.handle(p, done(start, received=seen))
     (record,) = [o for o in outs if isinstance(o, RecordCredits)]
     assert silent not in record.credits and len(record.credits) == 11
-
-
-def test_grouped_powersgd_rounds_that_would_go_unchecked_are_refused_in_the_project_file():
-    checked = AggregationSpec(verify_probability=0.1)
-    with pytest.raises(ValueError, match=r"set aggregation\.verify_probability to 0"):
-        project(group_size=4, aggregation=checked, compression="powersgd")
-    assert project(group_size=4, compression="powersgd").group_size == 4
-    assert project(group_size=4, aggregation=checked).group_size == 4
 
 
 def test_a_round_start_whose_groups_do_not_hold_its_members_is_refused():

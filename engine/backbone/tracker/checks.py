@@ -153,8 +153,9 @@ class Auditor:
             # phase only is caught as often as one that lies in both.
             said = rnd.phase_lengths(majority)
             if rnd.groups is not None:  # (each level of each group, each part drawn alone)
-                numel = max(lengths[0] for lengths in said) if said else 10**9
-                parts = [PartCheck(part.index, part.reducer) for part in grouped_parts(rnd.groups, numel)
+                lengths = [max(reported[k] for reported in said) if said else 10**9
+                           for k in range(rnd.phases)]
+                parts = [PartCheck(part.index, part.reducer) for part in grouped_parts(rnd.groups, lengths)
                          if part.size > 0 and self.rng.random() < p]
             else:
                 indices = range(rnd.phases * rnd.parts)
@@ -194,7 +195,7 @@ class Auditor:
             part.passed = False
             part.why = f"its reducer {part.reducer} did not commit to what it combined: {why}"
             return []
-        place = place_of(rnd.groups, part.index) if rnd.groups is not None else None
+        place = place_of(rnd.groups, rnd.phases, part.index) if rnd.groups is not None else None
         holders = _holders(rnd, audit.majority)
         if place is not None and place.level == 1:
             # The group's average: its reducer alone holds it, and sent it on (``forwarded``).
@@ -218,7 +219,7 @@ class Auditor:
                            caps=[caps.get(c.sender, 0) for c in inputs])
         if place is not None and place.level == 1:
             assert rnd.groups is not None
-            part.audit = replace(part.audit, forwarded=forwarded(rnd.groups, place, done),
+            part.audit = replace(part.audit, forwarded=forwarded(rnd.groups, rnd.phases, place, done),
                                  pieces=rnd.groups.pieces[place.slot])
         return self._ask_next(rnd, part)
 

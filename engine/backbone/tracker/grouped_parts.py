@@ -20,41 +20,49 @@ class GroupedPart:
     level: int
     slot: int
     group: int
+    phase: int = 0
 
 
 def indices_of(groups: RoundGroups, phases: int) -> GroupedIndices:
     return GroupedIndices([len(g) for g in groups.groups], len(groups.slot_shares), phases)
 
 
-def grouped_parts(groups: RoundGroups, numel: int) -> list[GroupedPart]:
-    """Every part of a one-phase grouped round of a ``numel``-value vector with a reducer."""
-    indices = indices_of(groups, 1)
-    slots = part_sizes(numel, groups.slot_shares)
+def grouped_parts(groups: RoundGroups, lengths: list[int]) -> list[GroupedPart]:
+    """Every part with a reducer of a grouped round whose phases' vectors have ``lengths``
+    values (one phase; PowerSGD's two)."""
+    indices = indices_of(groups, len(lengths))
+    m = len(groups.groups)
     parts = []
-    for g, reducers in enumerate(groups.reducers):
-        for k, reducer in enumerate(reducers):
-            parts.append(GroupedPart(indices.level_one_offset(g) + k, reducer, slots[k], 1, k, g))
-    for k, size in enumerate(slots):
-        for g, piece in enumerate(part_sizes(size, groups.pieces[k])):
-            parts.append(GroupedPart(indices.level_two_offset(k) + g, groups.reducers[g][k], piece, 2, k, g))
+    for phase, numel in enumerate(lengths):
+        slots = part_sizes(numel, groups.slot_shares)
+        for g, reducers in enumerate(groups.reducers):
+            base = indices.level_one_offset(g) + phase * len(groups.groups[g])
+            parts += [GroupedPart(base + k, reducer, slots[k], 1, k, g, phase)
+                      for k, reducer in enumerate(reducers)]
+        for k, size in enumerate(slots):
+            base = indices.level_two_offset(k) + phase * m
+            parts += [GroupedPart(base + g, groups.reducers[g][k], piece, 2, k, g, phase)
+                      for g, piece in enumerate(part_sizes(size, groups.pieces[k]))]
     return sorted(parts, key=lambda p: p.index)
 
 
-def place_of(groups: RoundGroups, index: int) -> GroupedPart:
-    """Part ``index`` (of a one-phase grouped round; sizes not known here: 0)."""
-    place = indices_of(groups, 1).place(index)
+def place_of(groups: RoundGroups, phases: int, index: int) -> GroupedPart:
+    """Part ``index`` (its size not known here: 0)."""
+    place = indices_of(groups, phases).place(index)
     if place.level == 1:
         reducers = groups.reducers[place.group]
         reducer = reducers[place.slot] if place.slot < len(reducers) else ""
-        return GroupedPart(index, reducer, 0, 1, place.slot, place.group)
-    return GroupedPart(index, groups.reducers[place.group][place.slot], 0, 2, place.slot, place.group)
+        return GroupedPart(index, reducer, 0, 1, place.slot, place.group, place.phase)
+    return GroupedPart(index, groups.reducers[place.group][place.slot], 0, 2, place.slot, place.group,
+                       place.phase)
 
 
-def forwarded(groups: RoundGroups, part: GroupedPart, outcome: RoundDone) -> list[str | None]:
+def forwarded(groups: RoundGroups, phases: int, part: GroupedPart, outcome: RoundDone) -> list[str | None]:
     """The level-2 parts the reducer of level-1 ``part`` committed to sending, by piece."""
-    indices = indices_of(groups, 1)
+    indices = indices_of(groups, phases)
     sent = outcome.commitment.sent if outcome.commitment is not None else []
-    at = [indices.level_two_offset(part.slot) + g for g in range(len(groups.groups))]
+    base = indices.level_two_offset(part.slot) + part.phase * len(groups.groups)
+    at = [base + g for g in range(len(groups.groups))]
     return [sent[i] if i < len(sent) else None for i in at]
 
 
