@@ -357,7 +357,8 @@ class AllReduceRunner:
 
     async def _values(self, frame: Frame, j: int, peer: str, what: str) -> torch.Tensor | None:
         """The fp32 values a part or result carries (None: an empty part)."""
-        method, expected = self.plan.compression, self.parts.size(j)
+        plan, expected = self.plan, self.parts.size(j)
+        method = plan.result_compression if what == "result" else plan.compression
         try:
             if method == "none" or len(frame.payload) == 0:
                 return decode_values(frame.payload, expected, method)

@@ -29,7 +29,6 @@ from typing import NoReturn, TypeVar
 
 import torch
 
-from engine.averaging import compression
 from engine.averaging.allreduce import Finish, aggregate_parts, butterfly_allreduce
 from engine.averaging.errors import AveragingError
 from engine.averaging.grouped_commitment import grouped_commitment
@@ -81,7 +80,7 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
         total = await butterfly_allreduce(two, group_part.values * group_samples, group_samples,
                                           (group_part.result.loss or 0.0) * group_samples, mesh, left)
         level_two.append((two, total))
-        return await asyncio.to_thread(_finished, one, j, group_part, total)
+        return _finished(one, j, group_part, total)
 
     levels = asyncio.ensure_future(level_one(one, finish))
     watch = asyncio.ensure_future(_until_a_reducer_is_lost(plan))
@@ -124,13 +123,9 @@ def _commit(plan: RoundPlan, one: RoundPlan, outcome: Averaged | ReducedParts,
 
 
 def _finished(one: RoundPlan, j: int, group_part: ReducedPart, total: Averaged) -> ReducedPart:
-    """(On a thread.) Slot ``j`` as every group combined it, as it travels back to ours: the
-    bytes we apply are the bytes they get."""
-    values = total.vector
-    payload: bytes | memoryview = values.numpy().data
-    if one.compression != "none":
-        payload = compression.encode(values, one.compression)
-        values = compression.decode(payload, values.numel(), one.compression)
+    """Slot ``j`` as every group combined it, as it travels back to ours: the bytes we apply
+    are the bytes they get."""
+    values = total.vector  # (level 1's results travel as level 2 finished them: in fp32)
     result = Result(round_id=one.round_id, epoch=one.epoch, index=one.wire(j), samples=total.samples,
                     loss=total.loss, received=group_part.result.received)
-    return ReducedPart(result, payload, values)
+    return ReducedPart(result, values.numpy().data, values)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.averaging.recheck import result_digest
+from engine.averaging.recheck import as_travelling, part_digest, result_digest
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import Averaged, Reduced
 from engine.planning.partition import part_bounds
@@ -47,10 +47,12 @@ def grouped_commitment(plan: RoundPlan, one: RoundPlan, level_one: Commitment | 
         for j in range(two.parts):
             sent[two.wire(j)], shown[two.wire(j)] = mine.sent[j], mine.shown[j]
             results[two.wire(j)] = results[two.wire(j)] or mine.results[j]
-        # The piece we finish ourselves we "sent" to ourselves: a check of our level-1 part
-        # finds every level-2 part we sent on (its input to us is the one we combined).
+        # The piece we finish ourselves we "sent" to ourselves, as it would travel: a check
+        # of our level-1 part finds every level-2 part we sent on, each as it travels.
         for r in averaged.reduced:
-            sent[r.index] = next((c.sha256 for c, _ in r.inputs if c.sender == plan.me), None)
+            own = next(((c, values) for c, values in r.inputs if c.sender == plan.me), None)
+            if own is not None:
+                sent[r.index] = part_digest(own[0].samples, as_travelling(own[1], plan.compression))
     level_two_starts = grouped.indices(plan.phases).level_two_offset(0)
     for r in reduced:
         if r.index < level_two_starts:  # a level-1 part: the group's average we forwarded

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from engine.averaging.errors import AveragingError
 from engine.planning.grouped_indices import GroupedIndices
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
@@ -73,6 +75,7 @@ class GroupedRound:
         members = reducers + [p for p in self.groups[g] if p not in reducers]
         shares = self.slot_shares + [0.0] * (len(members) - len(reducers))
         return replace(plan, group=members, shares=shares, pieces=1, grouped=True, groups=None,
+                       results_codec="none",
                        offset=self.indices(plan.phases).level_one_offset(g),
                        optional=plan.optional & set(members), auxiliary=plan.auxiliary & set(members),
                        caps={p: c for p, c in plan.caps.items() if p in members})
@@ -84,7 +87,11 @@ class GroupedRound:
         if plan.caps:
             caps = {r: sum(plan.caps.get(p, 0) for p in group) for r, group in zip(members, self.groups,
                                                                                      strict=True)}
+        # (A group's sum weighs as the samples its members brought, within their caps: a share
+        # of the target batch bounds one sender, not a group.)
+        aggregation = msgspec.structs.replace(plan.aggregation, max_sample_share=None)
         return replace(plan, group=members, shares=self.pieces[slot], pieces=1, optional=frozenset(),
+                       aggregation=aggregation,
                        auxiliary=frozenset(), caps=caps, grouped=False, groups=None,
                        offset=self.indices(plan.phases).level_two_offset(slot))
 
@@ -113,6 +120,10 @@ class RoundPlan:
     # ``offset`` on, and a member's results carry the whole round's samples, not its group's.
     offset: int = 0
     grouped: bool = False
+    # How results travel, if not as parts do: a grouped round's level-1 results are the
+    # slot level 2 finished, and go back to the group in the bits it finished them in
+    # (re-encoding a slot whose pieces were encoded apart would not give those bits back).
+    results_codec: Codec | None = None
     groups: GroupedRound | None = None  # a grouped round, as the whole round runs
 
     @classmethod
@@ -143,6 +154,10 @@ class RoundPlan:
     def wire(self, j: int) -> int:
         """The index part ``j`` of this phase travels and is committed under."""
         return self.offset + self.phase * self.parts + j
+
+    @property
+    def result_compression(self) -> Codec:
+        return self.compression if self.results_codec is None else self.results_codec
 
     @property
     def my_index(self) -> int:

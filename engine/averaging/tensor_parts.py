@@ -195,13 +195,14 @@ class TensorPartReducer:
                          combined.weights[c.sender], c.samples, c.sender)
         values = combined.values
         payload: bytes | memoryview = values.numpy().data
-        if plan.compression != "none":
+        codec = plan.result_compression
+        if codec != "none":
             # Everyone, this reducer too, applies the result as it travels.
             try:
-                payload = compression.encode(values, plan.compression)
+                payload = compression.encode(values, codec)
             except ValueError as exc:
                 raise ValueError(f"result not encodable ({exc})") from None
-            values = compression.decode(payload, values.numel(), plan.compression)
+            values = compression.decode(payload, values.numel(), codec)
         if plan.verified:  # (under the index it travelled with: phases never share one)
             self.reduced.append(Reduced(plan.round_id, plan.wire(j), inputs, values))
         weights = combined.weights

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+import msgspec
 import torch
 
 from engine.averaging.recheck import Verdict, recheck
@@ -124,9 +125,12 @@ class Audits:
         project = self.peer.project
         inputs = list(zip(msg.inputs, values[:-1], strict=True))
         caps = {c.sender: cap for c, cap in zip(msg.inputs, msg.caps, strict=True)} if msg.caps else None
-        return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, project.aggregation,
+        spec = project.aggregation
+        if msg.group_sums:
+            spec = msgspec.structs.replace(spec, max_sample_share=None)
+        return await asyncio.to_thread(recheck, inputs, values[-1], msg.result_sha256, spec,
                                        project.target_batch_size, codec_of(project.compression), caps,
-                                       msg.reducer, msg.forwarded, msg.pieces)
+                                       msg.reducer if msg.judged else None, msg.forwarded, msg.pieces)
 
 
 def _wrong_input(frame: Frame, msg: Audit, position: int, committed: Committed | None) -> str:

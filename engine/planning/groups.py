@@ -98,7 +98,7 @@ def carried_groups(members: Sequence[Member], group_size: int,
     """Last round's groups for these members: those who stayed keep theirs; a group left
     with fewer than half of ``group_size`` is dealt out; newcomers and its members join the
     smallest groups, fastest first; a group grown past one and a half times ``group_size``
-    splits in two. None if no group is left, or one has nobody who may reduce."""
+    splits in two. None if fewer than two groups are left, or one has nobody who may reduce."""
     floor, ceiling = max(2, group_size // 2), max(3, group_size * 3 // 2)
     stayed = [[i for i in g if 0 <= i < len(members)] for g in last]
     groups = [g for g in stayed if len(g) >= floor]
@@ -113,8 +113,8 @@ def carried_groups(members: Sequence[Member], group_size: int,
         if len(smallest) > ceiling:
             groups.remove(smallest)
             groups += [smallest[0::2], smallest[1::2]]
-    if any(not any(members[i].reduces for i in g) for g in groups):
-        return None
+    if len(groups) < 2 or any(not any(members[i].reduces for i in g) for g in groups):
+        return None  # (one group is a flat round, planned as such)
     return groups
 
 

@@ -380,6 +380,12 @@ class Audit(ControlMessage, tag="audit"):
     # ``forwarded`` (its commitment), one per piece of the slot (``pieces``: their shares).
     forwarded: Digests = field(default_factory=list)
     pieces: Annotated[list[Share], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
+    # A grouped round's level-2 part: its inputs are groups' sums, which no share of the
+    # target batch bounds (aggregation.max_sample_share: that bounds one sender).
+    group_sums: bool = False
+    # Whether the reducer judged its inputs by its own part (robust.aggregate's reference):
+    # an auxiliary reducer beside one proven trainer takes what comes.
+    judged: bool = True
 
     def __post_init__(self) -> None:
         if self.caps and len(self.caps) != len(self.inputs):

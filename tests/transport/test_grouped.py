@@ -47,6 +47,9 @@ def test_a_slot_covers_the_same_values_in_every_group():
     two = grouped.level_two(RoundPlan(7, 3, NAMES, [1.0] * 8, grouped.reducers[1][0]), 0)
     assert two.group == [grouped.reducers[0][0], grouped.reducers[1][0]]
     assert two.wire(0) >= max(len(g) for g in grouped.groups)  # past every level-1 part
+    shared = RoundPlan(7, 3, NAMES, [1.0] * 8, grouped.reducers[1][0],
+                       aggregation=AggregationSpec(max_sample_share=0.5))
+    assert grouped.level_two(shared, 0).aggregation.max_sample_share is None  # (it bounds one sender)
 
 
 async def _rounds(names, vectors, samples, run, compression="none"):
@@ -207,12 +210,12 @@ async def test_an_auxiliary_member_reduces_its_groups_slot_and_every_trainer_app
     assert auxiliary.received == {"a": 3, "c": 3, "d": 3}  # its group's senders, in full
 
 
-@pytest.mark.parametrize("phases", [1, 2])
-async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine(phases):
-    """Every part any member reduced, at either level (of either PowerSGD phase), rechecks
-    from the inputs and result it committed to; a level-1 part's check also finds the
-    level-2 parts its reducer sent on; every member commits the same result for each piece
-    it applied."""
+@pytest.mark.parametrize(("phases", "codec"), [(1, "none"), (1, "fp16"), (1, "uint8"), (2, "none")])
+async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine(phases, codec):
+    """Every part any member reduced, at either level (of either PowerSGD phase, in any
+    codec), rechecks from the inputs and result it committed to; a level-1 part's check
+    also finds the level-2 parts its reducer sent on; every member commits the same result
+    for each piece it applied, the one its level-2 reducer shows a checker."""
     names = [p for g in BY_HAND.groups for p in g]
     layout = Layout.of([(300, 200), (300,), (64, 32, 3, 3)], rank=4)
     vectors = {p: torch.randn(layout.numel if phases == 2 else 20_011) for p in names}
@@ -220,7 +223,8 @@ async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine(phas
     checked = AggregationSpec(verify_probability=1.0)
 
     def run(me):
-        plan = RoundPlan(9, 2, names, [1.0] * 8, me, aggregation=checked, groups=BY_HAND, phases=phases)
+        plan = RoundPlan(9, 2, names, [1.0] * 8, me, aggregation=checked, groups=BY_HAND, phases=phases,
+                         compression=codec)
         if phases == 1:
             return grouped_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60)
         return powersgd_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60, layout=layout, feedback=None,
@@ -244,9 +248,9 @@ async def test_a_checked_grouped_round_commits_what_a_checker_can_recombine(phas
                 first = indices.level_two_offset(place.slot) + place.phase * 2
                 extra = {"forwarded": [commitments[me].sent[i] for i in range(first, first + 2)],
                          "pieces": BY_HAND.pieces[place.slot]}
-            verdict = recheck(r.inputs, r.result, result, checked, 10**9, reducer=me, **extra)
+            verdict = recheck(r.inputs, r.result, result, checked, 10**9, codec, reducer=me, **extra)
             assert verdict.ok, (me, r.index, verdict.reason)
             if place.level == 1:  # a reducer that sent on other values than its result is caught
                 extra["forwarded"] = extra["forwarded"][::-1]
-                assert not recheck(r.inputs, r.result, result, checked, 10**9, reducer=me, **extra).ok
+                assert not recheck(r.inputs, r.result, result, checked, 10**9, codec, reducer=me, **extra).ok
     assert sum(len(d.reduced) for d in done) == phases * (4 + 4)  # four slot reducers, at each level

@@ -114,6 +114,11 @@ def test_when_members_come_and_go_the_others_keep_their_groups_and_slots():
     few = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10]]
     groups = carried_groups([Member(10 * MB, 10 * MB)] * 11, 4, few)
     assert groups is not None and len(groups) == 2 and groups[0][:5] == few[0] and groups[1][:5] == few[1]
+    # A group dealt out into the only other one leaves one group: a flat round, planned afresh
+    # (e, f and g of [a..d], [e..h] left; h and a newcomer join the first group).
+    assert carried_groups([Member(10 * MB, 10 * MB)] * 6, 4, [[0, 1, 2, 3], [4]]) is None
+    six = [Member(10 * MB, 10 * MB)] * 6
+    assert len(plan_groups(six, 4, 100 * MB, ([[0, 1, 2, 3], [4]], [[0], [4]])).groups) == 2
     # One grown past one and a half times the group size splits in two.
     grown = carried_groups([Member(10 * MB, 10 * MB)] * 7, 4, [[0, 1, 2, 3, 4, 5]])
     assert grown is not None and sorted(map(len, grown)) == [3, 4]

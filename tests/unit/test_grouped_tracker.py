@@ -181,8 +181,9 @@ def test_a_checked_grouped_round_draws_parts_of_both_levels_and_checks_level_one
             pieces = range(indices.level_two_offset(k), indices.level_two_offset(k) + 3)
             assert a.forwarded == [f"{place.group}{k}{i}".ljust(64, "f") for i in pieces]
             assert a.pieces == groups.pieces[k] and a.caps == [caps[c.sender] for c in a.inputs]
+            assert a.judged and not a.group_sums
         else:  # what every member applied; each group's reducer counts for its group's caps
-            assert a.result_sha256 == "r" * 64 and not a.forwarded
+            assert a.result_sha256 == "r" * 64 and not a.forwarded and a.group_sums
             group_of = {p: g for g in groups.groups for p in g}
             assert a.caps == [sum(caps[q] for q in group_of[c.sender]) for c in a.inputs]
 

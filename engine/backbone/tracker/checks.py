@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
-from engine.backbone.tracker.grouped_parts import forwarded, grouped_parts, level_two_caps, place_of
+from engine.backbone.tracker.grouped_parts import grouped_audit, grouped_parts, level_two_caps, place_of
 from engine.backbone.tracker.outputs import Out, Send, WithdrawCredits
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
 from engine.wire.control import EMPTY_PART, Audit, AuditDone, Committed, RoundDone
@@ -217,10 +217,9 @@ class Auditor:
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
                            checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
                            caps=[caps.get(c.sender, 0) for c in inputs])
-        if place is not None and place.level == 1:
+        if place is not None:
             assert rnd.groups is not None
-            part.audit = replace(part.audit, forwarded=forwarded(rnd.groups, rnd.phases, place, done),
-                                 pieces=rnd.groups.pieces[place.slot])
+            part.audit = grouped_audit(part.audit, rnd, place, done)
         return self._ask_next(rnd, part)
 
     def _own_as_shown(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> bool | None:

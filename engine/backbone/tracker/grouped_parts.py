@@ -6,10 +6,16 @@ is the group's average, which its reducer alone holds and sent on as its level-2
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
 
 from engine.planning.grouped_indices import GroupedIndices
 from engine.planning.partition import part_sizes
-from engine.wire.control import RoundDone, RoundGroups
+from engine.wire.control import Audit, RoundDone, RoundGroups
+
+if TYPE_CHECKING:
+    from engine.backbone.tracker.scheduling import OpenRound
 
 
 @dataclass(frozen=True)
@@ -73,3 +79,19 @@ def level_two_caps(groups: RoundGroups, caps: dict[str, int]) -> dict[str, int]:
         total = sum(caps.get(p, 0) for p in members)
         out.update(dict.fromkeys(reducers, total))
     return out
+
+
+def grouped_audit(audit: Audit, rnd: OpenRound, part: GroupedPart, reducer: RoundDone) -> Audit:
+    """``audit`` of a grouped round's ``part`` as its checker must run it to judge as the
+    reducer did: a level-1 part with what its reducer sent on, and not judged by its own
+    part where it is an auxiliary member beside one proven trainer; a level-2 part as one
+    of groups' sums."""
+    groups = rnd.groups
+    assert groups is not None
+    if part.level == 2:
+        return replace(audit, group_sums=True)
+    members = groups.groups[part.group]
+    proven = [p for p in members if p not in rnd.auxiliary and p not in rnd.optional]
+    judged = not (part.reducer in rnd.auxiliary and len(proven) <= 1)
+    return replace(audit, forwarded=forwarded(groups, rnd.phases, part, reducer),
+                   pieces=groups.pieces[part.slot], judged=judged)
