@@ -338,13 +338,13 @@ class AllReduceRunner:
         try:
             # Off the event loop: CenteredClip of a large part takes seconds, and the links'
             # SCTP and DTLS run on this loop.
-            done = await asyncio.to_thread(self.reducer.reduce, j, parts)
+            done = await asyncio.to_thread(self._reduce, j, parts)
         except ValueError as exc:
             raise AveragingError(f"round {self.plan.round_id}: {exc}") from None
         if self.finish is not None:
             done = await self.finish(j, done)
-        if self.sends:  # (the result applied here too, if we take the step)
-            await asyncio.to_thread(self.parts.land, j, done.values)
+            if self.sends:
+                await asyncio.to_thread(self.parts.land, j, done.values)
         for peer in self.plan.senders:
             if peer != self.plan.me and peer not in self.members.lost:
                 # One result at a time to each peer, in piece order: with our own parts on the
@@ -354,6 +354,14 @@ class AllReduceRunner:
                 self.last_result[peer] = send
                 self.result_sends.append(send)
         return done.result
+
+    def _reduce(self, j: int, parts: dict[str, Received]) -> ReducedPart:
+        """(On a thread.) The reduction, and its result applied here if we take the step
+        (unless ``finish`` makes another result of it: then that one)."""
+        done = self.reducer.reduce(j, parts)
+        if self.sends and self.finish is None:
+            self.parts.land(j, done.values)
+        return done
 
     async def _values(self, frame: Frame, j: int, peer: str, what: str) -> torch.Tensor | None:
         """The fp32 values a part or result carries (None: an empty part)."""
