@@ -30,6 +30,7 @@ import torch
 
 from engine.averaging.errors import AveragingError, Misbehaved
 from engine.averaging.lost_members import LostMembers, all_or_none, quiet
+from engine.averaging.reducer_sends import ReducerSends
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import (
     Averaged,
@@ -44,7 +45,6 @@ from engine.averaging.tensor_parts import (
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mailbox import Key, Kind
 from engine.transport.mesh import PeerMesh
-from engine.wire import ProtocolError
 from engine.wire.frames import Part, Result, Shown
 from engine.wire.framing import Frame
 
@@ -119,8 +119,6 @@ class AllReduceRunner:
     # keep apart peers that reach each other fine (the reducer's own report names the culprit).
     missing_links: set[str] = field(default_factory=set)
     missing_parts: dict[int, set[str]] = field(default_factory=dict)  # per part I reduce
-    result_sends: list[asyncio.Future] = field(default_factory=list)
-    last_result: dict[str, asyncio.Future] = field(default_factory=dict)  # per peer, the latest
     bytes_in: int = 0  # payload bytes of the parts I combined
     results_in: set[int] = field(default_factory=set)  # parts whose result we hold
     first_sent: float | None = None  # when our first part was handed to its link
@@ -143,6 +141,7 @@ class AllReduceRunner:
         # first while the others come (``send_part`` waits for its turn).
         self.turns = [asyncio.Event() for _ in range(plan.parts)]
         self.began = asyncio.get_running_loop().time()
+        self.out = ReducerSends(plan, self.mesh, self.links, self.members, self.timeout)
 
     def suspects(self) -> set[str]:
         missing = self.missing_links | self.members.closed | set().union(*self.missing_parts.values())
@@ -183,10 +182,7 @@ class AllReduceRunner:
         return averaged
 
     async def _results_sent(self) -> None:
-        """Our results out, or as long again as the round took (they go on after)."""
-        if self.result_sends:
-            now = asyncio.get_running_loop().time()
-            await asyncio.wait(self.result_sends, timeout=max(GRACE, now - self.began))
+        await self.out.out(GRACE)
 
     async def connect(self) -> None:
         self.missing_links = set(self.required)
@@ -280,11 +276,8 @@ class AllReduceRunner:
         """As part ``j``'s reducer, in a checked project: commit to our own part to every
         sender before taking theirs (we cannot pick it once we know what they sent)."""
         digest = await asyncio.to_thread(self.parts.own_digest, j)
-        header = Shown(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.plan.wire(j),
-                       sha256=digest)
-        for peer in self.plan.senders:
-            if peer != self.plan.me and peer not in self.members.lost:
-                self.result_sends.append(self.mesh.spawn(self._send_to(peer, header, b"")))
+        self.out.to_senders(Shown(round_id=self.plan.round_id, epoch=self.plan.epoch, index=self.plan.wire(j),
+                                  sha256=digest), b"")
 
     async def receive_part(self, j: int, peer: str) -> Received | None:
         """The part ``j`` that ``peer`` sent me, or None if it broke the rules (then it is left
@@ -308,13 +301,21 @@ class AllReduceRunner:
     async def gather_parts(self, j: int) -> dict[str, Received]:
         """Every required sender's part ``j`` (a link lost fails the round, unless the
         backbone says its peer left), then what optional senders deliver within the grace.
-        A lost member's part is left out: the round is the live members'."""
-        senders = [p for p in self.plan.senders if p != self.plan.me]
-        required = [p for p in senders if p not in self.plan.optional]
-        self.missing_parts[j] = set(required)
-        waits = {p: asyncio.ensure_future(self.receive_part(j, p)) for p in senders}
+        A lost member's part is left out: the round is the live members' -- and a backup's
+        that stands in for it (a grouped round's level 2), waited for as it was."""
+        waits: dict[str, asyncio.Future] = {}
+        self.missing_parts[j] = set()
         try:
-            await self.members.until_done(waits, required)
+            while True:
+                senders = [p for p in self.plan.senders if p != self.plan.me]
+                required = [p for p in senders if p not in self.plan.optional]
+                for p in senders:
+                    if p not in waits:
+                        waits[p] = asyncio.ensure_future(self.receive_part(j, p))
+                        self.missing_parts[j] |= {p} & set(required)
+                await self.members.until_done(waits, required)
+                if senders == [p for p in self.plan.senders if p != self.plan.me]:
+                    break
             optional = [w for p, w in waits.items() if p not in required and p not in self.members.lost]
             if optional:
                 now = asyncio.get_running_loop().time()
@@ -325,7 +326,8 @@ class AllReduceRunner:
                     wait.cancel()
                 wait.add_done_callback(quiet)
         arrived = {p: w.result() for p, w in waits.items()
-                   if p not in self.members.lost and w.done() and not w.cancelled() and w.exception() is None}
+                   if p in senders and p not in self.members.lost and w.done() and not w.cancelled()
+                   and w.exception() is None}
         return {p: part for p, part in arrived.items() if part is not None}
 
     async def reduce(self, j: int) -> Result:
@@ -345,14 +347,7 @@ class AllReduceRunner:
             done = await self.finish(j, done)
             if self.sends:
                 await asyncio.to_thread(self.parts.land, j, done.values)
-        for peer in self.plan.senders:
-            if peer != self.plan.me and peer not in self.members.lost:
-                # One result at a time to each peer, in piece order: with our own parts on the
-                # same link, that keeps what we have under way within its Reassembler's limit.
-                send = self.mesh.spawn(self._send_result(peer, done.result, done.payload,
-                                                         self.last_result.get(peer)))
-                self.last_result[peer] = send
-                self.result_sends.append(send)
+        self.out.to_senders(done.result, done.payload)
         return done.result
 
     def _reduce(self, j: int, parts: dict[str, Received]) -> ReducedPart:
@@ -373,26 +368,6 @@ class AllReduceRunner:
             return await asyncio.to_thread(decode_values, frame.payload, expected, method)
         except ValueError as exc:
             raise Misbehaved(peer, f"{what} from {peer}: {exc}") from None
-
-    async def _send_result(self, peer: str, result: Result, payload: bytes | memoryview,
-                           after: asyncio.Future | None) -> None:
-        """Our result for ``peer``, once the one before it (``after``) is sent."""
-        if after is not None:
-            await asyncio.wait({after})
-        await self._send_to(peer, result, payload)
-
-    async def _send_to(self, peer: str, header: Result | Shown, payload: bytes | memoryview) -> None:
-        """A frame for ``peer`` within the round's time (an optional member's link may still
-        be opening); one that cannot go is logged, and costs the round nothing here."""
-        remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
-        try:
-            link = self.links.get(peer)
-            if link is None:
-                link = await asyncio.wait_for(self.mesh.link(peer), max(remaining, 0.0))
-            await asyncio.wait_for(link.send(header, payload), max(remaining, 1.0))
-        except (asyncio.TimeoutError, LinkClosed, ProtocolError) as exc:
-            log.info("round %d: no %s for %s (%s)", self.plan.round_id, header.__struct_config__.tag, peer,
-                     exc or "timeout")
 
     async def receive_result(self, j: int, peer: str) -> Result:
         index = self.plan.wire(j)

@@ -14,6 +14,11 @@ every group applies the same bits, as in a flat round.
 A member links to its group and, as a reducer, to the other groups' reducers of its slot:
 O(group size + groups) links, where a flat round needs one to every reducer.
 
+A slot reducer lost midway is replaced by a backup of its group (the backbone's Reassign):
+its group sends it the slot, and it stands in for the lost one at level 2
+(``round_plan.stand_in``). Only a lost reducer whose group has nobody left to take its slot
+fails the round, at once.
+
 A level-2 sender is a reducer speaking for its group: its sample count is a claim like
 any sender's, bounded as the round bounds one (a share of the target batch, the group's
 caps), and the level-2 reducers check and aggregate the groups' sums with the project's
@@ -83,7 +88,7 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
         return _finished(one, j, group_part, total)
 
     levels = asyncio.ensure_future(level_one(one, finish))
-    watch = asyncio.ensure_future(_until_a_reducer_is_lost(plan))
+    watch = asyncio.ensure_future(_until_a_slot_is_orphaned(plan))
     try:
         await asyncio.wait([levels, watch], return_when=asyncio.FIRST_COMPLETED)
         if not levels.done():
@@ -99,16 +104,16 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
             task.add_done_callback(quiet)
 
 
-async def _until_a_reducer_is_lost(plan: RoundPlan) -> NoReturn:
-    """Raise once the backbone says a slot reducer of any group left: its slot cannot be
-    finished, and members waiting on it through others would only learn at the deadline."""
+async def _until_a_slot_is_orphaned(plan: RoundPlan) -> NoReturn:
+    """Raise once the backbone says a slot reducer of any group left and no backup took its
+    slot: the slot cannot be finished, and members waiting on it through others would only
+    learn at the deadline."""
     assert plan.groups is not None
-    reducers = {r for group in plan.groups.reducers for r in group}
     while True:
-        lost = plan.changes.lost & reducers
+        lost = plan.changes.lost & {r for group in plan.groups.now(plan) for r in group}
         if lost:
             raise AveragingError(f"round {plan.round_id}: {', '.join(sorted(lost))} left with a slot to "
-                                 "reduce, and grouped rounds have no backups")
+                                 "reduce, and no member of its group could take it over")
         await plan.changes.wait()
 
 

@@ -36,8 +36,9 @@ class LostMembers:
 
     @property
     def lost(self) -> frozenset[str]:
-        """The members the backbone says left midway (RoundChanges)."""
-        return (self.plan.changes.lost & frozenset(self.plan.group)) - {self.plan.me}
+        """The members the backbone says left midway (RoundChanges): of the round, not only of
+        this level of a grouped one (a backup may stand in for a lost member here)."""
+        return self.plan.changes.lost - {self.plan.me}
 
     async def until_done(self, waits: Mapping[str, asyncio.Future], needed: Iterable[str]) -> None:
         """Until the waits of the ``needed`` peers are done -- or those peers are lost: a

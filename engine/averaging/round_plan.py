@@ -4,16 +4,33 @@ derived from the backbone's RoundStart by ``RoundPlan.of`` alone."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import msgspec
 
 from engine.averaging.errors import AveragingError
 from engine.planning.grouped_indices import GroupedIndices
+from engine.planning.slot_reducers import level_two_caps, slot_reducers_now
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
 from engine.wire.control import RoundGroups, RoundStart
 from engine.wire.types import MAX_GROUP
+
+
+class Changes(Protocol):
+    """The backbone's word on a round's members as the round goes, as a round (or one level
+    of a grouped round) reads it."""
+
+    @property
+    def lost(self) -> frozenset[str]: ...
+
+    @property
+    def reducers(self) -> list[str] | None: ...
+
+    async def wait(self) -> None: ...
+
+    def watch(self, react: Callable[[], None]) -> None: ...
 
 
 class RoundChanges:
@@ -24,9 +41,12 @@ class RoundChanges:
         self.lost: frozenset[str] = frozenset()
         self.reducers: list[str] | None = None
         self._changed = asyncio.Event()
+        self._watchers: list[Callable[[], None]] = []
 
     def update(self, lost: Iterable[str], reducers: list[str]) -> None:
         self.lost, self.reducers = frozenset(lost), list(reducers)
+        for react in self._watchers:
+            react()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -34,23 +54,42 @@ class RoundChanges:
         """Until the next update."""
         await self._changed.wait()
 
+    def watch(self, react: Callable[[], None]) -> None:
+        """Call ``react`` on every update, before anyone waiting hears of it."""
+        self._watchers.append(react)
+
+
+class LevelChanges:
+    """One level of a grouped round's view of the round's changes: the same lost members,
+    and the reducers of this level's own parts."""
+
+    def __init__(self, changes: Changes, reducers: Callable[[], list[str]]) -> None:
+        self._changes, self._reducers = changes, reducers
+
+    @property
+    def lost(self) -> frozenset[str]:
+        return self._changes.lost
+
+    @property
+    def reducers(self) -> list[str] | None:
+        return None if self._changes.reducers is None else self._reducers()
+
+    async def wait(self) -> None:
+        await self._changes.wait()
+
+    def watch(self, react: Callable[[], None]) -> None:
+        self._changes.watch(react)
+
 
 @dataclass(frozen=True)
 class GroupedRound:
-    """Who is in which group, who reduces which slot, and how large slots and pieces are."""
+    """Who is in which group, who reduces which slot, and how large slots and pieces are
+    (from a RoundStart's RoundGroups, which decoding checked)."""
 
     groups: list[list[str]]  # member ids, per group
     reducers: list[list[str]]  # per group, its reducer of each slot (slot k: the k-th)
     slot_shares: list[float]  # per slot, its share of the vector
     pieces: list[list[float]]  # per slot, per group: the share of the slot its reducer finishes
-
-    def __post_init__(self) -> None:
-        slots = len(self.slot_shares)
-        if any(len(r) != slots for r in self.reducers) or len(self.pieces) != slots:
-            raise ValueError(f"every group has one reducer for each of the {slots} slots")
-        for group, reducers in zip(self.groups, self.reducers, strict=True):
-            if not set(reducers) <= set(group):
-                raise ValueError(f"a group's reducers {reducers} are not all in it")
 
     @classmethod
     def of(cls, groups: RoundGroups) -> GroupedRound:
@@ -62,9 +101,14 @@ class GroupedRound:
     def indices(self, phases: int) -> GroupedIndices:
         return GroupedIndices([len(g) for g in self.groups], len(self.slot_shares), phases)
 
+    def now(self, plan: RoundPlan) -> list[list[str]]:
+        """Each group's reducer of each slot now: a backup of the group's own takes a lost
+        reducer's slot at both levels (the backbone's word, ``plan.changes``)."""
+        return slot_reducers_now(self.groups, self.reducers, plan.group, plan.changes.reducers)
+
     # Both levels share the round's word on members lost midway (``RoundPlan.changes``): a
-    # member that left is waited for no longer, and a slot reducer that left fails the round
-    # at once (no backup takes a slot over yet), not at its deadline.
+    # member that left is waited for no longer, and a lost slot reducer's backup takes its
+    # slot in its group (level 1) and its place among the slot's reducers (level 2).
 
     def level_one(self, plan: RoundPlan) -> RoundPlan:
         """The round within our group: its slot reducers first, in slot order, so that slot
@@ -74,26 +118,41 @@ class GroupedRound:
         reducers = self.reducers[g]
         members = reducers + [p for p in self.groups[g] if p not in reducers]
         shares = self.slot_shares + [0.0] * (len(members) - len(reducers))
+        changes = LevelChanges(plan.changes, lambda: self.now(plan)[g] + members[len(reducers):])
         return replace(plan, group=members, shares=shares, pieces=1, grouped=True, groups=None,
-                       results_codec="none",
+                       results_codec="none", changes=changes,
                        offset=self.indices(plan.phases).level_one_offset(g),
                        optional=plan.optional & set(members), auxiliary=plan.auxiliary & set(members),
                        caps={p: c for p, c in plan.caps.items() if p in members})
 
     def level_two(self, plan: RoundPlan, slot: int) -> RoundPlan:
-        """The round among the reducers of ``slot``, one per group, on their groups' sums."""
-        members = [reducers[slot] for reducers in self.reducers]
-        caps = {}
-        if plan.caps:
-            caps = {r: sum(plan.caps.get(p, 0) for p in group) for r, group in zip(members, self.groups,
-                                                                                     strict=True)}
+        """The round among the reducers of ``slot``, one per group, on their groups' sums. A
+        backup that takes a lost reducer's slot stands in for it here: its part is the
+        group's, and it finishes the lost one's piece (``stand_in``)."""
+        def members() -> list[str]:
+            return [reducers[slot] for reducers in self.now(plan)]
+
+        def caps() -> dict[str, int]:
+            return level_two_caps(self.groups, self.now(plan), plan.caps) if plan.caps else {}
+
         # (A group's sum weighs as the samples its members brought, within their caps: a share
         # of the target batch bounds one sender, not a group.)
         aggregation = msgspec.structs.replace(plan.aggregation, max_sample_share=None)
-        return replace(plan, group=members, shares=self.pieces[slot], pieces=1, optional=frozenset(),
-                       aggregation=aggregation,
-                       auxiliary=frozenset(), caps=caps, grouped=False, groups=None,
-                       offset=self.indices(plan.phases).level_two_offset(slot))
+        two = replace(plan, group=members(), shares=self.pieces[slot], pieces=1, optional=frozenset(),
+                      aggregation=aggregation, changes=LevelChanges(plan.changes, members),
+                      auxiliary=frozenset(), caps=caps(), grouped=False, groups=None,
+                      offset=self.indices(plan.phases).level_two_offset(slot))
+        plan.changes.watch(lambda: stand_in(two, members(), caps()))
+        return two
+
+
+def stand_in(plan: RoundPlan, members: list[str], caps: dict[str, int]) -> None:
+    """Backups in place of the lost members of a level-2 round (never in place of us: if
+    the backbone lost us, our round fails on its own)."""
+    for i, peer in enumerate(members):
+        if plan.group[i] != peer and plan.group[i] != plan.me and peer not in plan.group:
+            plan.group[i] = peer
+    plan.caps.update(caps)
 
 
 @dataclass
@@ -107,7 +166,7 @@ class RoundPlan:
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)
     target_batch_size: int = 10**9  # a sender's claimed samples weigh at most a share of it
     compression: Codec = "none"  # of parts and results on the wire
-    changes: RoundChanges = field(default_factory=RoundChanges)
+    changes: Changes = field(default_factory=RoundChanges)
     auxiliary: frozenset[str] = frozenset()  # members that reduce and bring no gradient
     pieces: int = 1  # parts per member's share: part j is member j // pieces's
     caps: dict[str, int] = field(default_factory=dict)  # the most samples a member's part counts for

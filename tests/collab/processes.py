@@ -10,9 +10,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.backbone.tracker import RecordCredits, RecordStep, Send
 from engine.paths import engine_command
 from engine.project import Catalog, ProjectSpec
 from engine.wire.codec import encode
+from engine.wire.control import RoundStart
 from tests.conftest import until
 
 
@@ -90,3 +92,46 @@ def home_with_login(home: Path, url: str, username: str, token: str) -> dict:
     finally:
         keyring.set_keyring(previous)
     return {"COTRAIN_HOME": str(home), "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+
+
+def kill_as_a_round_begins(backbone, pick) -> tuple[list[tuple[RoundStart, object]], list]:
+    """SIGKILL a peer as the backbone sends the first RoundStart for which ``pick(start)``
+    names one; returns that start and peer (once sent) and the steps and credits the
+    backbone records."""
+    killed: list[tuple[RoundStart, object]] = []
+    recorded: list = []
+    carry_out = backbone.execute
+
+    def execute(project_id, outs):
+        carry_out(project_id, outs)
+        recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
+        starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
+        victim = pick(starts[0]) if not killed and starts else None
+        if victim is not None:
+            victim.kill()
+            killed.append((starts[0], victim))
+
+    backbone.execute = execute
+    return killed, recorded
+
+
+async def survivors_step(tracker, peers: list, start: RoundStart, victim, round_timeout: float) -> list:
+    """The peers but ``victim``, once the round it died in has settled and each of them
+    has taken that step."""
+    survivors = [p for p in peers if p is not victim]
+    await until(lambda: tracker.epoch > start.epoch, round_timeout, "the round the victim died in to settle")
+    for p in survivors:
+        await p.reached(start.epoch + 1, timeout=60)
+    return survivors
+
+
+def settled_without_a_redo(recorded: list, start: RoundStart, survivors: list) -> tuple:
+    """The step the round ``start`` opened settled (not a redone one), every survivor on its
+    state; that step and the round's credits."""
+    (step,) = [r.step for r in recorded if isinstance(r, RecordStep) and r.step.epoch == start.epoch + 1]
+    assert step.round_id == start.round_id, "the round was redone"
+    hashes = {e["state_sha256"] for p in survivors for e in p.epochs if e["epoch"] == start.epoch + 1}
+    assert hashes == {step.state_sha256}
+    (credited,) = [r.credits for r in recorded
+                   if isinstance(r, RecordCredits) and r.round_id == start.round_id]
+    return step, credited

@@ -8,7 +8,14 @@ from engine.backbone.tracker import Send
 from engine.project import AggregationSpec
 from engine.wire.control import RoundStart
 from tests.collab.harness import running_backbone, tiny_project
-from tests.collab.processes import spawn_peer, terminate
+from tests.collab.processes import (
+    kill_as_a_round_begins,
+    settled_without_a_redo,
+    spawn_peer,
+    survivors_step,
+    terminate,
+)
+from tests.conftest import until
 
 pytestmark = pytest.mark.slow
 
@@ -98,3 +105,51 @@ async def test_every_part_of_a_grouped_round_checks_out_when_every_part_is_check
     # level 2, at least (the LP may give every other slot, or piece, nothing to hold).
     assert drawn >= EPOCHS * (PEERS // GROUP_SIZE + 1) and caught == 0
     report_figure(f"{drawn} parts of {EPOCHS}+ grouped rounds checked, none wrong")
+
+
+async def test_a_slot_reducer_killed_as_its_round_begins_is_replaced_and_that_round_settles(
+        tmp_path, report_figure):
+    """SIGKILL a slot reducer as its grouped round starts: the backbone hands its slot to a
+    member of its group, which reduces it there and finishes its pieces with the other
+    groups' reducers of that slot; the same round settles (no redo), every survivor on one
+    state, every part checked and none wrong, and the dead peer credited with nothing."""
+    project = tiny_project(target_batch_size=240, round_timeout=60, group_size=GROUP_SIZE,
+                           aggregation=AggregationSpec(verify_probability=1.0))
+    async with running_backbone(tmp_path, project) as backbone:
+        tracker = backbone.trackers[project.id]
+        scheduled = tracker.scheduler.open
+        everyone = [PEERS]  # (all in before the first round: nobody downloads the state)
+
+        def open_when_all_are_in(epoch, last_checkpoint):
+            in_time = len(tracker.members.live(epoch)) >= everyone[0]
+            return scheduled(epoch, last_checkpoint) if in_time else None
+
+        tracker.scheduler.open = open_when_all_are_in
+        peers = [await spawn_peer(backbone.url, project.id, f"p{i:02}", tmp_path) for i in range(PEERS)]
+
+        def a_slot_reducer(start: RoundStart):
+            if start.groups is None or not all(p.epoch >= 2 for p in peers):
+                return None
+            names = {p: s.name for p, s in tracker.peers.items()}
+            shares = dict(zip(start.group, start.shares, strict=True))
+            reducer = next(r for g in start.groups.reducers for r in g if shares[r] > 0)
+            everyone[0] = PEERS - 1
+            chosen.append(reducer)
+            return next(p for p in peers if p.name == names.get(reducer))
+
+        chosen: list[str] = []
+        killed, recorded = kill_as_a_round_begins(backbone, a_slot_reducer)
+        try:
+            await until(lambda: killed, 240, "a grouped round past epoch 2")
+            start, victim = killed[0]
+            survivors = await survivors_step(tracker, peers, start, victim, project.round_timeout)
+        finally:
+            await terminate(*peers)
+    step, credited = settled_without_a_redo(recorded, start, survivors)
+    assert tracker.backups.reassigned >= 1
+    assert len(credited) == PEERS - 1 and chosen[0] not in credited
+    assert tracker.audits.drawn > 0 and tracker.audits.caught == 0
+    report_figure(f"slot reducer killed as grouped round {start.round_id} began: its backup took the slot, "
+                  f"the round settled in {step.round_seconds:.1f} s (timeout {project.round_timeout} s), "
+                  f"one state on {len(survivors)} survivors, {tracker.audits.drawn} parts checked, "
+                  "none wrong")

@@ -6,35 +6,20 @@ import sys
 
 import pytest
 
-from engine.backbone.tracker import RecordCredits, RecordStep, Send
+from engine.backbone.tracker import RecordCredits, RecordStep
 from engine.paths import engine_command
 from engine.wire.control import RoundStart
 from tests.collab.harness import running_backbone, tiny_project
-from tests.collab.processes import spawn_peer, terminate
+from tests.collab.processes import (
+    kill_as_a_round_begins,
+    settled_without_a_redo,
+    spawn_peer,
+    survivors_step,
+    terminate,
+)
 from tests.conftest import until
 
 pytestmark = pytest.mark.slow
-
-
-def kill_as_a_round_begins(backbone, pick) -> tuple[list[tuple[RoundStart, object]], list]:
-    """SIGKILL a peer as the backbone sends the first RoundStart for which ``pick(start)``
-    names one; returns that start and peer (once sent) and the steps and credits the
-    backbone records."""
-    killed: list[tuple[RoundStart, object]] = []
-    recorded: list = []
-    carry_out = backbone.execute
-
-    def execute(project_id, outs):
-        carry_out(project_id, outs)
-        recorded.extend(o for o in outs if isinstance(o, (RecordStep, RecordCredits)))
-        starts = [o.msg for o in outs if isinstance(o, Send) and isinstance(o.msg, RoundStart)]
-        victim = pick(starts[0]) if not killed and starts else None
-        if victim is not None:
-            victim.kill()
-            killed.append((starts[0], victim))
-
-    backbone.execute = execute
-    return killed, recorded
 
 
 async def test_killing_a_peer_between_rounds_lets_the_others_go_on(tmp_path):
@@ -98,20 +83,11 @@ async def test_a_reducer_killed_mid_round_is_replaced_and_that_round_completes(t
             except AssertionError as e:
                 raise AssertionError(f"{e}; the last rounds: {'; '.join(seen[-8:])}") from None
             start, victim = killed[0]
-            survivors = [p for p in peers if p is not victim]
-            await until(lambda: tracker.epoch > start.epoch, project.round_timeout,
-                        "the round the victim died in to settle")
-            for p in survivors:
-                await p.reached(start.epoch + 1, timeout=30)
+            survivors = await survivors_step(tracker, peers, start, victim, project.round_timeout)
         finally:
             await terminate(*peers)
-    (step,) = [r.step for r in recorded if isinstance(r, RecordStep) and r.step.epoch == start.epoch + 1]
-    assert step.round_id == start.round_id, "the round was redone"
+    step, credited = settled_without_a_redo(recorded, start, survivors)
     assert tracker.backups.reassigned >= 1
-    hashes = {e["state_sha256"] for p in survivors for e in p.epochs if e["epoch"] == start.epoch + 1}
-    assert hashes == {step.state_sha256}
-    (credited,) = [r.credits for r in recorded
-                   if isinstance(r, RecordCredits) and r.round_id == start.round_id]
     victim_id = next(p for p in start.group if p not in credited)
     assert len(credited) == 3 and victim_id not in credited
     report_figure(f"reducer killed as round {start.round_id} began: the round settled in "

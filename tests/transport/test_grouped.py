@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from engine.averaging import grouped
 from engine.averaging.allreduce import butterfly_allreduce
 from engine.averaging.errors import AveragingError
 from engine.averaging.grouped import grouped_aggregate, grouped_allreduce
@@ -116,25 +117,45 @@ BY_HAND = GroupedRound([["a", "b", "c", "d"], ["e", "f", "g", "h"]], [["a", "b"]
                        [[0.5, 0.5], [0.5, 0.5]])
 
 
-async def _with_one_lost(lost: str) -> tuple[dict, float]:
+async def _with_one_lost(lost: str, backup: str | None = None, dies_at_level_two: bool = False,
+                         monkeypatch=None) -> tuple[dict, float]:
     """Every member but ``lost`` averages; the backbone says ``lost`` left once the others
-    are under way. Each member's outcome (or error), and how long the round took."""
+    are under way (or, ``dies_at_level_two``, once ``lost`` began level 2 and died there),
+    handing its slot to ``backup``. Each member's outcome (or error), and how long the
+    round took."""
     names = [p for g in BY_HAND.groups for p in g]
     vectors = {p: torch.full((20_000,), float(i + 1)) for i, p in enumerate(names)}
     meshes = make_meshes(names)
     changes = {p: RoundChanges() for p in names}
     loop = asyncio.get_running_loop()
     began = loop.time()
+    at_level_two = asyncio.Event()
+    if dies_at_level_two:
+        level_one_parts = len(names)
+
+        async def allreduce(plan, *args, **kwargs):
+            if plan.me == lost and plan.offset >= level_one_parts:
+                at_level_two.set()
+                await asyncio.Event().wait()  # (dead: it never sends its group's sum)
+            return await butterfly_allreduce(plan, *args, **kwargs)
+
+        monkeypatch.setattr(grouped, "butterfly_allreduce", allreduce)
 
     async def member(me):
         plan = RoundPlan(3, 1, names, [1.0] * 8, me, changes=changes[me], groups=BY_HAND)
         return await grouped_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60)
 
     try:
-        rounds = {p: asyncio.ensure_future(member(p)) for p in names if p != lost}
-        await asyncio.wait(rounds.values(), timeout=1.0)  # (under way: links up, parts going)
+        rounds = {p: asyncio.ensure_future(member(p)) for p in names if p != lost or dies_at_level_two}
+        if dies_at_level_two:
+            await asyncio.wait_for(at_level_two.wait(), 30)
+            rounds.pop(lost).cancel()
+            await meshes[lost].close()
+        else:
+            await asyncio.wait(rounds.values(), timeout=1.0)  # (under way: links up, parts going)
+        reducers = [backup if p == lost else p for p in names] if backup else []
         for c in changes.values():
-            c.update([lost], [])
+            c.update([lost], reducers)
         await asyncio.wait(rounds.values(), timeout=30)
         took = loop.time() - began
         outcomes = {p: r.exception() or r.result() for p, r in rounds.items() if r.done()}
@@ -143,20 +164,45 @@ async def _with_one_lost(lost: str) -> tuple[dict, float]:
     return outcomes, took
 
 
-async def test_a_sender_lost_midway_is_left_out_and_the_round_completes():
-    outcomes, _ = await _with_one_lost("h")
+def _completed_without(outcomes: dict, lost: int, slots: slice = slice(None)) -> None:
+    """Seven members applied the same bits: in ``slots``, the average of the others' vectors."""
     assert len(outcomes) == 7
     averaged = list(outcomes.values())
     assert all(not isinstance(o, BaseException) for o in averaged), averaged
     assert all(torch.equal(o.vector, averaged[0].vector) for o in averaged)
-    assert averaged[0].samples == 14  # seven members' two samples each
-    torch.testing.assert_close(averaged[0].vector, torch.full((20_000,), sum(range(1, 8)) / 7))
+    others = [i + 1 for i in range(8) if i != lost]
+    expected = torch.full((20_000,), sum(others) / 7)
+    torch.testing.assert_close(averaged[0].vector[slots], expected[slots])
 
 
-async def test_a_slot_reducer_lost_midway_fails_the_round_at_once_not_at_its_deadline():
+async def test_a_sender_lost_midway_is_left_out_and_the_round_completes():
+    outcomes, _ = await _with_one_lost("h")
+    _completed_without(outcomes, 7)
+    assert outcomes["a"].samples == 14  # seven members' two samples each
+
+
+async def test_a_slot_reducer_lost_midway_without_a_backup_fails_the_round_at_once():
     outcomes, took = await _with_one_lost("f")
     assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
     assert all(isinstance(o, AveragingError) for o in outcomes.values()), outcomes
+
+
+async def test_a_backup_takes_a_lost_slot_reducers_slot_in_its_group_and_across_groups():
+    outcomes, took = await _with_one_lost("f", backup="e")
+    _completed_without(outcomes, 5)
+    assert took < 20
+
+
+async def test_a_backup_stands_in_for_a_slot_reducer_that_died_in_level_two(monkeypatch):
+    outcomes, took = await _with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch)
+    # Its slot, regathered by the backup, leaves it out; the other slot took its part before
+    # it died (as a flat round keeps the parts a lost member's reducers had combined).
+    _completed_without(outcomes, 5, slice(10_000, None))
+    with_it = torch.full((10_000,), sum(range(1, 9)) / 8)
+    without = torch.full((10_000,), (sum(range(1, 9)) - 6) / 7)
+    slot_zero = outcomes["a"].vector[:10_000]
+    assert torch.allclose(slot_zero, with_it) or torch.allclose(slot_zero, without)
+    assert took < 20
 
 
 async def test_a_powersgd_round_in_groups_gives_every_member_the_same_bits():

@@ -7,6 +7,7 @@ import pytest
 
 from engine.backbone.tracker import RecordCredits
 from engine.planning.grouped_indices import GroupedIndices
+from engine.planning.partition import part_sizes
 from engine.project import AggregationSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import encode
@@ -17,6 +18,7 @@ from engine.wire.control import (
     PartInputs,
     Progress,
     Ready,
+    Reassign,
     SyncRequest,
     from_backbone,
 )
@@ -95,6 +97,42 @@ def test_a_member_its_group_did_not_see_gets_no_credit(clock):
     assert silent not in record.credits and len(record.credits) == 11
 
 
+def test_a_lost_slot_reducers_slot_goes_to_a_backup_of_its_own_group(clock):
+    t = grouped_tracker(clock)
+    start = open_round(t, dict.fromkeys(TWELVE, 10))
+    groups = start.groups.groups
+    lost = start.groups.reducers[1][0]
+    told = sent(t.leave(lost), Reassign)
+    assert sorted(to for to, _ in told) == sorted(p for p in TWELVE if p != lost)
+    msg = told[0][1]
+    backup = msg.reducers[start.group.index(lost)]
+    assert msg.lost == [lost] and backup in groups[1] and backup != lost
+    now = t.round.slot_reducers()
+    assert now[1] == [backup, *start.groups.reducers[1][1:]]
+    assert [now[0], now[2]] == [start.groups.reducers[0], start.groups.reducers[2]]
+    share = dict(zip(start.group, start.shares, strict=True))
+    assert t.round.weights()[backup] == pytest.approx(share[backup] + share[lost])
+    outs = []
+    for members in groups:
+        for p in members:
+            if p != lost:
+                outs += t.handle(p, done(start, received={m: 10 for m in members if m != lost}))
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    assert t.epoch == 1 and set(record.credits) == set(TWELVE) - {lost}
+
+
+def test_a_lost_slot_reducer_whose_group_has_nobody_left_fails_the_round_at_once(clock):
+    t = grouped_tracker(clock)
+    start = open_round(t, dict.fromkeys(TWELVE, 10))
+    members, reducers = start.groups.groups[2], start.groups.reducers[2]
+    for p in members:
+        if p != reducers[0]:
+            t.leave(p)
+    ((_, msg), *_) = sent(t.leave(reducers[0]), Reassign)
+    # Nobody of its group took its slot: the members' rounds fail now, not at the deadline.
+    assert msg.reducers[start.group.index(reducers[0])] == reducers[0]
+
+
 def test_a_round_start_whose_groups_do_not_hold_its_members_is_refused():
     start = {"type": "round_start", "round_id": 1, "epoch": 0, "group": ["a", "b", "c", "d"],
              "shares": [1, 0, 1, 0], "timeout": 5,
@@ -143,6 +181,24 @@ def test_an_auxiliary_peer_reduces_a_slot_of_a_grouped_round_and_brings_no_gradi
     shares = dict(zip(start.group, start.shares, strict=True))
     assert shares["aux"] == pytest.approx(start.groups.slot_shares[mine.index("aux")])
     assert t.round.voters == [p for p in start.group if p != "aux"]
+
+    # Credited with what it took in at both levels: its slot from its group's trainers, and
+    # its piece of that slot from the other groups' reducers.
+    groups = start.groups.groups
+    (group,) = [g for g, members in enumerate(groups) if "aux" in members]
+    numel = 100_000
+    outs = []
+    for members in groups:
+        for p in members:
+            seen = {m: 15 for m in members if m != "aux"}
+            outs += t.handle(p, done(start, received=seen, numel=numel if p != "aux" else 0))
+    (record,) = [o for o in outs if isinstance(o, RecordCredits)]
+    k = mine.index("aux")
+    slot = part_sizes(numel, start.groups.slot_shares)[k]
+    piece = part_sizes(slot, start.groups.pieces[k])[group]
+    assert slot > 0
+    trainers = len(groups[group]) - 1
+    assert record.credits["aux"].aggregated_bytes == 4 * (slot * trainers + piece * (len(groups) - 1))
 
 
 def test_a_checked_grouped_round_draws_parts_of_both_levels_and_checks_level_one_against_what_was_sent_on(

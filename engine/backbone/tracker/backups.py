@@ -5,7 +5,9 @@ deadline, and the round would be redone.
 
 The tracker tells the others (Reassign): stop waiting for the lost member, and send the
 parts it was reducing to a backup -- the live voter with the largest share, the one the LP
-found fastest. Only the backbone's own observation loses a member: no peer can make
+found fastest; in a grouped round, of the lost one's group, where it takes the lost one's
+slot and its place among the slot's reducers across groups (planning/slot_reducers.py).
+Only the backbone's own observation loses a member: no peer can make
 another look dead. A lost member votes on nothing and is credited with nothing."""
 
 from __future__ import annotations
@@ -25,13 +27,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def backup_reducer(rnd: OpenRound, sends_only: set[str]) -> str | None:
+def backup_reducer(rnd: OpenRound, lost: str, sends_only: set[str]) -> str | None:
     """Who takes over a lost reducer's parts: a live voter that accepts connections and is
     still in the round (one that answered has finished it), reducing the most already (the
     LP found its links the best); None if nobody can. Not an auxiliary member: it is done
     once its own parts are, and the backbone cannot tell when that is before it reports."""
     share = rnd.weights()
     candidates = [p for p in rnd.voters if p not in sends_only and p not in rnd.outcomes]
+    if rnd.groups is not None:
+        # A grouped round's: of the lost one's group, whose members all send it the slot
+        # already (and the group's other slot reducers have links to every one of them).
+        group = next(g for g in rnd.groups.groups if lost in g)
+        candidates = [p for p in candidates if p in group]
     if not candidates:
         return None
     return max(candidates, key=lambda p: (share[p], -rnd.group.index(p)))
@@ -58,11 +65,8 @@ class Backups:
         if peer_id in rnd.outcomes:
             return []  # it had finished: its step stands, and its results went out
         rnd.lost.add(peer_id)
-        # (A grouped round has no backups yet: its members fail it at once when they hear a
-        # slot reducer left, and it is redone.)
-        orphaned = [j for j, r in enumerate(rnd.reducers)
-                    if r == peer_id and rnd.share_of(j) > 0 and rnd.groups is None]
-        backup = backup_reducer(rnd, t.members.sends_only()) if orphaned else None
+        orphaned = [j for j, r in enumerate(rnd.reducers) if r == peer_id and rnd.share_of(j) > 0]
+        backup = backup_reducer(rnd, peer_id, t.members.sends_only()) if orphaned else None
         if orphaned and backup is None:
             # The round fails at once on every member, rather than at its deadline.
             log.warning("%s: round %d: %s left with parts to reduce, and no member can take them over",

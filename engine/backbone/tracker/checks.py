@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
-from engine.backbone.tracker.grouped_parts import grouped_audit, grouped_parts, level_two_caps, place_of
+from engine.backbone.tracker.grouped_parts import grouped_audit, grouped_parts, place_of
 from engine.backbone.tracker.outputs import Out, Send, WithdrawCredits
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
+from engine.planning.slot_reducers import level_two_caps
 from engine.wire.control import EMPTY_PART, Audit, AuditDone, Committed, RoundDone
 
 if TYPE_CHECKING:
@@ -155,7 +156,8 @@ class Auditor:
             if rnd.groups is not None:  # (each level of each group, each part drawn alone)
                 lengths = [max(reported[k] for reported in said) if said else 10**9
                            for k in range(rnd.phases)]
-                parts = [PartCheck(part.index, part.reducer) for part in grouped_parts(rnd.groups, lengths)
+                parts = [PartCheck(part.index, part.reducer)
+                         for part in grouped_parts(rnd.groups, lengths, rnd.slot_reducers())
                          if part.size > 0 and self.rng.random() < p]
             else:
                 indices = range(rnd.phases * rnd.parts)
@@ -181,8 +183,13 @@ class Auditor:
         commitment = done.commitment
         inputs = commitment.inputs_of(part.index) if commitment is not None else None
         holds_state = part.reducer in rnd.auxiliary or vote(done) == audit.majority
-        first = rnd.group[part.index % rnd.parts // rnd.pieces] if rnd.groups is None else part.reducer
-        if inputs is None and first in rnd.lost and part.index < (rnd.phases - 1) * rnd.parts:
+        if rnd.groups is None:
+            first = rnd.group[part.index % rnd.parts // rnd.pieces]
+            combined_by_first = part.index < (rnd.phases - 1) * rnd.parts
+        else:  # (a backup that took a slot over combines all of it, or has its inputs)
+            first = place_of(rnd.groups, rnd.phases, part.index, rnd.groups.reducers).reducer
+            combined_by_first = first != part.reducer
+        if inputs is None and first in rnd.lost and combined_by_first:
             # Its backup took over a later phase only: the lost reducer combined this part,
             # and nobody can show what it combined. Kept unchecked, it would let a liar lie,
             # then leave; the round is redone instead, at no one's cost.
@@ -195,7 +202,8 @@ class Auditor:
             part.passed = False
             part.why = f"its reducer {part.reducer} did not commit to what it combined: {why}"
             return []
-        place = place_of(rnd.groups, rnd.phases, part.index) if rnd.groups is not None else None
+        place = (place_of(rnd.groups, rnd.phases, part.index, rnd.slot_reducers()) if rnd.groups is not None
+                 else None)
         holders = _holders(rnd, audit.majority)
         if place is not None and place.level == 1:
             # The group's average: its reducer alone holds it, and sent it on (``forwarded``).
@@ -213,7 +221,7 @@ class Auditor:
         caps = {p: m.cap for p, m in rnd.members.items()}
         if place is not None and place.level == 2:
             assert rnd.groups is not None
-            caps = level_two_caps(rnd.groups, caps)
+            caps = level_two_caps(rnd.groups.groups, rnd.slot_reducers(), caps)
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
                            checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
                            caps=[caps.get(c.sender, 0) for c in inputs])

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
 
+from engine.backbone.ledger import bytes_aggregated
 from engine.planning.grouped_indices import GroupedIndices
 from engine.planning.partition import part_sizes
+from engine.project import Codec
 from engine.wire.control import Audit, RoundDone, RoundGroups
 
 if TYPE_CHECKING:
@@ -33,34 +35,33 @@ def indices_of(groups: RoundGroups, phases: int) -> GroupedIndices:
     return GroupedIndices([len(g) for g in groups.groups], len(groups.slot_shares), phases)
 
 
-def grouped_parts(groups: RoundGroups, lengths: list[int]) -> list[GroupedPart]:
+def grouped_parts(groups: RoundGroups, lengths: list[int], reducers: list[list[str]]) -> list[GroupedPart]:
     """Every part with a reducer of a grouped round whose phases' vectors have ``lengths``
-    values (one phase; PowerSGD's two)."""
+    values (one phase; PowerSGD's two); ``reducers``: each group's reducer of each slot now
+    (OpenRound.slot_reducers: a backup, for a lost one's slot)."""
     indices = indices_of(groups, len(lengths))
     m = len(groups.groups)
     parts = []
     for phase, numel in enumerate(lengths):
         slots = part_sizes(numel, groups.slot_shares)
-        for g, reducers in enumerate(groups.reducers):
+        for g, slot_reducers in enumerate(reducers):
             base = indices.level_one_offset(g) + phase * len(groups.groups[g])
             parts += [GroupedPart(base + k, reducer, slots[k], 1, k, g, phase)
-                      for k, reducer in enumerate(reducers)]
+                      for k, reducer in enumerate(slot_reducers)]
         for k, size in enumerate(slots):
             base = indices.level_two_offset(k) + phase * m
-            parts += [GroupedPart(base + g, groups.reducers[g][k], piece, 2, k, g, phase)
+            parts += [GroupedPart(base + g, reducers[g][k], piece, 2, k, g, phase)
                       for g, piece in enumerate(part_sizes(size, groups.pieces[k]))]
     return sorted(parts, key=lambda p: p.index)
 
 
-def place_of(groups: RoundGroups, phases: int, index: int) -> GroupedPart:
-    """Part ``index`` (its size not known here: 0)."""
+def place_of(groups: RoundGroups, phases: int, index: int, reducers: list[list[str]]) -> GroupedPart:
+    """Part ``index`` (its size not known here: 0), reduced by ``reducers`` (per group, per
+    slot: the round's as it opened, or as backups took slots over)."""
     place = indices_of(groups, phases).place(index)
-    if place.level == 1:
-        reducers = groups.reducers[place.group]
-        reducer = reducers[place.slot] if place.slot < len(reducers) else ""
-        return GroupedPart(index, reducer, 0, 1, place.slot, place.group, place.phase)
-    return GroupedPart(index, groups.reducers[place.group][place.slot], 0, 2, place.slot, place.group,
-                       place.phase)
+    slot_reducers = reducers[place.group]
+    reducer = slot_reducers[place.slot] if place.slot < len(slot_reducers) else ""
+    return GroupedPart(index, reducer, 0, place.level, place.slot, place.group, place.phase)
 
 
 def forwarded(groups: RoundGroups, phases: int, part: GroupedPart, outcome: RoundDone) -> list[str | None]:
@@ -70,15 +71,6 @@ def forwarded(groups: RoundGroups, phases: int, part: GroupedPart, outcome: Roun
     base = indices.level_two_offset(part.slot) + part.phase * len(groups.groups)
     at = [base + g for g in range(len(groups.groups))]
     return [sent[i] if i < len(sent) else None for i in at]
-
-
-def level_two_caps(groups: RoundGroups, caps: dict[str, int]) -> dict[str, int]:
-    """What each slot reducer's level-2 parts count for at most: its group's caps."""
-    out = {}
-    for members, reducers in zip(groups.groups, groups.reducers, strict=True):
-        total = sum(caps.get(p, 0) for p in members)
-        out.update(dict.fromkeys(reducers, total))
-    return out
 
 
 def grouped_audit(audit: Audit, rnd: OpenRound, part: GroupedPart, reducer: RoundDone) -> Audit:
@@ -95,3 +87,21 @@ def grouped_audit(audit: Audit, rnd: OpenRound, part: GroupedPart, reducer: Roun
     judged = not (part.reducer in rnd.auxiliary and len(proven) <= 1)
     return replace(audit, forwarded=forwarded(groups, rnd.phases, part, reducer),
                    pieces=groups.pieces[part.slot], judged=judged)
+
+
+def grouped_bytes_reduced(rnd: OpenRound, reducer: str, lengths: list[int], senders: int,
+                          seen: dict[str, int], codec: Codec) -> int:
+    """What ``reducer`` took in, in the grouped round ``rnd`` whose phases' vectors have
+    ``lengths`` values: each slot it reduced from its ``senders`` group members seen bringing
+    samples, and each piece it finished at level 2 from the other groups that brought any
+    (their reducers' sums)."""
+    groups = rnd.groups
+    assert groups is not None
+    brought = [any(seen.get(p, 0) > 0 for p in members) for members in groups.groups]
+    total = 0
+    for part in grouped_parts(groups, lengths, rnd.slot_reducers()):
+        if part.reducer != reducer:
+            continue
+        others = sum(brought) - brought[part.group]
+        total += bytes_aggregated([part.size], senders if part.level == 1 else others, codec)
+    return total

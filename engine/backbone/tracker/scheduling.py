@@ -27,6 +27,7 @@ from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
 from engine.planning.load_balancing import Balance, balance, equal_shares, round_time
 from engine.planning.partition import part_bounds
+from engine.planning.slot_reducers import slot_reducers_now
 from engine.project import ProjectSpec
 from engine.wire.control import RoundDone, RoundGroups, RoundStart
 
@@ -177,7 +178,13 @@ class OpenRound:
         if self.groups is None:
             return [(set(self.group), weights)]
         return [(set(members), {r: weights[r] for r in reducers})
-                for members, reducers in zip(self.groups.groups, self.groups.reducers, strict=True)]
+                for members, reducers in zip(self.groups.groups, self.slot_reducers(), strict=True)]
+
+    def slot_reducers(self) -> list[list[str]]:
+        """A grouped round's reducer of each slot in each group now: a backup of its group,
+        if the one the round opened with was lost (``reducers`` says whose share it took)."""
+        assert self.groups is not None
+        return slot_reducers_now(self.groups.groups, self.groups.reducers, self.group, self.reducers)
 
     def holds_settled(self, outcome: RoundDone) -> bool:
         """Whether ``outcome`` reports the state the round settled on, with its proof."""

@@ -24,6 +24,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
 from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
+from engine.backbone.tracker.grouped_parts import grouped_bytes_reduced
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
@@ -344,16 +345,20 @@ class Settlement:
         if not said:
             return {}
         # (the median per phase: a liar inflates no credit)
-        sizes = rnd.wire_sizes([statistics.median_low(lengths[k] for lengths in said)
-                                for k in range(rnd.phases)])
+        lengths = [statistics.median_low(lengths[k] for lengths in said) for k in range(rnd.phases)]
+        sizes = rnd.wire_sizes(lengths)
+        codec = codec_of(self.t.project.compression)
         out = {}
         for aux in rnd.auxiliary_reducers():
             outcome = rnd.outcomes.get(aux)
             if outcome is None or not outcome.ok:
                 continue
             senders = sum(1 for s in outcome.received if seen.get(s, 0) > 0)
-            parts = [size for j, size in enumerate(sizes) if rnd.reducer_of(j) == aux]
-            aggregated = bytes_aggregated(parts, senders, codec_of(self.t.project.compression))
+            if rnd.groups is not None:
+                aggregated = grouped_bytes_reduced(rnd, aux, lengths, senders, seen, codec)
+            else:
+                parts = [size for j, size in enumerate(sizes) if rnd.reducer_of(j) == aux]
+                aggregated = bytes_aggregated(parts, senders, codec)
             if aggregated > 0:
                 out[aux] = Credit(0, 0.0, aggregated)
         return out
