@@ -18,7 +18,8 @@ from engine.wire.frames import Result, Shown
 
 log = logging.getLogger(__name__)
 
-Frame = tuple[Result | Shown, bytes | memoryview]
+Payload = bytes | bytearray | memoryview
+Frame = tuple[Result | Shown, Payload]
 
 
 class ReducerSends:
@@ -29,9 +30,10 @@ class ReducerSends:
         self.sends: list[asyncio.Future] = []
         self._last: dict[str, asyncio.Future] = {}  # per peer, the latest result under way
         self._out: list[tuple[Frame, set[str]]] = []  # each frame, and whom it went to
+        self.closed = False  # our round is over: a stand-in that comes now finds the part finished
         plan.changes.watch(self._to_stand_ins)
 
-    def to_senders(self, header: Result | Shown, payload: bytes | memoryview) -> None:
+    def to_senders(self, header: Result | Shown, payload: Payload) -> None:
         """``header`` and ``payload`` to every sender of the round still in it."""
         sent: set[str] = set()
         self._out.append(((header, payload), sent))
@@ -43,7 +45,13 @@ class ReducerSends:
             now = asyncio.get_running_loop().time()
             await asyncio.wait(self.sends, timeout=max(grace, now - self.began))
 
+    def to_peer(self, peer: str, header: Result | Shown, payload: Payload) -> None:
+        """One frame for one peer, within the round's time."""
+        self.sends.append(self.mesh.spawn(self._send_to(peer, header, payload)))
+
     def _to_stand_ins(self) -> None:
+        if self.closed:
+            return  # (we hold every result: the stand-in is shown the one its reducer finished)
         for frame, sent in self._out:
             self._deliver(frame, sent)
 
@@ -54,19 +62,19 @@ class ReducerSends:
                 continue
             sent.add(peer)
             if isinstance(header, Shown):  # (not behind results: a sender waits on it to send)
-                self.sends.append(self.mesh.spawn(self._send_to(peer, header, payload)))
+                self.to_peer(peer, header, payload)
                 continue
             send = self.mesh.spawn(self._send_after(peer, header, payload, self._last.get(peer)))
             self._last[peer] = send
             self.sends.append(send)
 
-    async def _send_after(self, peer: str, header: Result, payload: bytes | memoryview,
+    async def _send_after(self, peer: str, header: Result, payload: Payload,
                           after: asyncio.Future | None) -> None:
         if after is not None:
             await asyncio.wait({after})
         await self._send_to(peer, header, payload)
 
-    async def _send_to(self, peer: str, header: Result | Shown, payload: bytes | memoryview) -> None:
+    async def _send_to(self, peer: str, header: Result | Shown, payload: Payload) -> None:
         """A frame for ``peer`` within the round's time (an optional member's link may still
         be opening); one that cannot go is logged, and costs the round nothing here."""
         remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)

@@ -4,6 +4,7 @@ derived from the backbone's RoundStart by ``RoundPlan.of`` alone."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -16,6 +17,8 @@ from engine.planning.slot_reducers import level_two_caps, slot_reducers_now
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
 from engine.wire.control import RoundGroups, RoundStart
 from engine.wire.types import MAX_GROUP
+
+log = logging.getLogger(__name__)
 
 
 class Changes(Protocol):
@@ -46,7 +49,10 @@ class RoundChanges:
     def update(self, lost: Iterable[str], reducers: list[str]) -> None:
         self.lost, self.reducers = frozenset(lost), list(reducers)
         for react in self._watchers:
-            react()
+            try:
+                react()
+            except Exception:  # (one round's bookkeeping must not keep the word from the rest)
+                log.exception("reacting to the backbone's word on a round's members")
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -140,7 +146,7 @@ class GroupedRound:
         aggregation = msgspec.structs.replace(plan.aggregation, max_sample_share=None)
         two = replace(plan, group=members(), shares=self.pieces[slot], pieces=1, optional=frozenset(),
                       aggregation=aggregation, changes=LevelChanges(plan.changes, members),
-                      auxiliary=frozenset(), caps=caps(), grouped=False, groups=None,
+                      auxiliary=frozenset(), caps=caps(), grouped=False, groups=None, stand_ins=True,
                       offset=self.indices(plan.phases).level_two_offset(slot))
         plan.changes.watch(lambda: stand_in(two, members(), caps()))
         return two
@@ -184,6 +190,8 @@ class RoundPlan:
     # (re-encoding a slot whose pieces were encoded apart would not give those bits back).
     results_codec: Codec | None = None
     groups: GroupedRound | None = None  # a grouped round, as the whole round runs
+    # A grouped round's level 2: a backup may stand in for a lost member (``stand_in``).
+    stand_ins: bool = False
 
     @classmethod
     def of(cls, start: RoundStart, me: str, aggregation: AggregationSpec, target_batch_size: int,

@@ -118,11 +118,13 @@ BY_HAND = GroupedRound([["a", "b", "c", "d"], ["e", "f", "g", "h"]], [["a", "b"]
 
 
 async def _with_one_lost(lost: str, backup: str | None = None, dies_at_level_two: bool = False,
-                         monkeypatch=None) -> tuple[dict, float]:
+                         monkeypatch=None, after_level_two: bool = False) -> tuple[dict, float]:
     """Every member but ``lost`` averages; the backbone says ``lost`` left once the others
-    are under way (or, ``dies_at_level_two``, once ``lost`` began level 2 and died there),
-    handing its slot to ``backup``. Each member's outcome (or error), and how long the
-    round took."""
+    are under way (or, ``dies_at_level_two``, once ``lost`` began level 2 and died there --
+    or, ``after_level_two``, once it finished level 2 and died before its group got the
+    slot), handing its slot to ``backup``; if the backup gives the round up, the backbone
+    says the slot has nobody (Backups.gave_up). Each member's outcome (or error), and how
+    long the round took."""
     names = [p for g in BY_HAND.groups for p in g]
     vectors = {p: torch.full((20_000,), float(i + 1)) for i, p in enumerate(names)}
     meshes = make_meshes(names)
@@ -135,8 +137,10 @@ async def _with_one_lost(lost: str, backup: str | None = None, dies_at_level_two
 
         async def allreduce(plan, *args, **kwargs):
             if plan.me == lost and plan.offset >= level_one_parts:
+                if after_level_two:  # (its piece finished and sent to the others)
+                    await butterfly_allreduce(plan, *args, **kwargs)
                 at_level_two.set()
-                await asyncio.Event().wait()  # (dead: it never sends its group's sum)
+                await asyncio.Event().wait()  # (dead)
             return await butterfly_allreduce(plan, *args, **kwargs)
 
         monkeypatch.setattr(grouped, "butterfly_allreduce", allreduce)
@@ -156,6 +160,11 @@ async def _with_one_lost(lost: str, backup: str | None = None, dies_at_level_two
         reducers = [backup if p == lost else p for p in names] if backup else []
         for c in changes.values():
             c.update([lost], reducers)
+        if backup:
+            await asyncio.wait([rounds[backup]], timeout=30)
+            if rounds[backup].done() and rounds[backup].exception() is not None:
+                for c in changes.values():
+                    c.update([lost], names)
         await asyncio.wait(rounds.values(), timeout=30)
         took = loop.time() - began
         outcomes = {p: r.exception() or r.result() for p, r in rounds.items() if r.done()}
@@ -179,6 +188,21 @@ async def test_a_sender_lost_midway_is_left_out_and_the_round_completes():
     outcomes, _ = await _with_one_lost("h")
     _completed_without(outcomes, 7)
     assert outcomes["a"].samples == 14  # seven members' two samples each
+
+
+async def test_a_backup_for_a_slot_reducer_that_had_finished_a_piece_fails_the_round_at_once(monkeypatch):
+    """The lost reducer sent the other groups its piece of the slot before it died: the
+    backup cannot finish that piece again (its group's sum lacks the lost one's gradient),
+    so it gives the round up at once, and everyone hears of it, rather than wait until the
+    deadline for parts nobody sends again."""
+    outcomes, took = await _with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch,
+                                          after_level_two=True)
+    assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
+    # Its group fails; the other group got every slot before it died (the round settles on
+    # its state, and the failed ones resync).
+    assert all(isinstance(outcomes[p], AveragingError) for p in "egh"), outcomes
+    assert "finished by its reducer before it left" in str(outcomes["g"])
+    assert all(not isinstance(outcomes[p], BaseException) for p in "abcd"), outcomes
 
 
 async def test_a_slot_reducer_lost_midway_without_a_backup_fails_the_round_at_once():

@@ -121,6 +121,21 @@ def test_a_lost_slot_reducers_slot_goes_to_a_backup_of_its_own_group(clock):
     assert t.epoch == 1 and set(record.credits) == set(TWELVE) - {lost}
 
 
+def test_a_backup_that_gives_its_round_up_fails_it_at_once_for_everyone(clock):
+    """(It stood in for a reducer that had finished a piece before it left.)"""
+    t = grouped_tracker(clock)
+    start = open_round(t, dict.fromkeys(TWELVE, 10))
+    lost = start.groups.reducers[1][0]
+    ((_, msg), *_) = sent(t.leave(lost), Reassign)
+    backup = msg.reducers[start.group.index(lost)]
+    other = next(p for p in TWELVE if p not in (backup, lost))
+    assert not sent(t.handle(other, done(start, ok=False)), Reassign)  # (it took no slot over)
+    told = sent(t.handle(backup, done(start, ok=False)), Reassign)
+    assert sorted(to for to, _ in told) == sorted(p for p in TWELVE if p != lost)
+    assert told[0][1].reducers[start.group.index(lost)] == lost  # (nobody reduces its slot now)
+    assert t.round.slot_reducers()[1][0] == lost
+
+
 def test_a_lost_slot_reducer_whose_group_has_nobody_left_fails_the_round_at_once(clock):
     t = grouped_tracker(clock)
     start = open_round(t, dict.fromkeys(TWELVE, 10))
@@ -191,6 +206,8 @@ def test_an_auxiliary_peer_reduces_a_slot_of_a_grouped_round_and_brings_no_gradi
     for members in groups:
         for p in members:
             seen = {m: 15 for m in members if m != "aux"}
+            if p == "aux":  # (it claims every member of the round sent it a part: credit for its own)
+                seen = {m: 15 for m in start.group if m != "aux"}
             outs += t.handle(p, done(start, received=seen, numel=numel if p != "aux" else 0))
     (record,) = [o for o in outs if isinstance(o, RecordCredits)]
     k = mine.index("aux")
@@ -246,3 +263,33 @@ def test_a_checked_grouped_round_draws_parts_of_both_levels_and_checks_level_one
 
 def sent_audits(outs) -> list[Audit]:
     return [msg for _, msg in sent(outs, Audit) if msg.checker != "-"]
+
+
+def test_a_level_two_part_a_lost_reducer_sent_before_it_left_counts_for_its_groups_caps(clock):
+    """The lost reducer's backup took its slot; a piece another reducer finished with the
+    lost one's sum is checked with that sum weighing as its group's samples, as the reducer
+    weighed it -- not as nobody's (which would make an honest reducer's result look wrong)."""
+    t = grouped_tracker(clock, aggregation=AggregationSpec(verify_probability=1.0))
+    start = open_round(t, dict.fromkeys(TWELVE, 10))
+    groups = start.groups
+    lost = groups.reducers[1][0]
+    caps = {p: m.cap for p, m in t.round.members.items()}
+    t.leave(lost)
+    indices = GroupedIndices([len(g) for g in groups.groups], len(groups.slot_shares))
+    piece = indices.level_two_offset(0)  # slot 0's piece that group 0's reducer finishes
+    audits = []
+    for members in groups.groups:
+        for p in members:
+            if p == lost:
+                continue
+            reduced = []
+            if p == groups.reducers[0][0]:
+                reduced = [PartInputs(index=piece, inputs=[Committed(sender=r[0], samples=40, sha256="s" * 64)
+                                                           for r in groups.reducers])]
+            commitment = Commitment(sent=["s" * 64] * indices.count, results=["r" * 64] * indices.count,
+                                    reduced=reduced, shown=[None] * indices.count)
+            audits += sent_audits(t.handle(p, done(start, received={q: 10 for q in members if q != lost},
+                                                   commitment=commitment, numel=12_000)))
+    checks = [a for a in audits if a.index == piece]
+    assert checks and all(a.inputs[1].sender == lost for a in checks)
+    assert all(a.caps[1] == sum(caps[q] for q in groups.groups[1]) > 0 for a in checks)

@@ -155,7 +155,7 @@ class Tracker:
         if isinstance(msg, Ready):
             return self.sources.ready(peer, msg)
         if isinstance(msg, RoundDone):
-            return self.settlement.round_done(peer, msg)
+            return self.backups.gave_up(peer.peer_id, msg) + self.settlement.round_done(peer, msg)
         if isinstance(msg, AuditDone):
             return self.settlement.audit_done(peer, msg)
         if isinstance(msg, Availability):

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.backbone.tracker.outputs import Out, Send
 from engine.backbone.tracker.scheduling import OpenRound
-from engine.wire.control import Reassign
+from engine.wire.control import Reassign, RoundDone
 
 if TYPE_CHECKING:
     from engine.backbone.tracker.membership import Members
-    from engine.backbone.tracker.scheduling import OpenRound
     from engine.project import ProjectSpec
 
 log = logging.getLogger(__name__)
@@ -79,6 +78,27 @@ class Backups:
                         rnd.round_id, peer_id, backup)
         else:
             log.info("%s: round %d: %s left mid-round", t.project.id, rnd.round_id, peer_id)
+        return self._tell(rnd)
+
+    def gave_up(self, peer_id: str, msg: RoundDone) -> list[Out]:
+        """A backup of a grouped round failed it: the slots it took over cannot be finished
+        (their lost reducer had finished a piece of them and sent it to some before it left,
+        averaging/stand_ins.py). Tell every member the slots have nobody now: they fail the
+        round at once, rather than wait for what will not come until its deadline."""
+        rnd = self.t.round
+        if msg.ok or rnd is None or rnd.groups is None or msg.round_id != rnd.round_id:
+            return []
+        taken = [j for j, r in enumerate(rnd.reducers) if r == peer_id and rnd.group[j] in rnd.lost]
+        if not taken:
+            return []
+        for j in taken:
+            rnd.reducers[j] = rnd.group[j]
+        left = ", ".join(sorted({rnd.group[j] for j in taken}))
+        log.warning("%s: round %d: backup %s could not finish what %s left: the round fails",
+                    self.t.project.id, rnd.round_id, peer_id, left)
+        return self._tell(rnd)
+
+    def _tell(self, rnd: OpenRound) -> list[Out]:
         msg = Reassign(round_id=rnd.round_id, epoch=rnd.epoch, lost=sorted(rnd.lost),
                        reducers=list(rnd.reducers))
-        return [Send(p, msg) for p in rnd.group if p not in rnd.lost and p in t.members.peers]
+        return [Send(p, msg) for p in rnd.group if p not in rnd.lost and p in self.t.members.peers]

@@ -221,7 +221,10 @@ class Auditor:
         caps = {p: m.cap for p, m in rnd.members.items()}
         if place is not None and place.level == 2:
             assert rnd.groups is not None
-            caps = level_two_caps(rnd.groups.groups, rnd.slot_reducers(), caps)
+            # (a reducer lost midway may have sent its group's sum before it left: its cap is
+            # its group's, as it was for the reducers that took it)
+            caps = (level_two_caps(rnd.groups.groups, rnd.groups.reducers, caps)
+                    | level_two_caps(rnd.groups.groups, rnd.slot_reducers(), caps))
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
                            checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
                            caps=[caps.get(c.sender, 0) for c in inputs])

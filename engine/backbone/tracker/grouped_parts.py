@@ -89,12 +89,12 @@ def grouped_audit(audit: Audit, rnd: OpenRound, part: GroupedPart, reducer: Roun
                    pieces=groups.pieces[part.slot], judged=judged)
 
 
-def grouped_bytes_reduced(rnd: OpenRound, reducer: str, lengths: list[int], senders: int,
+def grouped_bytes_reduced(rnd: OpenRound, reducer: str, lengths: list[int], received: dict[str, int],
                           seen: dict[str, int], codec: Codec) -> int:
     """What ``reducer`` took in, in the grouped round ``rnd`` whose phases' vectors have
-    ``lengths`` values: each slot it reduced from its ``senders`` group members seen bringing
-    samples, and each piece it finished at level 2 from the other groups that brought any
-    (their reducers' sums)."""
+    ``lengths`` values: each slot it reduced from the members of its own group it says it
+    received and the group's reducers saw bring samples, and each piece it finished at
+    level 2 from the other groups that brought any (their reducers' sums)."""
     groups = rnd.groups
     assert groups is not None
     brought = [any(seen.get(p, 0) > 0 for p in members) for members in groups.groups]
@@ -102,6 +102,9 @@ def grouped_bytes_reduced(rnd: OpenRound, reducer: str, lengths: list[int], send
     for part in grouped_parts(groups, lengths, rnd.slot_reducers()):
         if part.reducer != reducer:
             continue
-        others = sum(brought) - brought[part.group]
-        total += bytes_aggregated([part.size], senders if part.level == 1 else others, codec)
+        if part.level == 1:
+            senders = sum(1 for p in groups.groups[part.group] if p in received and seen.get(p, 0) > 0)
+        else:
+            senders = sum(brought) - brought[part.group]
+        total += bytes_aggregated([part.size], senders, codec)
     return total

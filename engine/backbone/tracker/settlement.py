@@ -353,10 +353,10 @@ class Settlement:
             outcome = rnd.outcomes.get(aux)
             if outcome is None or not outcome.ok:
                 continue
-            senders = sum(1 for s in outcome.received if seen.get(s, 0) > 0)
             if rnd.groups is not None:
-                aggregated = grouped_bytes_reduced(rnd, aux, lengths, senders, seen, codec)
+                aggregated = grouped_bytes_reduced(rnd, aux, lengths, outcome.received, seen, codec)
             else:
+                senders = sum(1 for s in outcome.received if seen.get(s, 0) > 0)
                 parts = [size for j, size in enumerate(sizes) if rnd.reducer_of(j) == aux]
                 aggregated = bytes_aggregated(parts, senders, codec)
             if aggregated > 0:
