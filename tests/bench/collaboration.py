@@ -1,10 +1,11 @@
 """Cotrain against hivemind.Optimizer end to end on home links: four peers in network
 namespaces, each on its own shaped cable (300/60, 100/20, 50/10 and 20/5 Mbit/s down/up,
-10-20 ms one way, so 20-40 ms between any two), training the same model from the same
-initial state on the same data (each peer its own order) to the same target batch, for the
-same wall time per configuration (Cotrain's from its processes' start, hivemind's from the
-go its four get once their DHT and model are up: its start-up is not charged), all four
-starting together. One JSON line per system and configuration:
+10-20 ms one way, so 20-40 ms between any two: netem's delay, or where the kernel has no
+netem, a delay line in user space, tests/nat/delay_line.py), training the same model from
+the same initial state on the same data (each peer its own order) to the same target
+batch, for the same wall time per configuration (Cotrain's from its processes' start,
+hivemind's from the go its four get once their DHT and model are up: its start-up is not
+charged), all four starting together. One JSON line per system and configuration:
 
 - samples/s and steps per minute, from the collaboration's first step to its last (a
   configuration that steps less often takes larger batches: steps and the loss say what
@@ -34,6 +35,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Coroutine
@@ -82,11 +85,12 @@ class Outcome:
                 "samples": self.samples, "seconds": round(self.seconds, 1), "error": self.error, **self.extra}
 
 
-def shape(host: Host, server: str, up_mbit: float, delay_ms: float) -> bool:
+def shape(host: Host, server: str, up_mbit: float, delay_ms: float) -> subprocess.Popen | None:
     """``host``'s uplink: ``up_mbit`` with a home router's queue (0.4 s deep) and ``delay_ms``
-    on the way out; what goes to ``server`` is counted apart and not rate-limited. Whether
-    the delay is there: a kernel without netem (sch_netem) shapes rates only."""
-    host.run("iptables", "-I", "OUTPUT", "1", "-d", server, "-j", "ACCEPT")
+    on the way out; what goes to ``server`` is counted apart and not rate-limited. The
+    delay is netem's where the kernel has it (sch_netem), else a delay line in user space
+    (tests/nat/delay_line.py): then its process is returned, to stop when done."""
+    host.run("iptables", "-I", "OUTPUT", "1", "-d", server, "-o", "eth0", "-j", "ACCEPT")
     tc = ["tc", "class", "add", "dev", "eth0", "parent", "1:"]
     host.run("tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20",
              "r2q", "1000")
@@ -100,12 +104,19 @@ def shape(host: Host, server: str, up_mbit: float, delay_ms: float) -> bool:
     try:
         host.run(*child, "1:10", "handle", "10:", "netem", "delay", f"{delay_ms}ms", "limit", "10000")
         host.run(*child, "1:20", "handle", "20:", "netem", "delay", f"{delay_ms}ms", "limit", queue)
-        return True
+        return None
     except RuntimeError as exc:
         if "unknown" not in str(exc):
             raise
-        host.run(*child, "1:20", "handle", "20:", "pfifo", "limit", queue)
-        return False
+    host.run(*child, "1:20", "handle", "20:", "pfifo", "limit", queue)
+    line = subprocess.Popen([*host.prefix(), sys.executable, "-m", "tests.nat.delay_line", "--device", "eth0",
+                             "--address", host.address, "--delay-ms", str(delay_ms)],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert line.stdout is not None
+    if line.stdout.readline().strip() != "ready":
+        line.kill()
+        raise RuntimeError(f"the delay line in {host.namespace} did not start")
+    return line
 
 
 class CableMeter:
@@ -283,13 +294,25 @@ def hivemind_outcome(config: str, peers: list[HivemindPeer], meter: CableMeter) 
 async def measure(net, workdir: Path, model: dict, budget: float, python: Path | None,
                   print_line, only: str | None = None) -> None:
     server = net.public.address
-    hosts, delayed = [], True
+    hosts, lines = [], []
     for down, up, delay in LINKS:
         host = net.topology.public_peer(download_mbit=down)
-        delayed = shape(host, server, up, delay) and delayed
+        line = shape(host, server, up, delay)
         hosts.append(host)
-    links = {"links": [f"{down}/{up}" for down, up, _ in LINKS],
-             "delay_ms": [delay for *_, delay in LINKS] if delayed else "none: this kernel has no netem"}
+        lines += [line] if line is not None else []
+    links = {"links": [f"{down}/{up}" for down, up, _ in LINKS], "delay_ms": [delay for *_, delay in LINKS],
+             "delay": "a delay line in user space (no netem here)" if lines else "netem"}
+    try:
+        await measure_configs(net, hosts, workdir, model, budget, python, print_line, only, links)
+    finally:
+        for line in lines:
+            line.terminate()
+            line.wait(10)
+
+
+async def measure_configs(net, hosts: list[Host], workdir: Path, model: dict, budget: float,
+                          python: Path | None, print_line, only: str | None, links: dict) -> None:
+    server = net.public.address
     configs = [("sync fp32", cotrain_project(model)), ("sync fp16", cotrain_project(model, "fp16")),
                ("sync fp16 overlap", cotrain_project(model, "fp16", overlap=True)),
                ("powersgd r=4 overlap", cotrain_project(model, "powersgd", overlap=True)),
