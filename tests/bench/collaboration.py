@@ -197,7 +197,8 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
     outcome.samples = sum(s for e, s in steps.items() if e > first)
     outcome.seconds = max(times) - min(times) if times else 0.0
     outcome.to_peers = meter.between(min(times), max(times)) if times else 0
-    outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
+    if any((workdir / f"backbone-{port}").glob("**/epoch-*.ckpt")):  # (none: no step reached it)
+        outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
     return outcome
 
 
