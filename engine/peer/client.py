@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
 import aiohttp
@@ -188,14 +188,22 @@ class ControlClient:
 
     async def messages(self) -> AsyncIterator[BackboneMessage]:
         """Control messages from the backbone until the connection ends; bad ones are logged."""
-        assert self._ws is not None
-        async for raw in self._ws:
-            if raw.type != aiohttp.WSMsgType.TEXT:
-                break
-            try:
-                yield from_backbone.decode(raw.data)
-            except ProtocolError as exc:
-                log.warning("ignoring a bad message from the backbone: %s", exc)
+        ws = self._ws
+        assert ws is not None
+        try:
+            async for raw in ws:
+                if raw.type != aiohttp.WSMsgType.TEXT:
+                    break
+                try:
+                    yield from_backbone.decode(raw.data)
+                except ProtocolError as exc:
+                    log.warning("ignoring a bad message from the backbone: %s", exc)
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            # (aiohttp answers a ping as it reads it: on a socket closing under it, that
+            # write raises, where a close reads as the end of the messages)
+            log.info("the control connection broke: %s", exc)
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                await ws.close()
 
     @property
     def close_reason(self) -> str:
@@ -215,8 +223,9 @@ class ControlClient:
                 await self.upload.acquire(len(piece))
                 yield piece
 
-        async with self._http.put(url, data=chunks(), headers=headers, timeout=REQUEST) as resp:
-            await _answer(resp, _checkpoint)
+        with _transfer_errors("checkpoint upload"):
+            async with self._http.put(url, data=chunks(), headers=headers, timeout=REQUEST) as resp:
+                await _answer(resp, _checkpoint)
 
     async def download_checkpoint(self, info: CheckpointInfo,
                                   progress: DownloadProgress | None = None) -> bytes:
@@ -227,17 +236,18 @@ class ControlClient:
         url = f"{self.base_url}{info.url}" if info.url.startswith("/") else info.url
         buffer = bytearray()
         digest = hashlib.sha256()
-        async with self._http.get(url, headers=self._headers(), timeout=REQUEST) as resp:
-            if resp.status != 200:
-                await _answer(resp, _error)
-            async for chunk in resp.content.iter_chunked(1 << 16):
-                await self.download.acquire(len(chunk))  # reading slower slows the sender
-                buffer += chunk
-                digest.update(chunk)
-                if len(buffer) > info.size:
-                    raise BackboneError("checkpoint is larger than announced")
-                if progress:
-                    progress(len(buffer), info.size)
+        with _transfer_errors("checkpoint download"):
+            async with self._http.get(url, headers=self._headers(), timeout=REQUEST) as resp:
+                if resp.status != 200:
+                    await _answer(resp, _error)
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    await self.download.acquire(len(chunk))  # reading slower slows the sender
+                    buffer += chunk
+                    digest.update(chunk)
+                    if len(buffer) > info.size:
+                        raise BackboneError("checkpoint is larger than announced")
+                    if progress:
+                        progress(len(buffer), info.size)
         if digest.hexdigest() != info.sha256:
             raise BackboneError("checkpoint checksum does not match")
         return bytes(buffer)
@@ -291,9 +301,20 @@ class ControlClient:
 
     async def close(self) -> None:
         if self._ws is not None:
-            await self._ws.close()
+            with contextlib.suppress(aiohttp.ClientError, OSError):  # (a connection already gone)
+                await self._ws.close()
         if self._http is not None:
             await self._http.close()
+
+
+@contextlib.contextmanager
+def _transfer_errors(what: str) -> Iterator[None]:
+    """A connection that breaks mid-transfer is the backbone's trouble, said as such: the
+    caller retries later, and no transport error ends a peer."""
+    try:
+        yield
+    except (aiohttp.ClientError, OSError) as exc:
+        raise BackboneError(f"{what} failed: {exc or type(exc).__name__}") from None
 
 
 async def _answer(resp: aiohttp.ClientResponse, codec: Codec[T]) -> T:

@@ -225,3 +225,56 @@ async def test_a_peer_meeting_a_backbone_of_another_wire_is_told_who_must_update
         finally:
             await client.close()
             await runner.cleanup()
+
+
+async def test_a_control_socket_that_breaks_as_a_ping_arrives_ends_the_messages_and_raises_nothing():
+    """The backbone pings, and its socket dies before the answer can go: the peer reads that
+    as a lost connection (and reconnects), not as an error that ends it. (Twelve peers on a
+    loaded machine all exited with "Cannot write to closing transport" this way.)"""
+    from aiohttp import web
+
+    from engine.peer.client import ControlClient
+    from engine.wire.codec import encode
+    from engine.wire.rest import JoinReply
+
+    pinged = asyncio.Event()
+
+    async def join(request: web.Request) -> web.Response:
+        reply = JoinReply(peer_id="p1", token="t", project=tiny_project(), ice_servers=[],
+                          wire_version=WIRE_VERSION)
+        return web.Response(body=encode(reply), status=201, content_type="application/json")
+
+    async def control(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=False)
+        await ws.prepare(request)
+        await ws.ping()
+        assert request.transport is not None
+        request.transport.abort()
+        pinged.set()
+        return ws
+
+    app = web.Application()
+    app.router.add_post("/api/projects/tiny-lm/peers", join)
+    app.router.add_get("/api/projects/tiny-lm/peers/p1/ws", control)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    client = ControlClient(f"http://127.0.0.1:{runner.addresses[0][1]}", "tiny-lm", "pinged")
+    try:
+        await client.join()
+        await client.connect()
+        await asyncio.wait_for(pinged.wait(), 10)
+        ws = client._ws
+        assert ws is not None
+        await until(lambda: ws._response.connection is None or ws._writer.transport.is_closing(), 10,
+                    "the socket to close under the peer")
+        received = await asyncio.wait_for(_all(client.messages()), 10)
+        assert received == [] and not client.connected
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def _all(messages) -> list:
+    return [m async for m in messages]
