@@ -32,6 +32,7 @@ from engine.peer.events import EpochCompleted, PeerEvent, RoundFailed
 from engine.peer.options import PeerOptions
 from engine.peer.round_pipeline import RoundPipeline
 from engine.peer.state_sync import StateSync
+from engine.planning.slot_reducers import exchanges_with
 from engine.project import ProjectSpec
 from engine.tasks import Task
 from engine.training.optimizer import CollaborativeOptimizer
@@ -93,6 +94,7 @@ class Rounds:
         self._settled: Step | None = None  # the last step the collaboration settled on
         self._changes: dict[int, RoundChanges] = {}  # members lost midway, by round (Reassign)
         self._layout: Layout | None = None  # PowerSGD's view of the model's gradient
+        self._ended_at = 0.0  # (monotonic) when our last round ended
 
     def layout(self) -> Layout:
         """How PowerSGD compresses this model's gradient: from the trainable parameters'
@@ -135,7 +137,13 @@ class Rounds:
 
     async def run(self, start: RoundStart) -> None:
         peer = self.peer
+        if start.groups is not None and peer.peer_id in start.group:
+            # Links no round has used since our last are those of an earlier plan: a
+            # member holds its group's and its slot's, not every plan's it was ever in.
+            needed = exchanges_with(start.groups.groups, start.groups.reducers, peer.peer_id)
+            peer.mesh.close_idle(needed, self._ended_at)
         outcome = await peer.pipeline.run(start)
+        self._ended_at = time.monotonic()
         self._last_round = max(self._last_round, start.round_id)
         self._changes = {r: c for r, c in self._changes.items() if r > self._last_round}
         peer.mailbox.discard(self._current)

@@ -30,3 +30,16 @@ def level_two_caps(groups: Sequence[Sequence[str]], reducers: Sequence[Sequence[
         total = sum(caps.get(p, 0) for p in members)
         out.update(dict.fromkeys(slot_reducers, total))
     return out
+
+
+def exchanges_with(groups: Sequence[Sequence[str]], reducers: Sequence[Sequence[str]], me: str) -> set[str]:
+    """Whom ``me`` exchanges with in a grouped round: its group, and as a reducer of slot k,
+    the reducers of slot k in the other groups (each of them exchanges with ``me`` too)."""
+    out: set[str] = set()
+    for members, slot_reducers in zip(groups, reducers, strict=True):
+        if me in members:
+            out.update(members)
+            for k in (k for k, r in enumerate(slot_reducers) if r == me):
+                out.update(other[k] for other in reducers if k < len(other))
+    out.discard(me)
+    return out

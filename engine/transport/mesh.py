@@ -157,6 +157,14 @@ class PeerMesh:
         except LinkClosed as exc:
             log.info("could not link ahead to %s: %s", peer_id, exc)
 
+    def close_idle(self, needed: set[str], since: float) -> None:
+        """Close, in the background, the links that carried nothing since ``since``
+        (monotonic) to peers not in ``needed``: a grouped round needs a few links, and those
+        of plans past would pile up."""
+        for link in [link for p, link in self._links.items() if p not in needed and link.last_active < since]:
+            log.debug("closing the idle link to %s", link.peer_id)
+            self.spawn(link.close())
+
     def connected(self) -> list[str]:
         return [p for p, link in self._links.items() if link.is_open]
 

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 import socket
+import time
 from pathlib import Path
 
 import aioice.ice
@@ -235,5 +236,23 @@ async def test_a_link_survives_a_peer_that_answers_consent_checks_late(monkeypat
         await link.send(blob(7), b"still here")
         frame = await meshes["b"].mailbox.get(round_key("part", 7, 0, "a"), timeout=10)
         assert bytes(frame.payload) == b"still here"
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_links_idle_since_a_time_and_not_needed_close_and_the_rest_stay(stack):
+    """A grouped round closes what earlier plans opened and no round used since: the link
+    that carried a frame and the one still needed stay open, on both sides."""
+    meshes = make_meshes(["a", "b", "c", "d"])
+    try:
+        for other in "bcd":
+            await meshes["a"].link(other)
+        since = time.monotonic()
+        await (await meshes["a"].link("b")).send(blob(7), b"used")
+        await meshes["b"].mailbox.get(round_key("part", 7, 0, "a"), timeout=10)
+        meshes["a"].close_idle({"d"}, since)
+        await until(lambda: sorted(meshes["a"].connected()) == ["b", "d"], 10, "the idle link to c closed")
+        await until(lambda: meshes["c"].connected() == [], 10, "c to see its link closed")
+        assert meshes["b"].connected() == ["a"] and meshes["d"].connected() == ["a"]
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))

@@ -7,6 +7,7 @@ import pytest
 
 from engine.planning.groups import carried_groups, form_groups, grouped_round_time, plan_groups
 from engine.planning.load_balancing import Member, balance
+from engine.planning.slot_reducers import exchanges_with
 
 MB = 1e6
 
@@ -122,3 +123,15 @@ def test_when_members_come_and_go_the_others_keep_their_groups_and_slots():
     # One grown past one and a half times the group size splits in two.
     grown = carried_groups([Member(10 * MB, 10 * MB)] * 7, 4, [[0, 1, 2, 3, 4, 5]])
     assert grown is not None and sorted(map(len, grown)) == [3, 4]
+
+
+def test_whom_a_member_exchanges_with_is_its_group_and_its_slots_reducers_and_it_is_mutual():
+    plan = plan_groups(home_links(12), 4, 1.0)
+    groups = [[f"p{i}" for i in g] for g in plan.groups]
+    reducers = [[f"p{i}" for i in r] for r in plan.reducers]
+    everyone = [p for g in groups for p in g]
+    partners = {p: exchanges_with(groups, reducers, p) for p in everyone}
+    for p, others in partners.items():
+        assert all(p in partners[q] for q in others), p
+        assert len(others) == plan.links()[int(p[1:])]
+    assert exchanges_with(groups, reducers, "stranger") == set()
