@@ -536,6 +536,26 @@ def test_checkpoints_are_requested_every_k_epochs(clock):
     assert [s.checkpoint_by is not None for s in starts] == [False, True, False, True]
 
 
+def test_the_state_is_uploaded_by_the_fastest_uplink_not_still_uploading_one(clock):
+    """A state is hundreds of MB on a home uplink: the fastest voter uploads it; one whose
+    last checkpoint has not come (slow, or claiming a speed it lacks) is passed over."""
+    t = ready_tracker(clock, peers=("a", "b", "c"), checkpoint_every=1)
+    uploads = {"a": 1e6, "b": 8e6, "c": 3e6}
+    chosen = []
+    for epoch in range(3):
+        clock.now += 1.0
+        starts = []
+        for peer, up in uploads.items():
+            starts += sent(t.handle(peer, Progress(t.epoch, 40, 10.0, upload=up, download=4 * up)), RoundStart)
+        start = starts[0][1]
+        chosen.append(start.checkpoint_by)
+        for p in uploads:
+            t.handle(p, done(start, f"h{epoch + 1}"))
+        if epoch == 1:  # c delivers; b, asked first, never does
+            t.checkpoint_stored("c", CheckpointInfo(epoch + 1, "s", "p", 1, "/"))
+    assert chosen == ["b", "c", "c"]
+
+
 def test_status_estimates_time_to_the_next_step(clock):
     t = ready_tracker(clock)
     t.handle("a", Progress(0, 40, 10.0))

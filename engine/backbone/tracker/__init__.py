@@ -91,6 +91,7 @@ class Tracker:
         self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
                                    join_grace=join_grace, last_round_id=last_round_id,
                                    equal_shares=equal_shares)
+        self.scheduler.uploading = lambda: {peer for peer, _ in self.expected_checkpoints}
         # After a restart the peers holding the recorded epoch are reconnecting, each after
         # its own backoff: for this long, a peer asking for the state waits for them rather
         # than the collaboration going back to an older checkpoint (or starting over).
