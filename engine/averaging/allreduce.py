@@ -184,8 +184,7 @@ class AllReduceRunner:
         return averaged
 
     async def _results_sent(self) -> None:
-        await self.out.out(GRACE)
-        self.out.closed = True
+        await self.out.finish(GRACE)
 
     async def connect(self) -> None:
         self.missing_links = set(self.required)

@@ -20,7 +20,7 @@ from engine.averaging.recheck import as_travelling, part_digest, result_digest
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import Averaged, Reduced
 from engine.planning.partition import part_bounds
-from engine.wire.control import Commitment, PartInputs
+from engine.wire.commitments import Commitment, PartInputs
 
 
 def grouped_commitment(plan: RoundPlan, one: RoundPlan, level_one: Commitment | None, applied: torch.Tensor,

@@ -32,7 +32,7 @@ from engine.averaging.powersgd import Layout, bases, decompress, project, residu
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import Averaged, ReducedParts
 from engine.transport.mesh import PeerMesh
-from engine.wire.control import Commitment
+from engine.wire.commitments import Commitment
 
 log = logging.getLogger(__name__)
 

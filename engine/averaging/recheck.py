@@ -27,7 +27,7 @@ from engine.averaging.compression import error_bound
 from engine.averaging.robust import Contribution, aggregate, norm
 from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
-from engine.wire.control import Committed
+from engine.wire.commitments import Committed
 from engine.wire.types import total_count
 
 TOLERANCE = 1e-4

@@ -39,11 +39,13 @@ class ReducerSends:
         self._out.append(((header, payload), sent))
         self._deliver((header, payload), sent)
 
-    async def out(self, grace: float) -> None:
-        """Until our frames are out, or as long again as the round took (they go on after)."""
+    async def finish(self, grace: float) -> None:
+        """Until our frames are out, or as long again as the round took (they go on after);
+        then our round is over for stand-ins."""
         if self.sends:
             now = asyncio.get_running_loop().time()
             await asyncio.wait(self.sends, timeout=max(grace, now - self.began))
+        self.closed = True
 
     def to_peer(self, peer: str, header: Result | Shown, payload: Payload) -> None:
         """One frame for one peer, within the round's time."""

@@ -15,7 +15,8 @@ from engine.averaging.errors import AveragingError
 from engine.planning.grouped_indices import GroupedIndices
 from engine.planning.slot_reducers import level_two_caps, slot_reducers_now
 from engine.project import AggregationSpec, Codec, CompressionMethod, codec_of
-from engine.wire.control import RoundGroups, RoundStart
+from engine.wire.control import RoundStart
+from engine.wire.groups import RoundGroups
 from engine.wire.types import MAX_GROUP
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from engine.averaging.robust import Aggregate, Contribution, aggregate, typical_
 from engine.averaging.round_plan import RoundPlan
 from engine.planning.partition import part_bounds
 from engine.project import Codec
-from engine.wire.control import Commitment, Committed, PartInputs
+from engine.wire.commitments import Commitment, Committed, PartInputs
 from engine.wire.frames import Result
 from engine.wire.types import total_count
 

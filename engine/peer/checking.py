@@ -21,7 +21,8 @@ from engine.transport.link import LinkClosed
 from engine.transport.mailbox import Key, Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire import ProtocolError
-from engine.wire.control import Audit, AuditDone, Committed
+from engine.wire.commitments import Committed
+from engine.wire.control import Audit, AuditDone
 from engine.wire.frames import Input
 from engine.wire.framing import Frame
 

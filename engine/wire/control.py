@@ -7,13 +7,14 @@ wrong direction is refused while it is decoded.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
 from engine.wire import WIRE_VERSION
 from engine.wire.codec import Codec
+from engine.wire.commitments import Commitment, Committed, Digests
+from engine.wire.groups import RoundGroups
 from engine.wire.types import (
     MAX_GROUP,
     MAX_PIECES,
@@ -92,48 +93,6 @@ class Ready(ControlMessage, tag="ready"):
 
     epoch: EpochNumber
     state_sha256: Sha256
-
-
-class Committed(Struct, kw_only=True):
-    """A part as its reducer took it: whose, how many samples it said it carried, its hash
-    (``averaging/audit.part_digest``)."""
-
-    sender: PeerId
-    samples: Count
-    sha256: Sha256
-
-
-Digests = Annotated[list[Sha256 | None], Meta(max_length=MAX_GROUP)]  # by part index
-# What a part with no samples is committed by (averaging/audit.part_digest of nothing).
-EMPTY_PART = hashlib.sha256((0).to_bytes(8, "little")).hexdigest()
-
-
-CommittedList = Annotated[list[Committed], Meta(max_length=MAX_GROUP)]
-
-
-class PartInputs(Struct, kw_only=True):
-    """As a reducer: what it combined for part ``index`` (one of its own, or one it took
-    over as a backup; in a PowerSGD round, phase Q's part j is index ``parts + j``)."""
-
-    index: Annotated[int, Meta(ge=0, lt=MAX_GROUP)]
-    inputs: CommittedList
-
-
-class Commitment(Struct, kw_only=True):
-    """What a member of a round did, told before anyone knows which parts will be checked
-    (see Audit): the hash of the part it sent each reducer, of each result it applied (by
-    part index), and, as a reducer, of every part it combined. ``shown``: the hash of its
-    own part that each reducer showed it (a ``shown`` frame) before it sent that reducer
-    anything -- a reducer's own input is fixed before it sees anyone else's."""
-
-    sent: Digests = field(default_factory=list)
-    results: Digests = field(default_factory=list)
-    reduced: Annotated[list[PartInputs], Meta(max_length=MAX_GROUP)] = field(default_factory=list)
-    shown: Digests = field(default_factory=list)
-
-    def inputs_of(self, index: int) -> list[Committed] | None:
-        """What it combined for part ``index``, if it reduced that part."""
-        return next((p.inputs for p in self.reduced if p.index == index), None)
 
 
 class RoundDone(ControlMessage, tag="round_done"):
@@ -249,31 +208,6 @@ class SyncPlan(ControlMessage, tag="sync_plan"):
 # An auxiliary member gives up on a round at this share of its timeout, and reports whose
 # parts it missed, before the trainers give up on its results and name it.
 AUXILIARY_DEADLINE = 0.8
-
-
-class RoundGroups(Struct, kw_only=True):
-    """How a round too large for one flat all-reduce runs in groups (engine/averaging/grouped.py):
-    each group's reducer of slot k reduces its group's slot k, and the reducers of slot k
-    across groups finish its pieces among themselves."""
-
-    groups: Annotated[list[list[PeerId]], Meta(min_length=2, max_length=MAX_GROUP)]
-    reducers: Annotated[list[list[PeerId]], Meta(max_length=MAX_GROUP)]  # per group, per slot
-    slot_shares: Annotated[list[Share], Meta(min_length=1, max_length=MAX_GROUP)]
-    pieces: Annotated[list[list[Share]], Meta(max_length=MAX_GROUP)]  # per slot, per group
-
-    def __post_init__(self) -> None:
-        slots, count = len(self.slot_shares), len(self.groups)
-        if len(self.reducers) != count or any(len(r) != slots for r in self.reducers):
-            raise ValueError("every group has one reducer per slot")
-        if len(self.pieces) != slots or any(len(p) != count or sum(p) <= 0 for p in self.pieces):
-            raise ValueError("every slot has one piece per group, not all empty")
-        if sum(self.slot_shares) <= 0:
-            raise ValueError("slot shares must have a positive sum")
-        if any(not set(r) <= set(g) or len(set(r)) != len(r) for g, r in zip(self.groups, self.reducers,
-                                                                             strict=True)):
-            raise ValueError("a group's reducers are its own members, each once")
-        if 2 * (sum(len(g) for g in self.groups) + slots * count) > MAX_GROUP:
-            raise ValueError(f"a grouped round's parts, in two phases, number at most {MAX_GROUP}")
 
 
 class RoundStart(ControlMessage, tag="round_start"):

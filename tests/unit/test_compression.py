@@ -9,7 +9,7 @@ from engine.averaging.compression import BLOCK, decode, encode, encoded_size, er
 from engine.averaging.recheck import part_digest, recheck, result_digest
 from engine.averaging.robust import Contribution, aggregate
 from engine.project import AggregationSpec
-from engine.wire.control import Committed
+from engine.wire.commitments import Committed
 
 METHODS = ["fp16", "uint8"]
 

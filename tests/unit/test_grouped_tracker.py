@@ -11,17 +11,8 @@ from engine.planning.partition import part_sizes
 from engine.project import AggregationSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import encode
-from engine.wire.control import (
-    Audit,
-    Commitment,
-    Committed,
-    PartInputs,
-    Progress,
-    Ready,
-    Reassign,
-    SyncRequest,
-    from_backbone,
-)
+from engine.wire.commitments import Commitment, Committed, PartInputs
+from engine.wire.control import Audit, Progress, Ready, Reassign, SyncRequest, from_backbone
 from engine.wire.types import PeerRole
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 

@@ -8,7 +8,8 @@ import random
 from engine.backbone.tracker import RecordCredits, RecordStep
 from engine.planning.partition import part_bounds, part_sizes
 from engine.project import AggregationSpec
-from engine.wire.control import Audit, AuditDone, Commitment, Committed, PartInputs, Resync
+from engine.wire.commitments import Commitment, Committed, PartInputs
+from engine.wire.control import Audit, AuditDone, Resync
 from tests.unit.test_auxiliary_tracker import aux_done, with_auxiliary
 from tests.unit.test_tracker import Clock, clock, done, open_round, ready_tracker, sent
 

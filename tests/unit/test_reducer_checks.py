@@ -11,7 +11,8 @@ from engine.averaging.robust import Contribution, aggregate
 from engine.backbone.tracker import RecordStep
 from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec
-from engine.wire.control import Audit, AuditDone, Commitment, Committed, PartInputs, Ready, Resync
+from engine.wire.commitments import Commitment, Committed, PartInputs
+from engine.wire.control import Audit, AuditDone, Ready, Resync
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 
 # --- the checker's recomputation ------------------------------------------------------------

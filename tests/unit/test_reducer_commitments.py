@@ -10,16 +10,8 @@ import random
 from engine.backbone.tracker import RecordCredits
 from engine.backbone.tracker.checks import MIN_CHECK_TIME
 from engine.backbone.tracker.outputs import WithdrawCredits
-from engine.wire.control import (
-    EMPTY_PART,
-    Audit,
-    AuditDone,
-    Commitment,
-    Committed,
-    PartInputs,
-    Ready,
-    SyncRequest,
-)
+from engine.wire.commitments import EMPTY_PART, Commitment, Committed, PartInputs
+from engine.wire.control import Audit, AuditDone, Ready, SyncRequest
 from tests.unit.test_reducer_checks import PEERS, checked_tracker, first_audit, run_round
 from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
 

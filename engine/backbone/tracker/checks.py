@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from msgspec.structs import replace
 
-from engine.backbone.tracker.grouped_parts import grouped_audit, grouped_parts, place_of
+from engine.backbone.tracker import grouped_parts as grouped
 from engine.backbone.tracker.outputs import Out, Send, WithdrawCredits
 from engine.backbone.tracker.scheduling import OpenRound, Vote, vote
-from engine.planning.slot_reducers import level_two_caps
-from engine.wire.control import EMPTY_PART, Audit, AuditDone, Committed, RoundDone
+from engine.wire.commitments import EMPTY_PART, Committed
+from engine.wire.control import Audit, AuditDone, RoundDone
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -157,7 +157,7 @@ class Auditor:
                 lengths = [max(reported[k] for reported in said) if said else 10**9
                            for k in range(rnd.phases)]
                 parts = [PartCheck(part.index, part.reducer)
-                         for part in grouped_parts(rnd.groups, lengths, rnd.slot_reducers())
+                         for part in grouped.grouped_parts(rnd.groups, lengths, rnd.slot_reducers())
                          if part.size > 0 and self.rng.random() < p]
             else:
                 indices = range(rnd.phases * rnd.parts)
@@ -186,9 +186,8 @@ class Auditor:
         if rnd.groups is None:
             first = rnd.group[part.index % rnd.parts // rnd.pieces]
             combined_by_first = part.index < (rnd.phases - 1) * rnd.parts
-        else:  # (a backup that took a slot over combines all of it, or has its inputs)
-            first = place_of(rnd.groups, rnd.phases, part.index, rnd.groups.reducers).reducer
-            combined_by_first = first != part.reducer
+        else:
+            first, combined_by_first = grouped.first_combiner(rnd, part.index, part.reducer)
         if inputs is None and first in rnd.lost and combined_by_first:
             # Its backup took over a later phase only: the lost reducer combined this part,
             # and nobody can show what it combined. Kept unchecked, it would let a liar lie,
@@ -202,8 +201,8 @@ class Auditor:
             part.passed = False
             part.why = f"its reducer {part.reducer} did not commit to what it combined: {why}"
             return []
-        place = (place_of(rnd.groups, rnd.phases, part.index, rnd.slot_reducers()) if rnd.groups is not None
-                 else None)
+        place = None if rnd.groups is None else grouped.place_of(rnd.groups, rnd.phases, part.index,
+                                                                  rnd.slot_reducers())
         holders = _holders(rnd, audit.majority)
         if place is not None and place.level == 1:
             # The group's average: its reducer alone holds it, and sent it on (``forwarded``).
@@ -220,17 +219,13 @@ class Auditor:
         result = applied.most_common(1)[0][0]
         caps = {p: m.cap for p, m in rnd.members.items()}
         if place is not None and place.level == 2:
-            assert rnd.groups is not None
-            # (a reducer lost midway may have sent its group's sum before it left: its cap is
-            # its group's, as it was for the reducers that took it)
-            caps = (level_two_caps(rnd.groups.groups, rnd.groups.reducers, caps)
-                    | level_two_caps(rnd.groups.groups, rnd.slot_reducers(), caps))
+            caps = grouped.level_two_caps_of(rnd, caps)
         part.audit = Audit(round_id=rnd.round_id, epoch=rnd.epoch, index=part.index, reducer=part.reducer,
                            checker="-", inputs=inputs, result_sha256=result, timeout=self._check_time(rnd),
                            caps=[caps.get(c.sender, 0) for c in inputs])
         if place is not None:
             assert rnd.groups is not None
-            part.audit = grouped_audit(part.audit, rnd, place, done)
+            part.audit = grouped.grouped_audit(part.audit, rnd, place, done)
         return self._ask_next(rnd, part)
 
     def _own_as_shown(self, rnd: OpenRound, part: PartCheck, inputs: list[Committed]) -> bool | None:

@@ -13,8 +13,10 @@ from msgspec.structs import replace
 from engine.backbone.ledger import bytes_aggregated
 from engine.planning.grouped_indices import GroupedIndices
 from engine.planning.partition import part_sizes
+from engine.planning.slot_reducers import level_two_caps
 from engine.project import Codec
-from engine.wire.control import Audit, RoundDone, RoundGroups
+from engine.wire.control import Audit, RoundDone
+from engine.wire.groups import RoundGroups
 
 if TYPE_CHECKING:
     from engine.backbone.tracker.scheduling import OpenRound
@@ -62,6 +64,24 @@ def place_of(groups: RoundGroups, phases: int, index: int, reducers: list[list[s
     slot_reducers = reducers[place.group]
     reducer = slot_reducers[place.slot] if place.slot < len(slot_reducers) else ""
     return GroupedPart(index, reducer, 0, place.level, place.slot, place.group, place.phase)
+
+
+def first_combiner(rnd: OpenRound, index: int, reducer: str) -> tuple[str, bool]:
+    """Who the round opened with as part ``index``'s reducer, and whether that one, not
+    ``reducer``, combined it first (a backup that took a slot over combines all of it, or
+    has its inputs)."""
+    assert rnd.groups is not None
+    first = place_of(rnd.groups, rnd.phases, index, rnd.groups.reducers).reducer
+    return first, first != reducer
+
+
+def level_two_caps_of(rnd: OpenRound, caps: dict[str, int]) -> dict[str, int]:
+    """What the level-2 parts of each slot reducer count for at most. A reducer lost midway
+    may have sent its group's sum before it left: its cap is its group's, as it was for the
+    reducers that took it."""
+    assert rnd.groups is not None
+    groups, first = rnd.groups.groups, rnd.groups.reducers
+    return level_two_caps(groups, first, caps) | level_two_caps(groups, rnd.slot_reducers(), caps)
 
 
 def forwarded(groups: RoundGroups, phases: int, part: GroupedPart, outcome: RoundDone) -> list[str | None]:

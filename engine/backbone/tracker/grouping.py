@@ -9,7 +9,7 @@ import statistics
 from engine.backbone.tracker.membership import PeerState
 from engine.planning.groups import plan_groups
 from engine.planning.load_balancing import Balance, Member
-from engine.wire.control import RoundGroups
+from engine.wire.groups import RoundGroups
 
 log = logging.getLogger(__name__)
 # A member's reported link counts for at most this many times the group's median.

@@ -29,7 +29,8 @@ from engine.planning.load_balancing import Balance, balance, equal_shares, round
 from engine.planning.partition import part_bounds
 from engine.planning.slot_reducers import slot_reducers_now
 from engine.project import ProjectSpec
-from engine.wire.control import RoundDone, RoundGroups, RoundStart
+from engine.wire.control import RoundDone, RoundStart
+from engine.wire.groups import RoundGroups
 
 if TYPE_CHECKING:
     from engine.backbone.tracker.checks import RoundAudit
