@@ -546,7 +546,8 @@ def test_the_state_is_uploaded_by_the_fastest_uplink_not_still_uploading_one(clo
         clock.now += 1.0
         starts = []
         for peer, up in uploads.items():
-            starts += sent(t.handle(peer, Progress(t.epoch, 40, 10.0, upload=up, download=4 * up)), RoundStart)
+            report = Progress(t.epoch, 40, 10.0, upload=up, download=4 * up)
+            starts += sent(t.handle(peer, report), RoundStart)
         start = starts[0][1]
         chosen.append(start.checkpoint_by)
         for p in uploads:
