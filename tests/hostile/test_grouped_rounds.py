@@ -9,9 +9,12 @@ import asyncio
 import torch
 
 from engine.averaging.allreduce import butterfly_allreduce
+from engine.averaging.errors import AveragingError
 from engine.averaging.grouped import grouped_allreduce
 from engine.averaging.round_plan import GroupedRound, RoundPlan
 from engine.averaging.tensor_parts import ReducedPart
+from engine.wire.frames import Result
+from tests.transport.lost_reducer import with_one_lost
 from tests.transport.mesh_pair import make_meshes
 
 GROUPS = GroupedRound([["a", "b", "c", "d"], ["e", "f", "g", "h"]], [["a", "b"], ["e", "f"]], [0.5, 0.5],
@@ -64,3 +67,25 @@ async def test_a_slot_reducer_that_inflates_its_groups_samples_does_not_steer_th
     torch.testing.assert_close(vector[first_piece], first_group[first_piece], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(vector[slot:], honest_mean[slot:], rtol=1e-5, atol=1e-5)
     assert float(torch.nn.functional.cosine_similarity(vector, honest_mean, dim=0)) > 0.9
+
+
+async def test_a_made_up_finished_piece_shown_to_a_backup_costs_one_round_and_moves_nothing(monkeypatch):
+    """f, a reducer of slot 1, dies in level 2 before it finished its piece, and g stands in
+    for it. b, the slot's other reducer, shows g a result "f had finished" that it made up
+    (values of a million). g cannot tell a made-up piece from one f sent before it died, so
+    it gives the round up, and the backbone fails the round on everyone at once. That is
+    all the lie buys: one round, redone, which withholding its part buys too (at the round's
+    deadline); no member applies the made-up values, and nobody is credited for the round."""
+    async def made_up_result(plan: RoundPlan, mesh) -> None:
+        if "f" not in plan.group:
+            return  # (slot 0's level 2)
+        piece = plan.group.index("f")
+        header = Result(round_id=plan.round_id, epoch=plan.epoch, index=plan.wire(piece), samples=14,
+                        loss=1.0)
+        await (await mesh.link("g")).send(header, torch.full((5_000,), 1e6).numpy().data)
+
+    outcomes, took = await with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch,
+                                         at_level_two={"b": made_up_result})
+    assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
+    assert all(isinstance(o, AveragingError) for o in outcomes.values()), outcomes
+    assert "finished by its reducer before it left" in str(outcomes["g"])

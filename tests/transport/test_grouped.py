@@ -6,18 +6,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.averaging import grouped
 from engine.averaging.allreduce import butterfly_allreduce
 from engine.averaging.errors import AveragingError
 from engine.averaging.grouped import grouped_aggregate, grouped_allreduce
 from engine.averaging.powersgd import Layout
 from engine.averaging.powersgd_round import powersgd_allreduce
 from engine.averaging.recheck import recheck
-from engine.averaging.round_plan import GroupedRound, RoundChanges, RoundPlan
+from engine.averaging.round_plan import GroupedRound, RoundPlan
 from engine.planning.groups import plan_groups
 from engine.planning.load_balancing import Member
 from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec
+from tests.transport.lost_reducer import BY_HAND, with_one_lost
 from tests.transport.mesh_pair import make_meshes
 from tests.transport.test_allreduce import FP32_SUMS
 
@@ -112,67 +112,6 @@ async def test_a_grouped_round_gives_what_the_flat_round_gives():
     assert by_groups[0].samples == flat[0].samples == sum(samples)
 
 
-# Two groups; two reducers each, the other two send only.
-BY_HAND = GroupedRound([["a", "b", "c", "d"], ["e", "f", "g", "h"]], [["a", "b"], ["e", "f"]], [0.5, 0.5],
-                       [[0.5, 0.5], [0.5, 0.5]])
-
-
-async def _with_one_lost(lost: str, backup: str | None = None, dies_at_level_two: bool = False,
-                         monkeypatch=None, after_level_two: bool = False) -> tuple[dict, float]:
-    """Every member but ``lost`` averages; the backbone says ``lost`` left once the others
-    are under way (or, ``dies_at_level_two``, once ``lost`` began level 2 and died there --
-    or, ``after_level_two``, once it finished level 2 and died before its group got the
-    slot), handing its slot to ``backup``; if the backup gives the round up, the backbone
-    says the slot has nobody (Backups.gave_up). Each member's outcome (or error), and how
-    long the round took."""
-    names = [p for g in BY_HAND.groups for p in g]
-    vectors = {p: torch.full((20_000,), float(i + 1)) for i, p in enumerate(names)}
-    meshes = make_meshes(names)
-    changes = {p: RoundChanges() for p in names}
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    at_level_two = asyncio.Event()
-    if dies_at_level_two:
-        level_one_parts = len(names)
-
-        async def allreduce(plan, *args, **kwargs):
-            if plan.me == lost and plan.offset >= level_one_parts:
-                if after_level_two:  # (its piece finished and sent to the others)
-                    await butterfly_allreduce(plan, *args, **kwargs)
-                at_level_two.set()
-                await asyncio.Event().wait()  # (dead)
-            return await butterfly_allreduce(plan, *args, **kwargs)
-
-        monkeypatch.setattr(grouped, "butterfly_allreduce", allreduce)
-
-    async def member(me):
-        plan = RoundPlan(3, 1, names, [1.0] * 8, me, changes=changes[me], groups=BY_HAND)
-        return await grouped_allreduce(plan, vectors[me] * 2, 2, 2.0, meshes[me], 60)
-
-    try:
-        rounds = {p: asyncio.ensure_future(member(p)) for p in names if p != lost or dies_at_level_two}
-        if dies_at_level_two:
-            await asyncio.wait_for(at_level_two.wait(), 30)
-            rounds.pop(lost).cancel()
-            await meshes[lost].close()
-        else:
-            await asyncio.wait(rounds.values(), timeout=1.0)  # (under way: links up, parts going)
-        reducers = [backup if p == lost else p for p in names] if backup else []
-        for c in changes.values():
-            c.update([lost], reducers)
-        if backup:
-            await asyncio.wait([rounds[backup]], timeout=30)
-            if rounds[backup].done() and rounds[backup].exception() is not None:
-                for c in changes.values():
-                    c.update([lost], names)
-        await asyncio.wait(rounds.values(), timeout=30)
-        took = loop.time() - began
-        outcomes = {p: r.exception() or r.result() for p, r in rounds.items() if r.done()}
-    finally:
-        await asyncio.gather(*(m.close() for m in meshes.values()))
-    return outcomes, took
-
-
 def _completed_without(outcomes: dict, lost: int, slots: slice = slice(None)) -> None:
     """Seven members applied the same bits: in ``slots``, the average of the others' vectors."""
     assert len(outcomes) == 7
@@ -185,7 +124,7 @@ def _completed_without(outcomes: dict, lost: int, slots: slice = slice(None)) ->
 
 
 async def test_a_sender_lost_midway_is_left_out_and_the_round_completes():
-    outcomes, _ = await _with_one_lost("h")
+    outcomes, _ = await with_one_lost("h")
     _completed_without(outcomes, 7)
     assert outcomes["a"].samples == 14  # seven members' two samples each
 
@@ -195,7 +134,7 @@ async def test_a_backup_for_a_slot_reducer_that_had_finished_a_piece_fails_the_r
     backup cannot finish that piece again (its group's sum lacks the lost one's gradient),
     so it gives the round up at once, and everyone hears of it, rather than wait until the
     deadline for parts nobody sends again."""
-    outcomes, took = await _with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch,
+    outcomes, took = await with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch,
                                           after_level_two=True)
     assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
     # Its group fails; the other group got every slot before it died (the round settles on
@@ -206,19 +145,19 @@ async def test_a_backup_for_a_slot_reducer_that_had_finished_a_piece_fails_the_r
 
 
 async def test_a_slot_reducer_lost_midway_without_a_backup_fails_the_round_at_once():
-    outcomes, took = await _with_one_lost("f")
+    outcomes, took = await with_one_lost("f")
     assert len(outcomes) == 7 and took < 20  # (the round's timeout is 60 s)
     assert all(isinstance(o, AveragingError) for o in outcomes.values()), outcomes
 
 
 async def test_a_backup_takes_a_lost_slot_reducers_slot_in_its_group_and_across_groups():
-    outcomes, took = await _with_one_lost("f", backup="e")
+    outcomes, took = await with_one_lost("f", backup="e")
     _completed_without(outcomes, 5)
     assert took < 20
 
 
 async def test_a_backup_stands_in_for_a_slot_reducer_that_died_in_level_two(monkeypatch):
-    outcomes, took = await _with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch)
+    outcomes, took = await with_one_lost("f", backup="g", dies_at_level_two=True, monkeypatch=monkeypatch)
     # Its slot, regathered by the backup, leaves it out; the other slot took its part before
     # it died (as a flat round keeps the parts a lost member's reducers had combined).
     _completed_without(outcomes, 5, slice(10_000, None))
