@@ -5,7 +5,13 @@ netem, a delay line in user space, tests/nat/delay_line.py), training the same m
 the same initial state on the same data (each peer its own order) to the same target
 batch, for the same wall time per configuration (Cotrain's from its processes' start,
 hivemind's from the go its four get once their DHT and model are up: its start-up is not
-charged), all four starting together. One JSON line per system and configuration:
+charged), all four starting together. Each system is told its links its own way: hivemind
+its uplink as its bandwidth hint, Cotrain both as the volunteer's caps (``--max-upload``,
+``--max-download``) at LINK_SHARE of the cable, as a volunteer sets them in the app (its
+traffic to the backbone is not shaped here, so its own link probes would read the
+machine's, not the cable's; and paced below the cable, its data channels keep the home
+router's queue short: unpaced, one of a congested uplink's SCTP associations could go 60 s
+without a byte and lose its round). One JSON line per system and configuration:
 
 - samples/s and steps per minute, from the collaboration's first step to its last (a
   configuration that steps less often takes larger batches: steps and the loss say what
@@ -35,6 +41,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +66,7 @@ FULL = dict(TINY, d_model=1536, heads=12, ff=4096, layers=2, embedding=128, seq_
 QUICK = dict(FULL, d_model=512, heads=8, ff=2048)  # 3.3M
 TARGET_BATCH = 128
 LR = 1e-3
+LINK_SHARE = 0.95  # Cotrain's caps, of each cable's rates
 LOCAL_INNER_BATCH, LOCAL_INNER_STEPS = 16, 8  # DiLoCo: an outer step every 128 samples per peer
 HIVEMIND_PYTHON = Path.home() / "hivemind-venv" / "bin" / "python"
 
@@ -158,6 +166,11 @@ class CableMeter:
         self.readings.append((began, time.monotonic(), carried))
 
 
+def kilobytes(mbit: float) -> int:
+    """LINK_SHARE of a cable of ``mbit`` Mbit/s, in kilobytes per second (the caps' unit)."""
+    return int(mbit * 1e6 / 8 / 1000 * LINK_SHARE)
+
+
 def cotrain_project(model: dict, compression: CompressionMethod = "none", overlap: bool = False,
                     local: bool = False) -> ProjectSpec:
     common = dict(id="home-lm", task_params=model, compression=compression, overlap=overlap,
@@ -181,8 +194,10 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
     began = time.monotonic()
     try:
         for i, host in enumerate(hosts):
+            down, up, _ = LINKS[i]
+            caps = ["--max-upload", str(kilobytes(up)), "--max-download", str(kilobytes(down))]
             peers.append(await spawn_peer_in(host, url, spec.id, f"{config.replace(' ', '-')}-{i}", workdir,
-                                             "--data-seed", str(i)))
+                                             "--data-seed", str(i), *caps))
         async with CableMeter(hosts, server) as meter:
             await until(lambda: any(p.epochs for p in peers), budget, f"{config}: a first step")
             first = max(p.epoch for p in peers)
@@ -197,6 +212,14 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
     outcome.samples = sum(s for e, s in steps.items() if e > first)
     outcome.seconds = max(times) - min(times) if times else 0.0
     outcome.to_peers = meter.between(min(times), max(times)) if times else 0
+    # How soon each round's first byte left after its RoundStart, on these links (the
+    # first round, its links opened then, aside).
+    first_bytes = sorted(e["first_byte_seconds"] for p in peers for e in p.epochs
+                         if e["epoch"] > first and e.get("first_byte_seconds") is not None)
+    if first_bytes:
+        p95 = first_bytes[int(0.95 * (len(first_bytes) - 1))]
+        outcome.extra = {"first_byte_ms_median": round(1000 * statistics.median(first_bytes), 1),
+                         "first_byte_ms_p95": round(1000 * p95, 1)}
     if any((workdir / f"backbone-{port}").glob("**/epoch-*.ckpt")):  # (none: no step reached it)
         outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
     return outcome
