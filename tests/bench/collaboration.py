@@ -218,9 +218,9 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
                          if e["epoch"] > first and e.get("first_byte_seconds") is not None)
     if first_bytes:
         p95 = first_bytes[int(0.95 * (len(first_bytes) - 1))]
-        outcome.extra = {"first_byte_ms_median": round(1000 * statistics.median(first_bytes), 1),
+        outcome.extra |= {"first_byte_ms_median": round(1000 * statistics.median(first_bytes), 1),
                          "first_byte_ms_p95": round(1000 * p95, 1)}
-    if any((workdir / f"backbone-{port}").glob("**/epoch-*.ckpt")):  # (none: no step reached it)
+    if any((workdir / f"backbone-{port}").glob("**/*.ckpt")):  # (none: no step reached it)
         outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
     return outcome
 
@@ -346,7 +346,7 @@ async def measure_configs(net, hosts: list[Host], workdir: Path, model: dict, bu
             continue
         outcome = await failed_as_line("cotrain", config, run_cotrain(net, hosts, workdir, config, spec,
                                                                       8600 + i, budget))
-        print_line(replace(outcome, extra=links))
+        print_line(replace(outcome, extra=outcome.extra | links))
     for config, extra in (("defaults", []), ("delayed fp16", ["--delayed", "--fp16"])):
         if only is not None and only not in f"hivemind {config}":
             continue
@@ -355,7 +355,7 @@ async def measure_configs(net, hosts: list[Host], workdir: Path, model: dict, bu
         else:
             outcome = await failed_as_line("hivemind", config, run_hivemind(python, hosts, server, workdir,
                                                                             config, model, budget, extra))
-        print_line(replace(outcome, extra=links))
+        print_line(replace(outcome, extra=outcome.extra | links))
 
 
 async def failed_as_line(system: str, config: str, run: Coroutine[Any, Any, Outcome]) -> Outcome:

@@ -103,13 +103,19 @@ def sent_bytes(host: Host, server: str) -> tuple[int, int]:
 
 
 def held_out_loss(data_dir: Path, spec: ProjectSpec) -> tuple[int, float]:
-    """(epoch, loss) of the newest checkpoint the backbone holds."""
-    newest = max(data_dir.glob("**/epoch-*.ckpt"), key=lambda p: p.name)
+    """(epoch, loss) of the newest checkpoint the backbone holds (its files are named by
+    their content: the newest is the one of the highest epoch)."""
+    newest = None
+    for path in data_dir.glob("**/*.ckpt"):  # (one state in memory at a time, and the newest)
+        state = decode_file(path.read_bytes())
+        if newest is None or state.index.meta.epoch > newest.index.meta.epoch:
+            newest = state
+    assert newest is not None, f"no checkpoint in {data_dir}"
     task = create_task(spec.task, dict(spec.task_params))
     model = initial_model(task, spec.seed)
     optimizer = collaboration_optimizer(spec, model)
     warm = warm_slots(optimizer, trainable(model), warm_shapes_of(spec, trainable(model)))
-    epoch = load_state(decode_file(newest.read_bytes()), model, optimizer, spec.id, warm)
+    epoch = load_state(newest, model, optimizer, spec.id, warm)
     with torch.no_grad():
         loss = statistics.mean(float(task.loss(model, task.batch(10**6, i))) for i in range(HELD_OUT))
     return epoch, loss
