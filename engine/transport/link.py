@@ -71,6 +71,7 @@ class PeerLink:
         self._remote_path: LinkPath | None = None
         self.path_announced = asyncio.Event()  # the other side told us its view
         self._reassembler = Reassembler(max_payload)
+        self._sending = 0  # messages under way out
         self.broke_rules: str | None = None  # why we dropped the link, if the peer's frames did it
         self._frames = Buckets(FRAME_RATE, time.monotonic)
         self._idle: asyncio.TimerHandle | None = None
@@ -92,9 +93,21 @@ class PeerLink:
     def is_open(self) -> bool:
         return not self._closed.is_set() and self.connection.is_open
 
+    @property
+    def busy(self) -> bool:
+        """Whether a message is under way, either way (a state served may take minutes)."""
+        return self._sending > 0 or self._reassembler.open > 0
+
     async def send(self, header: Header, payload: bytes | bytearray | memoryview = b"") -> None:
         if not self.is_open:
             raise LinkClosed(f"link to {self.peer_id} is closed", self.peer_id)
+        self._sending += 1
+        try:
+            await self._send(header, payload)
+        finally:
+            self._sending -= 1
+
+    async def _send(self, header: Header, payload: bytes | bytearray | memoryview) -> None:
         msg_id = next(self._ids) & 0xFFFFFFFF
         for chunk in encode(msg_id, header, payload):
             while self.connection.buffered_amount > HIGH_WATER:

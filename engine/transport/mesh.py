@@ -159,9 +159,10 @@ class PeerMesh:
 
     def close_idle(self, needed: set[str], since: float) -> None:
         """Close, in the background, the links that carried nothing since ``since``
-        (monotonic) to peers not in ``needed``: a grouped round needs a few links, and those
-        of plans past would pile up."""
-        for link in [link for p, link in self._links.items() if p not in needed and link.last_active < since]:
+        (monotonic) and carry nothing now, to peers not in ``needed``: a grouped round needs
+        a few links, and those of plans past would pile up."""
+        for link in [link for p, link in self._links.items()
+                     if p not in needed and link.last_active < since and not link.busy]:
             log.debug("closing the idle link to %s", link.peer_id)
             self.spawn(link.close())
 

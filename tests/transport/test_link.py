@@ -256,3 +256,22 @@ async def test_links_idle_since_a_time_and_not_needed_close_and_the_rest_stay(st
         assert meshes["b"].connected() == ["a"] and meshes["d"].connected() == ["a"]
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
+async def test_a_link_sending_a_long_message_is_not_idle_however_long_ago_it_began(stack):
+    """A state served to a joiner is one message that may take minutes on a home uplink:
+    the link counts as in use until it is out, and closing idle links passes it by."""
+    meshes = make_meshes(["a", "b"])
+    try:
+        link = await meshes["a"].link("b")
+        payload = os.urandom(64 * 1024 * 1024)
+        sending = asyncio.ensure_future(link.send(blob(9), payload))
+        began = link.counters.bytes_sent
+        await until(lambda: link.counters.bytes_sent > began or sending.done(), 10, "the message under way")
+        assert not sending.done() and link.busy
+        meshes["a"].close_idle(set(), time.monotonic())
+        await sending
+        frame = await meshes["b"].mailbox.get(round_key("part", 9, 0, "a"), timeout=60)
+        assert bytes(frame.payload) == payload and meshes["a"].connected() == ["b"]
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
