@@ -9,6 +9,10 @@ from typing import Any
 import msgspec.inspect as mi
 from hypothesis import strategies as st
 
+from engine.wire.control import RoundStart
+from engine.wire.groups import RoundGroups
+from engine.wire.types import MAX_COUNT, MAX_PIECES
+
 MAX_ITEMS = 3  # lists and dicts stay small: the shapes matter, not the sizes
 MAX_TEXT = 12
 
@@ -21,7 +25,7 @@ def valid(type_: Any) -> st.SearchStrategy[Any]:
 
 def _strategy(t: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.StructType):
-        return _struct(t)
+        return _round_start(t) if t.cls is RoundStart else _struct(t)
     if isinstance(t, mi.Metadata):
         # A rule stated for people and the published schema, checked in __post_init__.
         schema = t.extra_json_schema or {}
@@ -73,6 +77,38 @@ def _struct(t: mi.StructType) -> st.SearchStrategy[Any]:
             return None  # refused by __post_init__, as decoding would refuse it
 
     return st.fixed_dictionaries(fields).map(build).filter(lambda value: value is not None)
+
+
+@st.composite
+def _round_start(draw: st.DrawFn, t: mi.StructType) -> RoundStart:
+    """A round's members, shares, probation, auxiliaries and groups hang together by rules
+    that random fields almost never meet: draw the members first, and the rest from them
+    (the scalar fields still from their declared types)."""
+    types = {f.name: f.type for f in t.fields}
+    group = draw(st.lists(_strategy(types["checkpoint_by"]).filter(bool), min_size=1, max_size=4,
+                          unique=True))
+    optional = draw(st.lists(st.sampled_from(group), max_size=len(group) - 1, unique=True))
+    active = [p for p in group if p not in optional]
+    auxiliary = draw(st.lists(st.sampled_from(active), max_size=len(active) - 1, unique=True))
+    share = st.floats(1e-3, 1e9)
+    shares = [0.0 if p in optional else draw(share) for p in group]
+    grouped = len(group) >= 2 and not optional and draw(st.booleans())
+    groups = None
+    if grouped:
+        cut = draw(st.integers(1, len(group) - 1))
+        halves = [group[:cut], group[cut:]]
+        reducers = [[h[0]] for h in halves]
+        auxiliary = [p for p in auxiliary if [p] in reducers]
+        groups = RoundGroups(groups=halves, reducers=reducers, slot_shares=[draw(share)],
+                             pieces=[[draw(share), draw(share)]])
+    caps = draw(st.one_of(st.just([]), st.lists(st.integers(0, MAX_COUNT), min_size=len(group),
+                                                max_size=len(group))))
+    return RoundStart(
+        round_id=draw(_strategy(types["round_id"])), epoch=draw(_strategy(types["epoch"])),
+        group=group, shares=shares, timeout=draw(_strategy(types["timeout"])),
+        checkpoint_by=draw(_strategy(types["checkpoint_by"])), optional=optional, auxiliary=auxiliary,
+        pieces=1 if grouped else draw(st.integers(1, MAX_PIECES)), caps=caps,
+        nonce=draw(_strategy(types["nonce"])), groups=groups)
 
 
 def structs_of(type_: Any) -> list[type]:

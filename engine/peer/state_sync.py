@@ -131,7 +131,8 @@ class StateSync:
                 await self.optimizer.round_over()
                 digest = await self._fetch(plan)
             except (SyncError, LinkClosed, ProtocolError, BackboneError, asyncio.TimeoutError) as exc:
-                log.warning("getting the state failed: %s", exc)
+                log.warning("getting the state from %s failed: %s", self._last_donor or "the backbone",
+                            exc or type(exc).__name__)
                 if self._last_donor:
                     if isinstance(exc, BadDonorState):
                         await self.client.send(BadState(self._last_donor, str(exc)[:1000]))

@@ -3,7 +3,8 @@ joined first (so they are asked first) serve bad state: the settled state with o
 changed, with a zero-dimensional optimizer slot, with NaN in it, and bytes that are no state
 file. Before, a donor's state was not checked (the hash left the optimizer state out, a 0-dim
 exp_avg crashed the joiner, NaN was accepted). Now the joiner checks each against the
-settled hash, tells the backbone who lied, and gets the state from an honest peer."""
+settled hash, tells the backbone who lied, and gets the state from an honest peer. (Whoever
+joins after the liars is such a newcomer: the second honest peer often meets them first.)"""
 
 import asyncio
 import os
@@ -122,11 +123,23 @@ async def test_a_joiner_refuses_bad_state_and_gets_the_settled_one(tmp_path, rep
             fooled = [liar.lie for liar in liars if liar.served]
         assert collab.backbone is not None
         log = collab.backbone.log.read_text(errors="replace")
-        accused = {liar.lie for liar in liars if f"says {liar.stranger.peer_id} served bad state" in log}
+        said = "".join(p.log.read_text(errors="replace") for p in collab.peers)  # each one that joined
+
+        def liars_where(text: str, line: str) -> set[str]:
+            return {liar.lie for liar in liars if line.format(liar.stranger.peer_id) in text}
+
+        refused = liars_where(said, "getting the state from {} failed")
+        # Refused as not the settled state -- a lie proven -- rather than late (a liar that
+        # relays slower than the joiner waits), which proves nothing against it.
+        proven = liars_where(said, "getting the state from {} failed: refused the state")
+        accused = liars_where(log, "says {} served bad state")
+        gone = liars_where(log, "blames {} for bad state, not counted: it is no member now")
         report_figure(f"the joiner took part after {joined:.1f} s; liars that served it: {fooled}; "
-                      f"accused at the backbone: {sorted(accused)}")
+                      f"proven lying: {sorted(proven)}; accused at the backbone: {sorted(accused)}")
         assert fooled, "no liar was asked: the test proves nothing"
-        assert set(fooled) <= accused
+        assert set(fooled) <= refused, "a peer took a liar's state"
+        assert proven, "no lie was proven: the test proves nothing"
+        assert proven - gone <= accused
         first = joiner.epochs[0]["epoch"]
         for epoch in range(first, joiner.epoch + 1):
             held = {p.name: e["state_sha256"] for p in collab.peers for e in p.epochs if e["epoch"] == epoch}

@@ -65,6 +65,10 @@ class StateSources:
             donor.accusers.add(peer.peer_id)
             log.warning("%s: %s says %s served bad state: %s", self.t.project.id, peer.peer_id, msg.peer,
                         msg.reason)
+        else:
+            why = "it is no member now" if donor is None else "it was not the donor named to it"
+            log.info("%s: %s blames %s for bad state, not counted: %s", self.t.project.id, peer.peer_id,
+                     msg.peer, why)
         return []
 
     def answer_waiting(self, patient: bool) -> list[Out]:
