@@ -78,15 +78,22 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length,
                                             text=f"checkpoint larger than {limit} bytes")
+    tracker = backbone.trackers[spec.id]
+    tracker.checkpoint_upload(peer_id, epoch, started=True)
+    stored = False
     try:
         _, digest, size = await backbone.files.receive(
             epoch, request.content.iter_chunked(1 << 16), expected_sha256=sha,
             expected_state_sha256=state_sha, max_bytes=limit,
         )
+        info = CheckpointInfo(epoch, digest, state_sha, size, checkpoint_url(spec.id, epoch))
+        stored = await backbone.checkpoint_stored(spec.id, peer_id, info)
     except CheckpointRejected as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
-    info = CheckpointInfo(epoch, digest, state_sha, size, checkpoint_url(spec.id, epoch))
-    if not await backbone.checkpoint_stored(spec.id, peer_id, info):
+    finally:
+        if not stored:  # (broken off, refused, or removed as it was stored)
+            tracker.checkpoint_upload(peer_id, epoch, started=False)
+    if not stored:
         raise web.HTTPServiceUnavailable(text="the checkpoint was removed as it was stored",
                                          headers={"Retry-After": "1"})
     return json_reply(info, status=201)

@@ -143,6 +143,26 @@ async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):
     assert backbone.store.checkpoints.listed("tiny-lm") == []
 
 
+async def test_an_asked_for_checkpoint_upload_that_fails_frees_the_chore(collaboration):
+    """The backbone waits for an asked-for checkpoint while its upload runs; one that fails
+    (here: its bytes are not what it said) is not waited for, and the next goes to another."""
+    backbone, http, _ = collaboration
+    joined = await _join(http, backbone.url)
+    tracker = backbone.trackers["tiny-lm"]
+    epoch = 1
+    state = backbone.store.rounds.epoch_state("tiny-lm", epoch)
+    assert state is not None
+    tracker.checkpoint_requests.ask(joined["peer_id"], epoch)
+    assert joined["peer_id"] in tracker.checkpoint_requests.uploading()
+    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
+               "X-Content-SHA256": "0" * 64, "X-State-SHA256": state}
+    async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/{epoch}", data=b"x" * 1000,
+                        headers=headers) as resp:
+        assert resp.status == 400, await resp.text()
+    assert not tracker.expects_checkpoint(joined["peer_id"], epoch)
+    assert joined["peer_id"] not in tracker.checkpoint_requests.uploading()
+
+
 async def test_link_probes_are_for_peers_bounded_and_few(collaboration):
     backbone, http, peers = collaboration
     url = f"{backbone.url}/api/projects/tiny-lm/probe"

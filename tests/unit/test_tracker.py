@@ -3,6 +3,7 @@
 import pytest
 
 from engine.backbone.tracker import Broadcast, RecordCredits, RecordStep, RoundOpened, Send, Tracker
+from engine.backbone.tracker.checkpoint_requests import START_PATIENCE
 from engine.planning.load_balancing import Member, balance, round_time
 from engine.project import ProjectSpec
 from engine.wire.control import (
@@ -555,6 +556,36 @@ def test_the_state_is_uploaded_by_the_fastest_uplink_not_still_uploading_one(clo
         if epoch == 1:  # c delivers; b, asked first, never does
             t.checkpoint_stored("c", CheckpointInfo(epoch + 1, "s", "p", 1, "/"))
     assert chosen == ["b", "c", "c"]
+
+
+def test_a_checkpoint_on_its_way_is_not_asked_again_until_its_request_lapses(clock):
+    """Nobody uploads here: each request waits out its patience, and meanwhile the next is
+    due k epochs after it, not every round (a second upload of the same chore)."""
+    t = ready_tracker(clock, checkpoint_every=2)
+    asked = []
+    for epoch in range(6):
+        start = open_round(t, {"b": 0, "a": 100})
+        asked.append(start.checkpoint_by)
+        for p in ("a", "b"):
+            t.handle(p, done(start, f"h{epoch + 1}"))
+        if epoch == 3:
+            clock.now += START_PATIENCE
+    # Epoch 2's request goes to a, epoch 4's to b (a still owes one), both lapse, and the
+    # one after, due at once, goes to a again.
+    assert asked == [None, "a", None, "b", "a", None]
+    assert t.expects_checkpoint("a", 5) and not t.expects_checkpoint("a", 2)
+
+
+def test_a_checkpoint_upload_under_way_is_waited_for_and_a_broken_one_is_not(clock):
+    t = ready_tracker(clock, checkpoint_every=1)
+    start = open_round(t, {"b": 0, "a": 100})
+    for p in ("a", "b"):
+        t.handle(p, done(start, "h1"))
+    t.checkpoint_upload("a", 1, started=True)
+    clock.now += 2 * START_PATIENCE  # a slow uplink: still uploading
+    assert t.expects_checkpoint("a", 1)
+    t.checkpoint_upload("a", 1, started=False)  # its connection broke
+    assert not t.expects_checkpoint("a", 1)
 
 
 def test_status_estimates_time_to_the_next_step(clock):

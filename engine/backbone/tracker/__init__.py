@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from engine.backbone.tracker.backups import Backups
+from engine.backbone.tracker.checkpoint_requests import CheckpointRequests
 from engine.backbone.tracker.checks import Auditor
 from engine.backbone.tracker.heldout import HeldOutScores
 from engine.backbone.tracker.membership import Members, PeerState
@@ -84,14 +85,14 @@ class Tracker:
         self.checkpoint = checkpoint
         self.round: OpenRound | None = None
         self.round_grace = round_grace
-        self.expected_checkpoints: set[tuple[str, int]] = set()
+        self.checkpoint_requests = CheckpointRequests(clock)
         self.clock = clock
         self.members = Members(clock, peer_timeout)
         self.pairs = Pairs(project.id, clock, pair_cooldown)
         self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
                                    join_grace=join_grace, last_round_id=last_round_id,
                                    equal_shares=equal_shares)
-        self.scheduler.uploading = lambda: {peer for peer, _ in self.expected_checkpoints}
+        self.scheduler.uploading = self.checkpoint_requests.uploading
         # After a restart the peers holding the recorded epoch are reconnecting, each after
         # its own backoff: for this long, a peer asking for the state waits for them rather
         # than the collaboration going back to an older checkpoint (or starting over).
@@ -132,7 +133,7 @@ class Tracker:
     def leave(self, peer_id: str) -> list[Out]:
         out = self.backups.lost(peer_id)
         self.members.leave(peer_id)
-        self.expected_checkpoints = {c for c in self.expected_checkpoints if c[0] != peer_id}
+        self.checkpoint_requests.left(peer_id)
         return out + self.settlement.close_if_answered()
 
     def live_peers(self) -> list[PeerState]:
@@ -227,7 +228,8 @@ class Tracker:
     def _maybe_open_round(self) -> list[Out]:
         if self.round is not None:
             return []
-        rnd = self.scheduler.open(self.epoch, self.checkpoint.epoch if self.checkpoint else 0)
+        stored = self.checkpoint.epoch if self.checkpoint else 0
+        rnd = self.scheduler.open(self.epoch, max(stored, self.checkpoint_requests.newest_epoch() or 0))
         if rnd is None:
             return []
         self.round = rnd
@@ -252,10 +254,18 @@ class Tracker:
     # --- checkpoints and status ---------------------------------------------------------
 
     def expects_checkpoint(self, peer_id: str, epoch: int) -> bool:
-        return (peer_id, epoch) in self.expected_checkpoints
+        return self.checkpoint_requests.expects(peer_id, epoch)
+
+    def checkpoint_upload(self, peer_id: str, epoch: int, started: bool) -> None:
+        """An asked-for upload began (it is waited for however long it takes), or ended
+        without a stored file (the chore goes to another)."""
+        if started:
+            self.checkpoint_requests.started(peer_id, epoch)
+        else:
+            self.checkpoint_requests.ended(peer_id, epoch)
 
     def checkpoint_stored(self, peer_id: str, info: CheckpointInfo) -> None:
-        self.expected_checkpoints.discard((peer_id, info.epoch))
+        self.checkpoint_requests.ended(peer_id, info.epoch)
         if self.checkpoint is None or info.epoch >= self.checkpoint.epoch:
             self.checkpoint = info
 

@@ -36,6 +36,7 @@ from engine.wire.control import AuditDone, RoundDone, Step
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from engine.backbone.tracker.checkpoint_requests import CheckpointRequests
     from engine.backbone.tracker.checks import Auditor
     from engine.backbone.tracker.heldout import HeldOutScores
     from engine.backbone.tracker.membership import Members, PeerState
@@ -68,7 +69,7 @@ class SettlingTracker(Protocol):
     round: OpenRound | None
     epoch: int
     state_sha256: str | None
-    expected_checkpoints: set[tuple[str, int]]
+    checkpoint_requests: CheckpointRequests
 
     def resync(self, peer: PeerState, reason: str) -> list[Out]: ...
 
@@ -190,7 +191,7 @@ class Settlement:
         trainers = [p for p in rnd.group if p not in rnd.auxiliary]
         t.heldout.settled(step.epoch, digest, evaluators(trainers, step.epoch, t.project.evaluate_every))
         if rnd.checkpoint_by is not None and not rnd.recovering:
-            t.expected_checkpoints.add((rnd.checkpoint_by, t.epoch))
+            t.checkpoint_requests.ask(rnd.checkpoint_by, t.epoch)
         t.pairs.exchanged(p for p, o in rnd.outcomes.items() if rnd.holds_settled(o))
         for member, outcome in rnd.outcomes.items():
             peer = t.members.get(member)

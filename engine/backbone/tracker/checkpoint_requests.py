@@ -1,0 +1,68 @@
+"""The checkpoints the backbone asked peers to upload, and which of those it still waits for.
+
+A request lives while its upload may still come: until the file is stored, the upload fails,
+the peer leaves, or its patience passes: ``START_PATIENCE`` for an upload to begin, and
+``UPLOAD_PATIENCE`` for one under way (a slow upload may still land after that; it is only
+no longer what the next request waits on). A peer that never uploads ranks last for the
+chore only until its request lapses. The next checkpoint is due from the newest epoch still
+on its way, not from the last one stored: a 270-MB state takes minutes on a home uplink,
+and asking again every round meanwhile would start second uploads of the same chore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# A peer asked in a RoundStart uploads once the round settles and its state is encoded:
+# seconds, or a minute for a large state on a slow disk.
+START_PATIENCE = 300.0
+UPLOAD_PATIENCE = 3600.0  # a 2-GB state over 5 Mbit/s
+
+
+@dataclass
+class _Request:
+    since: float  # asked, or its upload began
+    started: bool = False
+
+    def lapsed(self, now: float) -> bool:
+        return now - self.since >= (UPLOAD_PATIENCE if self.started else START_PATIENCE)
+
+
+class CheckpointRequests:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._requests: dict[tuple[str, int], _Request] = {}
+
+    def ask(self, peer_id: str, epoch: int) -> None:
+        self._requests[(peer_id, epoch)] = _Request(self._clock())
+
+    def expects(self, peer_id: str, epoch: int) -> bool:
+        self._expire()
+        return (peer_id, epoch) in self._requests
+
+    def started(self, peer_id: str, epoch: int) -> None:
+        request = self._requests.get((peer_id, epoch))
+        if request is not None:
+            request.started, request.since = True, self._clock()
+
+    def ended(self, peer_id: str, epoch: int) -> None:
+        """Its upload ended, stored or not: a failed one is not waited for any more."""
+        self._requests.pop((peer_id, epoch), None)
+
+    def left(self, peer_id: str) -> None:
+        self._requests = {key: r for key, r in self._requests.items() if key[0] != peer_id}
+
+    def uploading(self) -> set[str]:
+        """Peers that owe an upload: asked, and not given up on."""
+        self._expire()
+        return {peer for peer, _ in self._requests}
+
+    def newest_epoch(self) -> int | None:
+        """The newest epoch whose checkpoint is still on its way (None: none is)."""
+        self._expire()
+        return max((epoch for _, epoch in self._requests), default=None)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        self._requests = {key: r for key, r in self._requests.items() if not r.lapsed(now)}
