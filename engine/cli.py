@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "machine with a good connection but no useful compute)")
     peer.add_argument("--name", default="", help="name shown to others")
     peer.add_argument("--max-epochs", type=whole(1), default=None, help="leave after this epoch")
+    peer.add_argument("--save-state", metavar="FILE", default=None,
+                      help="as the peer leaves, write the model and optimizer state it holds to FILE")
     peer.add_argument("--threads", type=whole(1, 1024), default=None, help="compute threads")
     peer.add_argument("--data", default=None, help="folder of text files to train on")
     peer.add_argument("--data-seed", type=int, default=None, help=argparse.SUPPRESS)
@@ -297,6 +299,7 @@ async def _peer(args: argparse.Namespace) -> int:
         max_epochs=args.max_epochs, threads=args.threads, data_dir=args.data,
         data_seed=args.data_seed, slowdown=args.slowdown, ice_addresses=args.ice_address,
         user_token=token, limits=limits, relay_only=args.relay_only, auxiliary=args.aux,
+        save_state=args.save_state,
     )
     kind = AuxiliaryPeer if args.aux else Peer
     peer = kind(options, ConsoleReporter(json_lines=args.json))

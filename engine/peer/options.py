@@ -22,4 +22,5 @@ class PeerOptions:
     reconnect_for: float = 600.0  # seconds to keep trying when the backbone goes away
     limits: Limits = field(default_factory=Limits)
     relay_only: bool = False  # connect to other peers through TURN only
+    save_state: str | None = None  # a file to write the state we hold to as we leave
     auxiliary: bool = False  # reduce parts of rounds only: no training (engine/peer/auxiliary.py)

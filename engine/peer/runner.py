@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Callable, Coroutine
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from engine.peer.progress import ProgressReporter
 from engine.peer.project_data import project_task
 from engine.peer.round_pipeline import RoundPipeline
 from engine.peer.rounds import Rounds
+from engine.peer.saved_state import save_state
 from engine.peer.state_sync import StateSync
 from engine.peer.training_loop import data_seed, heartbeat_loop, training_loop, warm_up
 from engine.project import ProjectSpec
@@ -279,6 +281,12 @@ class Peer:
         return initial_model(self.task, self.client.join_reply.project.seed)
 
     async def _shutdown(self) -> None:
+        # (First: a user waits for it, and the uploads below may take minutes.)
+        if self.options.save_state is not None and self._opt is not None:
+            if self._opt.synced:
+                await save_state(self._opt, Path(self.options.save_state))
+            else:
+                log.warning("not saving the state: this peer holds none of the collaboration's")
         pending = [t for t in self.rounds.uploads if not t.done()]
         if pending:
             # The collaboration asked us for this checkpoint; if we are the last peer to

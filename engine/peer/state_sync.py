@@ -132,7 +132,7 @@ class StateSync:
                 digest = await self._fetch(plan)
             except (SyncError, LinkClosed, ProtocolError, BackboneError, asyncio.TimeoutError) as exc:
                 log.warning("getting the state from %s failed: %s", self._last_donor or "the backbone",
-                            exc or type(exc).__name__)
+                            str(exc) or type(exc).__name__)
                 if self._last_donor:
                     if isinstance(exc, BadDonorState):
                         await self.client.send(BadState(self._last_donor, str(exc)[:1000]))

@@ -19,8 +19,9 @@ without a byte and lose its round). One JSON line per system and configuration:
 - bytes per sample: what the peers' cables carried to each other between those steps (to
   the backbone's machine not: it is the project owner's, and its checkpoints are there for
   the measure);
-- the held-out loss at the end (16 batches no peer trains on): of the backbone's newest
-  checkpoint for Cotrain, of the first peer's model for hivemind.
+- the held-out loss at the end (16 batches no peer trains on): for Cotrain, of the newest
+  settled state its peers saved as they left (``--save-state``: a checkpoint of it could
+  still be on its way up a home link); for hivemind, of its first peer's model.
 
     sudo python -m tests.bench.collaboration [--json] [--quick] [--seconds S] [--only TEXT]
 
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.project import CompressionMethod, LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
+from engine.wire.tensors import decode_file
 from tests.bench.local_mode import held_out_loss, sent_bytes
 from tests.collab.harness import TINY, tiny_project
 from tests.collab.processes import PeerProcess, terminate, write_catalog
@@ -196,8 +198,9 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
         for i, host in enumerate(hosts):
             down, up, _ = LINKS[i]
             caps = ["--max-upload", str(kilobytes(up)), "--max-download", str(kilobytes(down))]
-            peers.append(await spawn_peer_in(host, url, spec.id, f"{config.replace(' ', '-')}-{i}", workdir,
-                                             "--data-seed", str(i), *caps))
+            name = f"{config.replace(' ', '-')}-{i}"
+            peers.append(await spawn_peer_in(host, url, spec.id, name, workdir, "--data-seed", str(i),
+                                             "--save-state", str(workdir / f"{name}.state"), *caps))
         async with CableMeter(hosts, server) as meter:
             await until(lambda: any(p.epochs for p in peers), budget, f"{config}: a first step")
             first = max(p.epoch for p in peers)
@@ -220,9 +223,20 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
         p95 = first_bytes[int(0.95 * (len(first_bytes) - 1))]
         outcome.extra |= {"first_byte_ms_median": round(1000 * statistics.median(first_bytes), 1),
                          "first_byte_ms_p95": round(1000 * p95, 1)}
-    if any((workdir / f"backbone-{port}").glob("**/*.ckpt")):  # (none: no step reached it)
-        outcome.loss = held_out_loss(workdir / f"backbone-{port}", spec)[1]
+    # The loss of the state the peers held as the time ran out (a checkpoint of it could
+    # still be on its way up a home link), the newest that the collaboration settled on.
+    settled = {(e["epoch"], e["state_sha256"]) for p in peers for e in p.epochs}
+    final = [f for p in peers if (f := workdir / f"{p.name}.state").exists() and held_settled(f, settled)]
+    if final:  # (none: no step was reached)
+        outcome.extra["held_out_epoch"], outcome.loss = held_out_loss(final, spec)
+    for p in peers:  # (hundreds of MB each)
+        (workdir / f"{p.name}.state").unlink(missing_ok=True)
     return outcome
+
+
+def held_settled(path: Path, settled: set[tuple[int, str]]) -> bool:
+    state = decode_file(path.read_bytes())
+    return (state.index.meta.epoch, state.state_sha256()) in settled
 
 
 @dataclass

@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,15 +103,15 @@ def sent_bytes(host: Host, server: str) -> tuple[int, int]:
     return total, to_server
 
 
-def held_out_loss(data_dir: Path, spec: ProjectSpec) -> tuple[int, float]:
-    """(epoch, loss) of the newest checkpoint the backbone holds (its files are named by
-    their content: the newest is the one of the highest epoch)."""
+def held_out_loss(files: Iterable[Path], spec: ProjectSpec) -> tuple[int, float]:
+    """(epoch, loss) of the newest of these state files (checkpoints, or what peers saved as
+    they left: the same format)."""
     newest = None
-    for path in data_dir.glob("**/*.ckpt"):  # (one state in memory at a time, and the newest)
+    for path in files:  # (one state in memory at a time, and the newest)
         state = decode_file(path.read_bytes())
         if newest is None or state.index.meta.epoch > newest.index.meta.epoch:
             newest = state
-    assert newest is not None, f"no checkpoint in {data_dir}"
+    assert newest is not None, "no state file"
     task = create_task(spec.task, dict(spec.task_params))
     model = initial_model(task, spec.seed)
     optimizer = collaboration_optimizer(spec, model)
@@ -143,7 +144,7 @@ async def run(net, workdir: Path, label: str, spec: ProjectSpec, port: int, budg
         await terminate(*peers)
         backbone.stop()
     steps = {e["epoch"]: e["samples"] for p in peers for e in p.epochs}
-    epoch, loss = held_out_loss(workdir / f"backbone-{port}", spec)
+    epoch, loss = held_out_loss((workdir / f"backbone-{port}").glob("**/*.ckpt"), spec)
     in_all = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     to_server = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     samples = sum(s for e, s in steps.items() if e > first)

@@ -11,6 +11,7 @@ from pydoc_data.topics import topics
 
 import pytest
 
+from engine.wire.tensors import decode_file
 from tests.collab.processes import spawn_peer, terminate
 
 pytestmark = pytest.mark.slow
@@ -52,7 +53,8 @@ async def test_the_readme_commands_take_a_folder_of_texts_to_a_running_collabora
         url = re.search(rb"backbone listening on (\S+)", line)
         assert url, line
         peer = await spawn_peer(url.group(1).decode(), "my-project", "volunteer", tmp_path,
-                                "--max-epochs", "2", env={"COTRAIN_HOME": str(tmp_path / "volunteer")})
+                                "--max-epochs", "2", "--save-state", str(tmp_path / "my-model.state"),
+                                env={"COTRAIN_HOME": str(tmp_path / "volunteer")})
         await peer.reached(2, timeout=240)
     finally:
         if peer is not None:
@@ -60,3 +62,7 @@ async def test_the_readme_commands_take_a_folder_of_texts_to_a_running_collabora
         backbone.terminate()
         await asyncio.wait_for(backbone.wait(), 30)
     assert all(line["peers"] == 1 and line["loss"] > 0 for line in peer.epochs)
+    # The volunteer keeps the model it trained: the state of its last step, whole.
+    saved = decode_file((tmp_path / "my-model.state").read_bytes())
+    last = peer.epochs[-1]
+    assert (saved.index.meta.epoch, saved.state_sha256()) == (last["epoch"], last["state_sha256"])
