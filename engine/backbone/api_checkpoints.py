@@ -79,7 +79,8 @@ async def put_checkpoint(request: web.Request) -> web.Response:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length,
                                             text=f"checkpoint larger than {limit} bytes")
     tracker = backbone.trackers[spec.id]
-    tracker.checkpoint_upload(peer_id, epoch, started=True)
+    if not tracker.checkpoint_upload(peer_id, epoch, started=True):
+        raise web.HTTPConflict(text=f"your upload of the checkpoint of epoch {epoch} is under way")
     stored = False
     try:
         _, digest, size = await backbone.files.receive(

@@ -282,13 +282,17 @@ class Peer:
 
     async def _shutdown(self) -> None:
         # (First: a user waits for it, and the uploads below may take minutes.)
+        stopped_again = False
         if self.options.save_state is not None and self._opt is not None:
             if self._opt.synced:
-                await save_state(self._opt, Path(self.options.save_state))
+                try:
+                    await save_state(self._opt, Path(self.options.save_state))
+                except asyncio.CancelledError:
+                    stopped_again = True  # (saved) leave now: no wait for uploads
             else:
                 log.warning("not saving the state: this peer holds none of the collaboration's")
         pending = [t for t in self.rounds.uploads if not t.done()]
-        if pending:
+        if pending and not stopped_again:
             # The collaboration asked us for this checkpoint; if we are the last peer to
             # leave, it is the state the next one resumes from.
             await asyncio.wait(pending, timeout=CHECKPOINT_UPLOAD_TIMEOUT)
@@ -301,6 +305,8 @@ class Peer:
         if self._opt is not None:
             self._opt.thread.shutdown()
             self._opt.hash.close()
+        if stopped_again:
+            raise asyncio.CancelledError
 
     # --- catching up --------------------------------------------------------------------
 

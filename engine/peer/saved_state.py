@@ -18,13 +18,16 @@ log = logging.getLogger(__name__)
 
 async def save_state(optimizer: CollaborativeOptimizer, path: Path) -> None:
     """Save, even when asked to stop again meanwhile (a peer leaving at ``--max-epochs`` as
-    its user presses Ctrl-C): that stop waits for the file, then goes on."""
+    its user presses Ctrl-C, once or more): such a stop waits for the file, then is raised."""
     saving = asyncio.ensure_future(_save(optimizer, path))
-    try:
-        await asyncio.shield(saving)
-    except asyncio.CancelledError:
-        await saving
-        raise
+    stopped = False
+    while not saving.done():
+        try:
+            await asyncio.shield(saving)
+        except asyncio.CancelledError:
+            stopped = True
+    if stopped:
+        raise asyncio.CancelledError
 
 
 async def _save(optimizer: CollaborativeOptimizer, path: Path) -> None:
@@ -33,11 +36,15 @@ async def _save(optimizer: CollaborativeOptimizer, path: Path) -> None:
 
     def write() -> None:
         partial = path.with_name(f".{path.name}.partial")
-        with open(partial, "wb") as out:
-            out.write(encode_file(index, payload))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, path)
+        try:
+            with open(partial, "wb") as out:
+                out.write(encode_file(index, payload))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(partial, path)
+        except OSError:
+            partial.unlink(missing_ok=True)
+            raise
 
     try:
         await asyncio.to_thread(write)

@@ -581,11 +581,35 @@ def test_a_checkpoint_upload_under_way_is_waited_for_and_a_broken_one_is_not(clo
     start = open_round(t, {"b": 0, "a": 100})
     for p in ("a", "b"):
         t.handle(p, done(start, "h1"))
-    t.checkpoint_upload("a", 1, started=True)
+    assert t.checkpoint_upload("a", 1, started=True)
+    assert not t.checkpoint_upload("a", 1, started=True)  # one upload at a time
     clock.now += 2 * START_PATIENCE  # a slow uplink: still uploading
     assert t.expects_checkpoint("a", 1)
     t.checkpoint_upload("a", 1, started=False)  # its connection broke
     assert not t.expects_checkpoint("a", 1)
+
+
+def test_a_peer_whose_uploads_fail_loses_the_chore_to_one_that_delivers(clock):
+    """Before: a failed upload freed its peer at once, so one claiming the fastest uplink
+    that failed every upload was asked every round, and nobody else ever."""
+    t = ready_tracker(clock, peers=("a", "b"), checkpoint_every=1)
+    uploads = {"a": 1e9, "b": 1e6}  # a claims the faster uplink
+    chosen = []
+    for epoch in range(4):
+        clock.now += 6.0
+        starts = []
+        for peer, up in uploads.items():
+            starts += sent(t.handle(peer, Progress(t.epoch, 60, 10.0, upload=up, download=up)), RoundStart)
+        start = starts[0][1]
+        chosen.append(start.checkpoint_by)
+        for p in uploads:
+            t.handle(p, done(start, f"h{epoch + 1}"))
+        if start.checkpoint_by == "a":  # a fails at once, every time
+            assert t.checkpoint_upload("a", epoch + 1, started=True)
+            t.checkpoint_upload("a", epoch + 1, started=False)
+        else:
+            t.checkpoint_stored("b", CheckpointInfo(epoch + 1, "s", "p", 1, "/"))
+    assert chosen == ["a", "b", "b", "b"]
 
 
 def test_status_estimates_time_to_the_next_step(clock):

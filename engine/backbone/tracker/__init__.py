@@ -92,7 +92,8 @@ class Tracker:
         self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
                                    join_grace=join_grace, last_round_id=last_round_id,
                                    equal_shares=equal_shares)
-        self.scheduler.uploading = self.checkpoint_requests.uploading
+        requests = self.checkpoint_requests
+        self.scheduler.chore_load = lambda peer: (peer in requests.uploading(), requests.failures(peer))
         # After a restart the peers holding the recorded epoch are reconnecting, each after
         # its own backoff: for this long, a peer asking for the state waits for them rather
         # than the collaboration going back to an older checkpoint (or starting over).
@@ -256,16 +257,16 @@ class Tracker:
     def expects_checkpoint(self, peer_id: str, epoch: int) -> bool:
         return self.checkpoint_requests.expects(peer_id, epoch)
 
-    def checkpoint_upload(self, peer_id: str, epoch: int, started: bool) -> None:
-        """An asked-for upload began (it is waited for however long it takes), or ended
-        without a stored file (the chore goes to another)."""
+    def checkpoint_upload(self, peer_id: str, epoch: int, started: bool) -> bool:
+        """An asked-for upload began (it is waited for however long it takes; False if one
+        already runs), or ended without a stored file (the chore goes to another)."""
         if started:
-            self.checkpoint_requests.started(peer_id, epoch)
-        else:
-            self.checkpoint_requests.ended(peer_id, epoch)
+            return self.checkpoint_requests.started(peer_id, epoch)
+        self.checkpoint_requests.ended(peer_id, epoch, stored=False)
+        return True
 
     def checkpoint_stored(self, peer_id: str, info: CheckpointInfo) -> None:
-        self.checkpoint_requests.ended(peer_id, info.epoch)
+        self.checkpoint_requests.ended(peer_id, info.epoch, stored=True)
         if self.checkpoint is None or info.epoch >= self.checkpoint.epoch:
             self.checkpoint = info
 

@@ -33,6 +33,11 @@ class CheckpointRequests:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._requests: dict[tuple[str, int], _Request] = {}
+        # Per peer, requests that failed or lapsed since its last stored upload: it ranks
+        # behind peers with fewer for the next chore (else a peer claiming the fastest
+        # uplink that fails every upload at once would be asked every round, and nobody
+        # else ever).
+        self._failures: dict[str, int] = {}
 
     def ask(self, peer_id: str, epoch: int) -> None:
         self._requests[(peer_id, epoch)] = _Request(self._clock())
@@ -41,22 +46,35 @@ class CheckpointRequests:
         self._expire()
         return (peer_id, epoch) in self._requests
 
-    def started(self, peer_id: str, epoch: int) -> None:
+    def started(self, peer_id: str, epoch: int) -> bool:
+        """An upload of an asked-for checkpoint began; False if one already runs (one at a
+        time: a second would restart the patience, and its failure end the first)."""
         request = self._requests.get((peer_id, epoch))
-        if request is not None:
-            request.started, request.since = True, self._clock()
+        if request is None or request.started:
+            return False
+        request.started, request.since = True, self._clock()
+        return True
 
-    def ended(self, peer_id: str, epoch: int) -> None:
-        """Its upload ended, stored or not: a failed one is not waited for any more."""
-        self._requests.pop((peer_id, epoch), None)
+    def ended(self, peer_id: str, epoch: int, stored: bool) -> None:
+        """Its upload ended: a failed one is not waited for any more, and counts against
+        its peer; a stored one clears the peer's record."""
+        request = self._requests.pop((peer_id, epoch), None)
+        if stored:  # (even past its patience: it delivered)
+            self._failures.pop(peer_id, None)
+        elif request is not None:
+            self._failures[peer_id] = self._failures.get(peer_id, 0) + 1
 
     def left(self, peer_id: str) -> None:
         self._requests = {key: r for key, r in self._requests.items() if key[0] != peer_id}
+        self._failures.pop(peer_id, None)
 
     def uploading(self) -> set[str]:
         """Peers that owe an upload: asked, and not given up on."""
         self._expire()
         return {peer for peer, _ in self._requests}
+
+    def failures(self, peer_id: str) -> int:
+        return self._failures.get(peer_id, 0)
 
     def newest_epoch(self) -> int | None:
         """The newest epoch whose checkpoint is still on its way (None: none is)."""
@@ -65,4 +83,7 @@ class CheckpointRequests:
 
     def _expire(self) -> None:
         now = self._clock()
+        for (peer, _), request in list(self._requests.items()):
+            if request.lapsed(now):
+                self._failures[peer] = self._failures.get(peer, 0) + 1
         self._requests = {key: r for key, r in self._requests.items() if not r.lapsed(now)}

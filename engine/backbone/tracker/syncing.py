@@ -62,13 +62,15 @@ class StateSources:
         donor it was sent to."""
         donor = self.t.members.get(msg.peer)
         if donor is not None and donor is not peer and peer.donor == msg.peer:
-            donor.accusers.add(peer.peer_id)
-            log.warning("%s: %s says %s served bad state: %s", self.t.project.id, peer.peer_id, msg.peer,
-                        msg.reason)
-        else:
-            why = "it is no member now" if donor is None else "it was not the donor named to it"
-            log.info("%s: %s blames %s for bad state, not counted: %s", self.t.project.id, peer.peer_id,
-                     msg.peer, why)
+            if peer.peer_id not in donor.accusers:  # (logged once: the reason is a stranger's text)
+                donor.accusers.add(peer.peer_id)
+                log.warning("%s: %s says %s served bad state: %r", self.t.project.id, peer.peer_id,
+                            msg.peer, msg.reason[:200])
+        elif donor is None and peer.donor == msg.peer and peer.syncing_since is not None:
+            # The joiner's word on a donor that left as it served: logged once per download.
+            peer.donor = None
+            log.info("%s: %s blames %s for bad state, not counted: it is no member now",
+                     self.t.project.id, peer.peer_id, msg.peer)
         return []
 
     def answer_waiting(self, patient: bool) -> list[Out]:
