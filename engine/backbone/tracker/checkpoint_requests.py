@@ -83,7 +83,5 @@ class CheckpointRequests:
 
     def _expire(self) -> None:
         now = self._clock()
-        for (peer, _), request in list(self._requests.items()):
-            if request.lapsed(now):
-                self._failures[peer] = self._failures.get(peer, 0) + 1
-        self._requests = {key: r for key, r in self._requests.items() if not r.lapsed(now)}
+        for key in [key for key, r in self._requests.items() if r.lapsed(now)]:
+            self.ended(*key, stored=False)
