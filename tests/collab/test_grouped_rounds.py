@@ -117,26 +117,15 @@ async def test_powersgd_rounds_in_groups_hold_one_state_and_check_out(tmp_path):
     assert all(e["loss"] < peers[0].epochs[0]["loss"] for p in peers for e in p.epochs[EPOCHS - 1:EPOCHS])
 
 
-async def test_every_part_of_a_grouped_round_checks_out_when_every_part_is_checked(tmp_path, report_figure):
-    """With verify_probability 1, every part at both levels is rechecked by another peer
-    before its round settles: the level-1 parts against what their reducers sent on."""
-    checks: list[int] = []
-    peers, starts = await collaboration(tmp_path, GROUP_SIZE, checks,
-                                        aggregation=AggregationSpec(verify_probability=1.0))
-    assert_grouped_with_one_state(peers, starts)
-    drawn, caught = checks
-    # Each round: a slot's part in each of the three groups at level 1, and its pieces at
-    # level 2, at least (the LP may give every other slot, or piece, nothing to hold).
-    assert drawn >= EPOCHS * (PEERS // GROUP_SIZE + 1) and caught == 0
-    report_figure(f"{drawn} parts of {EPOCHS}+ grouped rounds checked, none wrong")
-
-
 async def test_a_slot_reducer_killed_as_its_round_begins_is_replaced_and_that_round_settles(
         tmp_path, report_figure):
     """SIGKILL a slot reducer as its grouped round starts: the backbone hands its slot to a
     member of its group, which reduces it there and finishes its pieces with the other
     groups' reducers of that slot; the same round settles (no redo), every survivor on one
-    state, every part checked and none wrong, and the dead peer credited with nothing."""
+    state, every part checked and none wrong, and the dead peer credited with nothing.
+    Before it, every part at both levels of the grouped rounds all twelve took is rechecked
+    by another peer before its round settles: the level-1 parts against what their reducers
+    sent on."""
     project = tiny_project(target_batch_size=240, round_timeout=60, group_size=GROUP_SIZE,
                            aggregation=AggregationSpec(verify_probability=1.0))
     async with running_backbone(tmp_path, project) as backbone:
@@ -172,7 +161,12 @@ async def test_a_slot_reducer_killed_as_its_round_begins_is_replaced_and_that_ro
     step, credited = settled_without_a_redo(recorded, start, survivors)
     assert tracker.backups.reassigned >= 1
     assert len(credited) == PEERS - 1 and chosen[0] not in credited
-    assert tracker.audits.drawn > 0 and tracker.audits.caught == 0
+    for epoch in (1, 2):
+        hashes = {e["state_sha256"] for p in peers for e in p.epochs if e["epoch"] == epoch}
+        assert len(hashes) == 1, f"epoch {epoch}: {len(hashes)} states"
+    # Each of those rounds: a slot's part in each of the three groups at level 1, and its
+    # pieces at level 2, at least (the LP may give every other slot, or piece, nothing).
+    assert tracker.audits.drawn >= 2 * (PEERS // GROUP_SIZE + 1) and tracker.audits.caught == 0
     report_figure(f"slot reducer killed as grouped round {start.round_id} began: its backup took the slot, "
                   f"the round settled in {step.round_seconds:.1f} s (timeout {project.round_timeout} s), "
                   f"one state on {len(survivors)} survivors, {tracker.audits.drawn} parts checked, "
