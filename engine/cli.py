@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from engine import __version__, aio
 from engine.authoring.commands import add_project_parser, run_project_command
@@ -185,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--catalog", type=Path, default=None, help="projects of the local backbone")
     _add_logging(worker)
     return parser
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The ``cotrain`` program: ``main``, then out without the interpreter's teardown."""
+    code = main(argv)
+    from engine.program_exit import leave
+
+    leave(code)
 
 
 def main(argv: list[str] | None = None) -> int:

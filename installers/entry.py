@@ -7,13 +7,12 @@ a child may import aiortc.
 """
 
 import multiprocessing
-import sys
 
 from engine.transport.without_media import install_if_missing
 
 if __name__ == "__main__":
     install_if_missing()
     multiprocessing.freeze_support()
-    from engine.cli import main
+    from engine.cli import run
 
-    sys.exit(main())
+    run()

@@ -43,4 +43,4 @@ if __name__ == "__main__":
         Audits._check = silent  # type: ignore[method-assign]
     else:
         Audits._verdict = lying  # type: ignore[method-assign]
-    sys.exit(cli.main())
+    cli.run()

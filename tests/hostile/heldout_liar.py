@@ -24,4 +24,4 @@ rounds.score_heldout = claim_perfect
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    sys.exit(cli.main(sys.argv[1:]))
+    cli.run(sys.argv[1:])

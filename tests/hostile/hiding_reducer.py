@@ -4,7 +4,6 @@ expelled as a reducer found wrong is. Started like ``cotrain peer``; it logs "hi
 of round R" each time."""
 
 import logging
-import sys
 
 from engine import cli
 from engine.peer.checking import Audits
@@ -24,4 +23,4 @@ async def hide(self: Audits, msg: Audit) -> None:
 if __name__ == "__main__":
     wrong_reducer.install()
     Audits._send_inputs = hide  # type: ignore[method-assign]
-    sys.exit(cli.main())
+    cli.run()

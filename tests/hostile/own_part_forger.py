@@ -7,7 +7,6 @@ logs "lied in round N (forged its own part...)" each time, from the test's SIGUS
 reduces honestly: tests/hostile/wrong_reducer.py has the cue)."""
 
 import logging
-import sys
 
 import torch
 
@@ -38,4 +37,4 @@ def forged_combine(self, contributions):
 if __name__ == "__main__":
     wrong_reducer.install()
     tensor_parts.TensorPartReducer.combine = forged_combine
-    sys.exit(cli.main())
+    cli.run()

@@ -5,7 +5,6 @@ strikes, gone. Started like ``cotrain peer``; it logs "reconnecting after round 
 
 import asyncio
 import logging
-import sys
 
 from engine import cli
 from engine.averaging import tensor_parts
@@ -47,4 +46,4 @@ if __name__ == "__main__":
     wrong_reducer.install()
     tensor_parts.TensorPartReducer.combine = combine_then_reconnect
     ControlClient.connect = remembered_connect  # type: ignore[method-assign]
-    sys.exit(cli.main())
+    cli.run()

@@ -12,7 +12,6 @@ honest peers', so it reduces in rounds they check) it reduces honestly."""
 import logging
 import os
 import signal
-import sys
 
 from engine import cli
 from engine.averaging import tensor_parts
@@ -53,4 +52,4 @@ def install(lies: bool = True) -> None:
 
 if __name__ == "__main__":
     install()
-    sys.exit(cli.main())
+    cli.run()
