@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from engine.tasks.images import TORCHVISION_MODELS
-from tests.torchvision_venv import INSTALL_SECONDS, ROOT, torchvision_python
+from tests.torchvision_venv import INSTALL_SECONDS, ROOT, env, torchvision_python
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,8 @@ def test_torchvision_models_train_and_match_one_large_batch_process():
     python = torchvision_python()
     command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *TESTS]
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RUN_SECONDS)
+        done = subprocess.run(command, cwd=ROOT, env=env(), capture_output=True, text=True,
+                              timeout=RUN_SECONDS)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the tests did not end within {RUN_SECONDS} s: {exc.stdout!r}") from None
     report = done.stdout + done.stderr
