@@ -66,7 +66,7 @@ class Rounds:
 
 async def round_seconds(network, tmp_path, port: int, *args: str, auxiliary: bool = False) -> Rounds:
     catalog = write_catalog(tmp_path / f"catalog-{port}.json", tiny_project(
-        id=PROJECT, task_params=MODEL, target_batch_size=256, round_timeout=120))
+        id=PROJECT, task_params=MODEL, target_batch_size=128, round_timeout=120))
     backbone, url = network.backbone(port, *args, catalog=catalog)
     peers = []
     try:
