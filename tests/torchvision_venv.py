@@ -22,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # (the README's Python 3.10)
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-torchvision"
