@@ -1,0 +1,72 @@
+"""Who uploads the checkpoints: a peer claiming the wire's fastest uplink that breaks every
+checkpoint it is asked for (tests/hostile/checkpoint_shirker.py), beside two honest
+`cotrain peer` processes, joining again as a new identity after each break. Before: the
+chore went to the fastest claim, and a failed upload freed its peer at once, so such a
+peer was asked for every checkpoint and none was ever stored (found in review, and tested
+then in the tracker alone)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.wire.types import MAX_RATE
+from tests.hostile.collaboration import Collaboration, HonestPeer, Process, hostile_project
+from tests.hostile.cued import start_cued
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+CHECKPOINT_EVERY = 4
+IDENTITIES = 3
+
+
+def epochs_logged(process: Process, words: str) -> list[int]:
+    return [int(line.split(words, 1)[1].split()[0]) for line in process.tail(10**7).splitlines()
+            if words in line]
+
+
+def stored(collab: Collaboration) -> list[int]:
+    assert collab.backbone is not None
+    return epochs_logged(collab.backbone, "stored checkpoint of epoch ")
+
+
+def broken(shirker: HonestPeer) -> list[int]:
+    return epochs_logged(shirker, "broke the checkpoint of epoch ")
+
+
+async def test_a_fast_claim_that_breaks_its_checkpoints_costs_one_each_time_it_joins(tmp_path, report_figure):
+    collab = Collaboration(tmp_path, project=hostile_project(checkpoint_every=CHECKPOINT_EVERY), peers=2,
+                           backbone_args=("-v",))  # (its log names each checkpoint stored)
+    collab.start_backbone()
+    honest = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(2)]
+    shirkers: list[HonestPeer] = []
+    try:
+        for identity in range(IDENTITIES):
+            shirker = await start_cued(collab, "tests.hostile.checkpoint_shirker", honest,
+                                       name=f"shirker-{identity}")
+            shirkers.append(shirker)
+            await collab.until(lambda: broken(shirker), 120, f"{shirker.name} asked for a checkpoint")  # noqa: B023
+            first = broken(shirker)[0]
+            # The chore passes to an honest peer while the shirker is still a member.
+            await collab.until(lambda: any(e > first for e in stored(collab)), 60,  # noqa: B023
+                               f"a checkpoint stored after the one {shirker.name} broke")
+            shirker.stop()  # ... and it comes back as a stranger with a clean record
+            collab.peers.remove(shirker)
+        last_epoch = collab.epoch
+        assert all(p.alive for p in collab.processes())
+    finally:
+        collab.stop()
+    breaks = [broken(s) for s in shirkers]
+    kept = stored(collab)
+    report_figure(f"a peer claiming a {MAX_RATE:.0e} B/s uplink that breaks every checkpoint, {IDENTITIES} "
+                  f"identities in turn: it broke those of epochs {breaks}; the backbone stored those of "
+                  f"epochs {kept}")
+    for epochs in breaks:
+        # Its claim buys the chore once; then it ranks behind every voter that delivers (a
+        # second only while both honest peers were still uploading one each).
+        assert 1 <= len(epochs) <= 2, breaks
+        # Each break delays the collaboration's checkpoint by a round or so, never by more
+        # than the interval between two.
+        assert any(0 < e - epochs[0] <= CHECKPOINT_EVERY for e in kept), (epochs, kept)
+    for epoch in range(1, last_epoch + 1):
+        hashes = {e["state_sha256"] for p in honest for e in p.epochs if e["epoch"] == epoch}
+        assert len(hashes) <= 1, f"epoch {epoch}: the honest peers' states differ"
