@@ -17,7 +17,8 @@ leave(3)
 
 def test_leaving_keeps_the_exit_code_the_output_the_log_and_the_atexit_handlers(tmp_path):
     log = tmp_path / "peer.log"
-    done = subprocess.run([sys.executable, "-c", PROGRAM, str(log)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", PROGRAM, str(log)], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 3
     assert done.stdout == "last line, not yet flushed"
     assert done.stderr == "handler ran"
