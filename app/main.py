@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None, background: bool = False) -> int:
     app.finished.connect(lambda: qt.exit(0))
     app.start()
     code = qt.exec()
+    if app.tray is not None:
+        app.tray.hide()  # (now: the program leaves without Qt's teardown, which would remove it)
     # Queued lookups (a backbone that stopped answering, a LAN browse) must not hold Quit up.
     if not app.controller.client.shutdown(3000):
         log.info("quitting with backbone lookups still running")
