@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 MODULES = ("imports", "wire", "compute", "aggregation", "load_balancing", "verification", "allreduce",
-           "round_start", "backbone_load", "grouped_schedule", "governor", "nat", "local_mode",
-           "collaboration", "gui")
+           "round_start", "backbone_load", "grouped_schedule", "governor", "nat", "shaped_links",
+           "local_mode", "collaboration", "gui")
 
 if __name__ == "__main__":
     flags = [a for a in sys.argv[1:] if a == "--quick"]

@@ -1,130 +1,30 @@
-"""DeDLOC's load balancing on unequal home links: four peers in network namespaces whose
-cables are shaped with token buckets (40/40, 20/5 and 10/2 Mbit/s down/up, and a 40/40 peer
-that reaches the others through TURN only), a model large enough that the links, not the
-CPU, set the pace. The peers measure their links by themselves; the same collaboration runs
-on a backbone that sizes parts with the LP, then on one that gives equal parts -- and both
-again with an auxiliary peer on a 100/100 Mbit/s link (`cotrain peer --aux`)."""
+"""DeDLOC's load balancing on unequal home links (tests/nat/shaped_rounds.py): four peers in
+network namespaces on shaped cables, on a backbone that sizes parts with the LP. Its rounds
+end when the LP predicts. How much that beats equal shares, and the same with an auxiliary
+peer, is measured side by side by `sudo python -m tests.bench.shaped_links`."""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
-
 import pytest
 
-from engine.planning.load_balancing import Member, balance, equal_shares, round_time
-from engine.tasks import create_task, initial_model
-from tests.collab.harness import TINY, tiny_project
-from tests.collab.processes import terminate, write_catalog
-from tests.conftest import until
-from tests.nat.services import spawn_peer_in
+from tests.nat.shaped_rounds import predicted, predicted_gain, round_seconds, vector_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-PROJECT = "shaped-lm"
-MBIT = 125_000.0
-LINKS = {"fast": (40, 40), "mid": (20, 5), "slow": (10, 2), "relayed": (40, 40)}  # down, up
-AUXILIARY = (100, 100)
-MODEL = dict(TINY, d_model=192, heads=4, ff=768, layers=3, micro_batch=2)
-ROUNDS = 4  # timed rounds in which all four peers took part (after a first, connecting, one)
 
 
-def vector_bytes() -> int:
-    model = initial_model(create_task("demo-lm", dict(MODEL)), 0)
-    return 4 * sum(p.numel() for p in model.parameters())
-
-
-def members(auxiliary: bool) -> list[Member]:
-    links = [Member(up * MBIT, down * MBIT, reduces=name != "relayed") for name, (down, up) in LINKS.items()]
-    if auxiliary:
-        down, up = AUXILIARY
-        links.append(Member(up * MBIT, down * MBIT, sends=False))
-    return links
-
-
-def predicted(nbytes: int, auxiliary: bool = False) -> float:
-    return balance(members(auxiliary), nbytes).seconds
-
-
-def predicted_gain(auxiliary: bool) -> float:
-    """How much longer the LP expects equal shares to take."""
-    links = members(auxiliary)
-    return round_time(equal_shares(links), links, 1.0) / balance(links, 1.0).seconds
-
-
-@dataclass
-class Rounds:
-    """The median of ROUNDS full rounds, measured two ways: the longest time a member spent
-    in the round, from its own start (its gradient in hand) to its step -- an early starter
-    also waits for late ones, as a member first finishes the micro-batch under way -- and
-    from the last member's start to the last member's step, which credits the early
-    starters' head start. The first bounds the round's transfer time from above, the second
-    from below."""
-
-    longest_member: float
-    all_in: float
-
-
-async def round_seconds(network, tmp_path, port: int, *args: str, auxiliary: bool = False) -> Rounds:
-    catalog = write_catalog(tmp_path / f"catalog-{port}.json", tiny_project(
-        id=PROJECT, task_params=MODEL, target_batch_size=128, round_timeout=120))
-    backbone, url = network.backbone(port, *args, catalog=catalog)
-    peers = []
-    try:
-        for name, (down, up) in LINKS.items():
-            host = network.topology.public_peer(upload_mbit=up, download_mbit=down)
-            # Compute like a device 20 times slower: a step takes several seconds of it, so all
-            # four are in the first round and none falls behind (a state download on these
-            # links takes seconds too).
-            extra = ["--slowdown", "20", *(["--relay-only"] if name == "relayed" else [])]
-            peers.append(await spawn_peer_in(host, url, PROJECT, f"{name}-{port}", tmp_path, *extra))
-        helpers = []
-        if auxiliary:
-            down, up = AUXILIARY
-            host = network.topology.public_peer(upload_mbit=up, download_mbit=down)
-            helpers.append(await spawn_peer_in(host, url, PROJECT, f"aux-{port}", tmp_path, "--aux"))
-        everyone = len(LINKS) + len(helpers)
-
-        def full(peer) -> dict[int, tuple[float, float]]:
-            return {e["epoch"]: (e["averaging_began"], e["averaging_began"] + e["averaging_seconds"])
-                    for e in peer.epochs if e["peers"] == everyone}
-
-        await until(lambda: len(set.intersection(*(set(full(p)) for p in peers))) > ROUNDS, 600,
-                    f"{ROUNDS + 1} rounds with all {everyone} peers")
-        epochs = sorted(set.intersection(*(set(full(p)) for p in peers)))[1:ROUNDS + 1]
-        spans = [[full(p)[e] for p in peers] for e in epochs]
-        longest = statistics.median(max(end - began for began, end in s) for s in spans)
-        return Rounds(longest, statistics.median(max(e for _, e in s) - max(b for b, _ in s) for s in spans))
-    finally:
-        await terminate(*peers, *helpers)
-        backbone.stop()
-
-
-@pytest.mark.parametrize("auxiliary", [False, True], ids=["four-peers", "with-an-auxiliary-peer"])
-async def test_lp_shares_end_rounds_as_predicted_and_beat_equal_shares(network, tmp_path, report_figure,
-                                                                      auxiliary):
+async def test_lp_shares_end_rounds_as_predicted(network, tmp_path, report_figure):
     nbytes = vector_bytes()
-    expected = predicted(nbytes, auxiliary)
-    port = 8493 if auxiliary else 8491
-    lp = await round_seconds(network, tmp_path, port, auxiliary=auxiliary)
-    equal = await round_seconds(network, tmp_path, port + 1, "--equal-shares", auxiliary=auxiliary)
-    gain = predicted_gain(auxiliary)
-    who = "four peers and an auxiliary one" if auxiliary else "four peers"
-    report_figure(f"{who}, {nbytes / 1e6:.1f} MB vector: LP predicts {expected:.1f} s and {gain:.2f}x over "
-                  f"equal shares; all in to all done {lp.all_in:.1f} s ({lp.all_in / expected:.2f}x), "
-                  f"a member's longest {lp.longest_member:.1f} s ({lp.longest_member / expected:.2f}x); "
-                  f"equal shares {equal.all_in:.1f} s and {equal.longest_member:.1f} s "
-                  f"({equal.all_in / lp.all_in:.2f}x and "
-                  f"{equal.longest_member / lp.longest_member:.2f}x slower)")
+    expected = predicted(nbytes)
+    lp = await round_seconds(network, tmp_path, 8491)
+    report_figure(f"four peers, {nbytes / 1e6:.1f} MB vector: LP predicts {expected:.1f} s "
+                  f"({predicted_gain(False):.2f}x faster than equal shares); all in to all done "
+                  f"{lp.all_in:.1f} s ({lp.all_in / expected:.2f}x), a member's longest "
+                  f"{lp.longest_member:.1f} s ({lp.longest_member / expected:.2f}x)")
     # The LP's model is fluid: a reducer's results flowing out while parts still flow in.
     # Rounds this long come in pieces, so results do flow out while later pieces come in;
     # the data channel still adds ~7% of headers. A member's longest time in a round also
     # holds the others' finishing their micro-batch (on devices slowed 20x), noisy as compute
     # on a shared machine is: held to a looser bound. A 1.8 MB vector keeps the rounds' fixed
-    # costs small next to 7 s of transfer; with 0.8 MB, equal shares measured 1.49-1.64x
-    # slower against the 1.67x predicted.
+    # costs small next to 7 s of transfer.
     assert lp.all_in <= 1.25 * expected
     assert lp.longest_member <= 1.6 * expected
-    # Equal shares: the LP expects 1.67x slower with four peers (the target is 1.5x). With
-    # the auxiliary peer taking the reducing off everyone, the slow uplink's own gradient
-    # sets both paces and the LP itself expects only 1.50x: held to that, less noise.
-    assert equal.all_in >= (0.85 * gain if auxiliary else 1.5) * lp.all_in
