@@ -5,7 +5,10 @@ pins old protobuf and pydantic) with this repository on its path; of Cotrain it 
 task alone (the model and its batches), nothing of the engine's training or networking.
 
 Prints JSON lines: its DHT addresses first (the bench hands them to the other peers), then
-one line per epoch of the collaboration it stepped in, then its held-out loss at the end.
+one line per epoch of the collaboration it stepped in before its time ran out, then (with
+--evaluate) the held-out loss of the parameters it held when it did. A step can block for
+as long as hivemind's averaging timeout, so that loss is taken at the deadline on a copy,
+beside the training thread, not after the step under way ends.
 
     python tests/bench/hivemind_training.py --address 100.64.0.10 --seconds 300 --params '{...}'
 
@@ -19,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -85,12 +89,25 @@ def main() -> None:
         return download(**kwargs)
 
     opt.load_state_from_peers = load_state_from_peers
+
+    def evaluate() -> None:
+        held = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+        epoch = opt.local_epoch
+        copy = initial_model(task, args.seed)
+        copy.load_state_dict(held)
+        with torch.no_grad():
+            losses = [float(task.loss(copy, task.batch(args.heldout_seed, i)))
+                      for i in range(args.heldout_batches)]
+        say(final=True, epoch=epoch, loss=statistics.mean(losses))
+
     say(ready=True)
     sys.stdin.readline()  # every peer built and linked: the bench says go to all at once
     # Samples count once an epoch of the collaboration took them: a step of one epoch after
     # ours. A jump of more (this peer fell behind and downloaded the state) threw them away.
     epoch, pending, applied = opt.local_epoch, 0, 0
     deadline, index = time.monotonic() + args.seconds, 0
+    if args.evaluate:
+        threading.Timer(args.seconds, evaluate).start()
     while time.monotonic() < deadline:
         batch = task.batch(args.data_seed, index)
         index += 1
@@ -98,20 +115,14 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         pending += batch.size
-        if opt.local_epoch != epoch:
+        if opt.local_epoch != epoch and time.monotonic() < deadline:
             if opt.local_epoch == epoch + 1 and not resynced:
                 applied += pending
             epoch, pending = opt.local_epoch, 0
             resynced.clear()
             say(epoch=epoch, applied=applied, time=time.time())
-    if args.evaluate:
-        opt.state_averager.step(wait_for_delayed_updates=True, apply_delayed_updates=True)
-        with torch.no_grad():
-            losses = [float(task.loss(model, task.batch(args.heldout_seed, i)))
-                      for i in range(args.heldout_batches)]
-        say(final=True, epoch=opt.local_epoch, loss=statistics.mean(losses))
-    # Done, but still a member until the bench stops every peer: the first peer's last delayed
-    # round may still need this one's averagers.
+    # Done, but still a member until the bench stops every peer: the others' last rounds may
+    # still need this one's averagers.
     say(done=True)
     sys.stdin.readline()
     opt.shutdown()
