@@ -612,6 +612,28 @@ def test_a_peer_whose_uploads_fail_loses_the_chore_to_one_that_delivers(clock):
     assert chosen == ["a", "b", "b", "b"]
 
 
+def test_the_chore_goes_by_the_uplink_a_stored_upload_showed_not_by_the_claim(clock):
+    """a claims a gigabyte a second and delivers at 100 kB/s: once seen, b's honest 1 MB/s
+    claim outranks it, and b keeps the chore as long as its uploads show the faster uplink."""
+    t = ready_tracker(clock, peers=("a", "b"), checkpoint_every=1)
+    claims, delivery = {"a": 1e9, "b": 1e6}, {"a": 100e3, "b": 2e6}
+    size = 4_000_000
+    chosen = []
+    for epoch in range(3):
+        clock.now += 6.0
+        starts = []
+        for peer, up in claims.items():
+            starts += sent(t.handle(peer, Progress(t.epoch, 60, 10.0, upload=up, download=up)), RoundStart)
+        start = starts[0][1]
+        chosen.append(uploader := start.checkpoint_by)
+        for p in claims:
+            t.handle(p, done(start, f"h{epoch + 1}"))
+        assert uploader is not None and t.checkpoint_upload(uploader, epoch + 1, started=True)
+        clock.now += size / delivery[uploader]
+        t.checkpoint_stored(uploader, CheckpointInfo(epoch + 1, "s", "p", size, "/"))
+    assert chosen == ["a", "b", "b"]
+
+
 def test_status_estimates_time_to_the_next_step(clock):
     t = ready_tracker(clock)
     t.handle("a", Progress(0, 40, 10.0))

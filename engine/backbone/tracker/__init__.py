@@ -92,8 +92,7 @@ class Tracker:
         self.scheduler = Scheduler(project, self.members, self.pairs, clock, retry_delay=retry_delay,
                                    join_grace=join_grace, last_round_id=last_round_id,
                                    equal_shares=equal_shares)
-        requests = self.checkpoint_requests
-        self.scheduler.chore_load = lambda peer: (peer in requests.uploading(), requests.failures(peer))
+        self.scheduler.chore_rank = self.checkpoint_requests.rank
         # After a restart the peers holding the recorded epoch are reconnecting, each after
         # its own backoff: for this long, a peer asking for the state waits for them rather
         # than the collaboration going back to an older checkpoint (or starting over).
@@ -266,7 +265,7 @@ class Tracker:
         return True
 
     def checkpoint_stored(self, peer_id: str, info: CheckpointInfo) -> None:
-        self.checkpoint_requests.ended(peer_id, info.epoch, stored=True)
+        self.checkpoint_requests.ended(peer_id, info.epoch, stored=True, size=info.size)
         if self.checkpoint is None or info.epoch >= self.checkpoint.epoch:
             self.checkpoint = info
 

@@ -7,6 +7,10 @@ no longer what the next request waits on). A peer that never uploads ranks last 
 chore only until its request lapses. The next checkpoint is due from the newest epoch still
 on its way, not from the last one stored: a 270-MB state takes minutes on a home uplink,
 and asking again every round meanwhile would start second uploads of the same chore.
+
+Who is asked ranks by what the backbone saw: a peer's last stored upload, timed from its
+first byte to its file stored, speaks for its uplink; its claimed uplink counts only until
+then (a claim buys one chore: kept, it is replaced by the rate seen; broken, it is a failure).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class CheckpointRequests:
         # uplink that fails every upload at once would be asked every round, and nobody
         # else ever).
         self._failures: dict[str, int] = {}
+        self._delivered: dict[str, float] = {}  # bytes per second of its last stored upload
 
     def ask(self, peer_id: str, epoch: int) -> None:
         self._requests[(peer_id, epoch)] = _Request(self._clock())
@@ -55,18 +60,28 @@ class CheckpointRequests:
         request.started, request.since = True, self._clock()
         return True
 
-    def ended(self, peer_id: str, epoch: int, stored: bool) -> None:
+    def ended(self, peer_id: str, epoch: int, stored: bool, size: int = 0) -> None:
         """Its upload ended: a failed one is not waited for any more, and counts against
-        its peer; a stored one clears the peer's record."""
+        its peer; a stored one (of ``size`` bytes) clears the peer's record and times its
+        uplink."""
         request = self._requests.pop((peer_id, epoch), None)
         if stored:  # (even past its patience: it delivered)
             self._failures.pop(peer_id, None)
+            if request is not None and request.started and size > 0:
+                self._delivered[peer_id] = size / max(self._clock() - request.since, 1e-3)
         elif request is not None:
             self._failures[peer_id] = self._failures.get(peer_id, 0) + 1
 
     def left(self, peer_id: str) -> None:
         self._requests = {key: r for key, r in self._requests.items() if key[0] != peer_id}
         self._failures.pop(peer_id, None)
+        self._delivered.pop(peer_id, None)
+
+    def rank(self, peer_id: str, claimed: float | None) -> tuple[bool, int, float]:
+        """Its place for the next chore, lowest first: not owing an upload, fewest failed,
+        then fastest, by the rate its last stored upload showed, or else by its claim."""
+        speed = self._delivered.get(peer_id, claimed or 0.0)
+        return peer_id in self.uploading(), self.failures(peer_id), -speed
 
     def uploading(self) -> set[str]:
         """Peers that owe an upload: asked, and not given up on."""

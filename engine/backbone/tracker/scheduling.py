@@ -212,7 +212,8 @@ class Scheduler:
         self.vector_bytes = 0  # what a round moves per member, once a settled round told us
         self._groups: RoundGroups | None = None  # the last round's, if it ran in groups
         # Per peer, what it owes for the checkpoint chore: (still uploading one, failed lately).
-        self.chore_load: Callable[[str], tuple[bool, int]] = lambda peer: (False, 0)
+        self.chore_rank: Callable[[str, float | None], tuple[bool, int, float]] = \
+            lambda peer, claimed: (False, 0, -(claimed or 0.0))
 
     def retry_later(self) -> None:
         """A round failed: give the peers a moment before the next."""
@@ -292,7 +293,7 @@ class Scheduler:
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
             opened_at=now, deadline=now + self.project.round_timeout,
-            checkpoint_by=checkpointer(members, proven, self.chore_load) if due else None,
+            checkpoint_by=checkpointer(members, proven, self.chore_rank) if due else None,
             members=self.members.paces(members, now), optional=optional,
             auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined and not grouped else 1,
             phases=phases,
@@ -338,13 +339,14 @@ class Scheduler:
 
 
 def checkpointer(members: list[PeerState], proven: set[str],
-                 load: Callable[[str], tuple[bool, int]]) -> str:
+                 rank: Callable[[str, float | None], tuple[bool, int, float]]) -> str:
     """Who uploads the state a round settles on: a voter not still uploading an earlier
     one and with the fewest failed since its last stored, the fastest uplink first (a state
-    is the model and its optimizer's moments: hundreds of MB on a home uplink). A claim of
+    is the model and its optimizer's moments: hundreds of MB on a home uplink), as its last
+    stored upload showed it or, before one, as claimed (CheckpointRequests.rank). A claim of
     speed buys only the chore; one that does not deliver ranks behind those that do."""
     voters = [p for p in members if p.peer_id in proven]
-    return min(voters, key=lambda p: (*load(p.peer_id), -(p.upload or 0.0), p.peer_id)).peer_id
+    return min(voters, key=lambda p: (*rank(p.peer_id, p.upload), p.peer_id)).peer_id
 
 
 def shares(members: list[PeerState], group: list[str], optional: set[str], equal: bool = False,
