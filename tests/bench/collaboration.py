@@ -217,13 +217,13 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
     outcome.seconds = max(times) - min(times) if times else 0.0
     outcome.to_peers = meter.between(min(times), max(times)) if times else 0
     # How soon each round's first byte left after its RoundStart, on these links (the
-    # first round, its links opened then, aside).
-    first_bytes = sorted(e["first_byte_seconds"] for p in peers for e in p.epochs
-                         if e["epoch"] > first and e.get("first_byte_seconds") is not None)
-    if first_bytes:
-        p95 = first_bytes[int(0.95 * (len(first_bytes) - 1))]
-        outcome.extra |= {"first_byte_ms_median": round(1000 * statistics.median(first_bytes), 1),
-                         "first_byte_ms_p95": round(1000 * p95, 1)}
+    # first round, its links opened then, aside), and how much of that was the micro-batch
+    # under way (a round waits for it: its gradient belongs to the step).
+    warm = [e for p in peers for e in p.epochs
+            if e["epoch"] > first and e.get("first_byte_seconds") is not None]
+    for key, seconds in (("first_byte", [e["first_byte_seconds"] for e in warm]),
+                         ("micro_batch_under_way", [e["took_seconds"] for e in warm])):
+        outcome.extra |= median_p95_ms(key, seconds)
     # The loss of the state the peers held as the time ran out (a checkpoint of it could
     # still be on its way up a home link), the newest that the collaboration settled on.
     settled = {(e["epoch"], e["state_sha256"]) for p in peers for e in p.epochs}
@@ -233,6 +233,14 @@ async def run_cotrain(net, hosts: list[Host], workdir: Path, config: str, spec: 
     for p in peers:  # (hundreds of MB each)
         (workdir / f"{p.name}.state").unlink(missing_ok=True)
     return outcome
+
+
+def median_p95_ms(key: str, seconds: list[float]) -> dict:
+    if not seconds:
+        return {}
+    ordered = sorted(seconds)
+    return {f"{key}_ms_median": round(1000 * statistics.median(ordered), 1),
+            f"{key}_ms_p95": round(1000 * ordered[int(0.95 * (len(ordered) - 1))], 1)}
 
 
 def held_settled(path: Path, settled: set[tuple[int, str]]) -> bool:
