@@ -1,9 +1,11 @@
-"""Who uploads the checkpoints: a peer claiming the wire's fastest uplink that breaks every
-checkpoint it is asked for (tests/hostile/checkpoint_shirker.py), beside two honest
-`cotrain peer` processes, joining again as a new identity after each break. Before: the
-chore went to the fastest claim, and a failed upload freed its peer at once, so such a
-peer was asked for every checkpoint and none was ever stored (found in review, and tested
-then in the tracker alone)."""
+"""Who uploads the checkpoints, beside two honest `cotrain peer` processes: a peer claiming
+the wire's fastest uplink that breaks every checkpoint it is asked for
+(tests/hostile/checkpoint_shirker.py), joining again as a new identity after each break,
+and one with the same claim that delivers every checkpoint at a trickle
+(tests/hostile/checkpoint_trickler.py). Before: the chore went to the fastest claim, and a
+failed upload freed its peer at once, so the first was asked for every checkpoint and none
+was ever stored (found in review, and tested then in the tracker alone); and the second
+kept the chore for good, whatever its uploads showed."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHECKPOINT_EVERY = 4
 IDENTITIES = 3
+AFTER_TRICKLE = 3  # checkpoints stored after the trickler's, to see who got them
 
 
 def epochs_logged(process: Process, words: str) -> list[int]:
@@ -31,6 +34,17 @@ def stored(collab: Collaboration) -> list[int]:
 
 def broken(shirker: HonestPeer) -> list[int]:
     return epochs_logged(shirker, "broke the checkpoint of epoch ")
+
+
+def stored_after(collab: Collaboration, epoch: int) -> list[int]:
+    """The checkpoints the backbone stored after that of ``epoch`` (those asked for while
+    it was on its way are stored meanwhile)."""
+    kept = stored(collab)
+    return kept[kept.index(epoch) + 1:] if epoch in kept else []
+
+
+def trickled(trickler: HonestPeer) -> list[int]:
+    return epochs_logged(trickler, "trickling the checkpoint of epoch ")
 
 
 async def test_a_fast_claim_that_breaks_its_checkpoints_costs_one_each_time_it_joins(tmp_path, report_figure):
@@ -70,3 +84,27 @@ async def test_a_fast_claim_that_breaks_its_checkpoints_costs_one_each_time_it_j
     for epoch in range(1, last_epoch + 1):
         hashes = {e["state_sha256"] for p in honest for e in p.epochs if e["epoch"] == epoch}
         assert len(hashes) <= 1, f"epoch {epoch}: the honest peers' states differ"
+
+
+async def test_a_fast_claim_that_delivers_at_a_trickle_is_not_asked_again(tmp_path, report_figure):
+    collab = Collaboration(tmp_path, project=hostile_project(checkpoint_every=CHECKPOINT_EVERY), peers=2,
+                           backbone_args=("-v",))
+    collab.start_backbone()
+    honest = [collab.start_peer(f"honest-{i}", "--data-seed", str(i)) for i in range(2)]
+    try:
+        trickler = await start_cued(collab, "tests.hostile.checkpoint_trickler", honest, name="trickler")
+        await collab.until(lambda: trickled(trickler), 120, "the trickler asked for a checkpoint")
+        first = trickled(trickler)[0]
+        await collab.until(lambda: len(stored_after(collab, first)) >= AFTER_TRICKLE, 180,
+                           f"{AFTER_TRICKLE} checkpoints stored after the trickler's")
+        assert all(p.alive for p in collab.processes())
+    finally:
+        collab.stop()
+    asked, kept = trickled(trickler), stored(collab)
+    report_figure(f"a peer claiming a {MAX_RATE:.0e} B/s uplink that uploads at 20 kB/s: asked for the "
+                  f"checkpoints of epochs {asked}; the backbone stored those of epochs {kept}")
+    # Its claim bought one chore; the rate its upload showed ranks it behind the honest
+    # peers' for every one asked for since (while the chore went by claims, it took the
+    # next each time it was free).
+    assert asked == [first], (asked, kept)
+    assert all(e > first for e in stored_after(collab, first)), kept
