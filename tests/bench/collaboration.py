@@ -26,7 +26,7 @@ without a byte and lose its round). One JSON line per system and configuration:
     sudo python -m tests.bench.collaboration [--json] [--quick] [--seconds S] [--only TEXT ...]
 
 The full run trains a 22M-parameter demo-lm (a round moves 90 MB in fp32) for 600 s per
-configuration (about 70 minutes in all); ``--quick`` a 3.3M-parameter one for 150 s. hivemind
+configuration (about 80 minutes in all); ``--quick`` a 3.3M-parameter one for 150 s. hivemind
 1.1.12 runs in its own venv (tests/bench/hivemind_training.py says how to make it;
 ``--hivemind PYTHON`` or $COTRAIN_HIVEMIND_PYTHON if not ~/hivemind-venv); without it its
 lines say why they are missing. Every peer trains on one thread: four peers share this
