@@ -589,6 +589,18 @@ def test_a_checkpoint_upload_under_way_is_waited_for_and_a_broken_one_is_not(clo
     assert not t.expects_checkpoint("a", 1)
 
 
+def settled_round(clock, t, claims: dict[str, float], epoch: int) -> RoundStart:
+    """A round the peers open by reporting their samples with these uplink claims, and settle."""
+    clock.now += 6.0
+    starts = []
+    for peer, up in claims.items():
+        starts += sent(t.handle(peer, Progress(t.epoch, 60, 10.0, upload=up, download=up)), RoundStart)
+    start = starts[0][1]
+    for peer in claims:
+        t.handle(peer, done(start, f"h{epoch + 1}"))
+    return start
+
+
 def test_a_peer_whose_uploads_fail_loses_the_chore_to_one_that_delivers(clock):
     """Before: a failed upload freed its peer at once, so one claiming the fastest uplink
     that failed every upload was asked every round, and nobody else ever."""
@@ -596,14 +608,8 @@ def test_a_peer_whose_uploads_fail_loses_the_chore_to_one_that_delivers(clock):
     uploads = {"a": 1e9, "b": 1e6}  # a claims the faster uplink
     chosen = []
     for epoch in range(4):
-        clock.now += 6.0
-        starts = []
-        for peer, up in uploads.items():
-            starts += sent(t.handle(peer, Progress(t.epoch, 60, 10.0, upload=up, download=up)), RoundStart)
-        start = starts[0][1]
+        start = settled_round(clock, t, uploads, epoch)
         chosen.append(start.checkpoint_by)
-        for p in uploads:
-            t.handle(p, done(start, f"h{epoch + 1}"))
         if start.checkpoint_by == "a":  # a fails at once, every time
             assert t.checkpoint_upload("a", epoch + 1, started=True)
             t.checkpoint_upload("a", epoch + 1, started=False)
@@ -620,14 +626,7 @@ def test_the_chore_goes_by_the_uplink_a_stored_upload_showed_not_by_the_claim(cl
     size = 4_000_000
     chosen = []
     for epoch in range(3):
-        clock.now += 6.0
-        starts = []
-        for peer, up in claims.items():
-            starts += sent(t.handle(peer, Progress(t.epoch, 60, 10.0, upload=up, download=up)), RoundStart)
-        start = starts[0][1]
-        chosen.append(uploader := start.checkpoint_by)
-        for p in claims:
-            t.handle(p, done(start, f"h{epoch + 1}"))
+        chosen.append(uploader := settled_round(clock, t, claims, epoch).checkpoint_by)
         assert uploader is not None and t.checkpoint_upload(uploader, epoch + 1, started=True)
         clock.now += size / delivery[uploader]
         t.checkpoint_stored(uploader, CheckpointInfo(epoch + 1, "s", "p", size, "/"))
