@@ -50,6 +50,7 @@ def check_models() -> str:
     from JSON (the tokenizers library) and an image decoded by Pillow."""
     import io
 
+    import huggingface_hub
     import tokenizers
     import torch
     import transformers
@@ -75,8 +76,10 @@ def check_models() -> str:
     loss.backward()
     if not torch.isfinite(loss):
         raise RuntimeError(f"the model's loss is {float(loss)}")
+    if not huggingface_hub.is_offline_mode():
+        raise RuntimeError("the model hub is reachable: a project could make this computer fetch code")
     return (f"ALBERT from a configuration (transformers {transformers.__version__}), a tokenizer from JSON "
-            f"(tokenizers {tokenizers.__version__}), a PNG decoded")
+            f"(tokenizers {tokenizers.__version__}), a PNG decoded, the model hub off")
 
 
 def check_webrtc() -> str:

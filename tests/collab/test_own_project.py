@@ -1,5 +1,6 @@
 """README's "Start your own project", run exactly as written: from a folder of text files to
-a backbone serving the project, and a volunteer's peer training on it."""
+a backbone serving the project, and a volunteer's peer training on it. A model hub stand-in
+sees every request that any of them (and `cotrain project check`) would make to a hub: none."""
 
 import asyncio
 import os
@@ -13,6 +14,7 @@ import pytest
 
 from engine.wire.tensors import decode_file
 from tests.collab.processes import spawn_peer, terminate
+from tests.hub_standin import hub_standin
 
 pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -31,15 +33,21 @@ async def run(command: str, cwd: Path, env: dict) -> asyncio.subprocess.Process:
 
 
 async def test_the_readme_commands_take_a_folder_of_texts_to_a_running_collaboration(tmp_path):
+    with hub_standin() as hub:
+        await readme_collaboration(tmp_path, hub.env())
+    assert hub.requests == [], "a Cotrain process asked a model hub for something"
+
+
+async def readme_collaboration(tmp_path: Path, hub_env: dict) -> None:
     commands = readme_commands()
     assert len(commands) == 3
     texts = tmp_path / "my-texts"
     texts.mkdir()
     for name in sorted(topics)[:60]:
         (texts / f"{name}.txt").write_text(topics[name])
-    env = {**os.environ, "COTRAIN_HOME": str(tmp_path / "home"),
+    env = {**os.environ, **hub_env, "COTRAIN_HOME": str(tmp_path / "home"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for command in commands[:2]:
+    for command in [*commands[:2], "cotrain project check projects/my-project"]:
         done = await run(command, tmp_path, env)
         out, _ = await asyncio.wait_for(done.communicate(), 120)
         assert done.returncode == 0, (command, out.decode())
@@ -54,7 +62,7 @@ async def test_the_readme_commands_take_a_folder_of_texts_to_a_running_collabora
         assert url, line
         peer = await spawn_peer(url.group(1).decode(), "my-project", "volunteer", tmp_path,
                                 "--max-epochs", "2", "--save-state", str(tmp_path / "my-model.state"),
-                                env={"COTRAIN_HOME": str(tmp_path / "volunteer")})
+                                env={**hub_env, "COTRAIN_HOME": str(tmp_path / "volunteer")})
         await peer.reached(2, timeout=240)
     finally:
         if peer is not None:
