@@ -5,6 +5,8 @@
 Outputs go to ``build/installers/``: the onedir bundle ``cotrain/``, ``cotrain_<v>_<arch>.deb``
 and ``cotrain-<v>-linux-<arch>.tar.gz``. Prints the bundle's size on disk and the packages',
 and the seconds of the bundle's first ``--self-test``, which must pass before anything is packed.
+It bundles only the packages of ``installers/requirements.lock``: install them first with
+``pip install -c installers/requirements.lock -e '.[test]'`` (the README's test command does).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ OUT = ROOT / "build" / "installers"
 sys.path.insert(0, str(ROOT))
 
 from engine import __version__  # noqa: E402
+from installers.lock import LOCK, drift  # noqa: E402
 
 # Libraries Qt loads at run time (plugins dlopen them), which ldd on the bundle cannot see
 # when they are absent from the build machine. Package names are Debian 12 / Ubuntu 22.04+.
@@ -58,6 +61,13 @@ def tree_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
+def check_lock() -> None:
+    """A bundle ships what the lock says, not whatever this environment happened to get."""
+    differs = drift()
+    if differs:
+        sys.exit(f"this environment is not the one {LOCK.relative_to(ROOT)} locks, so its bundle would "
+                 f"not be the release's: {'; '.join(differs)}. Install from the lock: "
+                 f"pip install -c {LOCK.relative_to(ROOT)} -e '.[test]'")
 
 
 def build_bundle() -> Path:
@@ -205,6 +215,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-bundle", action="store_true", help="package an existing bundle")
     args = parser.parse_args()
+    check_lock()
     bundle = OUT / "cotrain" if args.skip_bundle else build_bundle()
     print(f"bundle: {bundle} ({human(tree_size(bundle))} on disk)", flush=True)
     self_test(bundle)

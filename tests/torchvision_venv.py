@@ -9,7 +9,8 @@ on first use (about 6 GB from PyPI, a minute or two on a fast link) and kept in
 (``python3 tests/torchvision_venv.py``) while the tests before it run: its test then waits
 for that, not for its own download. Cotrain itself is not installed there (an install
 builds in this tree, beside the project venv's own build): its tests run from this tree,
-which ``env()`` puts on their path.
+which ``env()`` puts on their path. Everything but that torch pair comes at the versions of
+``installers/requirements.lock``, as in the project's venv.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +32,9 @@ else:  # (the README's Python 3.10)
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-torchvision"
 RELEASES = ["torch==2.14.1", "torchvision==0.29.1"]  # a pair built for each other
+LOCK = ROOT / "installers" / "requirements.lock"
+# What the lock holds for its own torch (2.13.0's CUDA libraries): the pair above brings its own.
+NOT_FROM_THE_LOCK = re.compile(r"(torch|torchvision|triton|nvidia-[\w.-]+)==")
 
 
 def peer_requirements() -> list[str]:
@@ -45,6 +50,11 @@ def peer_requirements() -> list[str]:
             else:
                 requirements.append(requirement)
     return requirements
+
+
+def constraints() -> str:
+    """The lock, without what the torch pair decides for itself (pip constraints, no markers lost)."""
+    return "".join(line + "\n" for line in LOCK.read_text().splitlines() if not NOT_FROM_THE_LOCK.match(line))
 
 
 def env() -> dict[str, str]:
@@ -78,9 +88,11 @@ def made() -> tuple[Path, str | None]:
         if _ready(python):
             return python, None
         deadline = time.monotonic() + INSTALL_SECONDS
+        pinned = ROOT / ".venv-torchvision.constraints"
+        pinned.write_text(constraints())
         steps = [[sys.executable, "-m", "venv", "--clear", str(VENV)],
                  [str(python), "-m", "pip", "install", "-q", "--no-cache-dir", "--disable-pip-version-check",
-                  *PACKAGES]]
+                  "-c", str(pinned), *PACKAGES]]
         for step in steps:
             try:
                 done = subprocess.run(step, capture_output=True, text=True,
@@ -97,7 +109,8 @@ def made() -> tuple[Path, str | None]:
 def _ready(python: Path, after_install: bool = False) -> bool:
     """Whether the venv loads what the tests need and was made for the packages asked now."""
     marker = VENV / "cotrain-installed"
-    wanted = hashlib.sha256("\n".join(PACKAGES).encode() + (ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = hashlib.sha256("\n".join(PACKAGES).encode() + (ROOT / "pyproject.toml").read_bytes()
+                            + constraints().encode()).hexdigest()
     if not after_install and (not marker.exists() or marker.read_text() != wanted):
         return False
     loads = python.exists() and subprocess.run([str(python), "-c", READY], capture_output=True,
