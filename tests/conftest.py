@@ -20,23 +20,18 @@ async def until(condition, timeout: float, what: str = "condition") -> None:
         await asyncio.sleep(0.02)
 
 
-FIGURES = pytest.StashKey[list]()
+# A run's closing report (the figures tests measured, the time of each test directory), and
+# the stacks of every process a test started when it runs out of time.
+pytest_plugins = ["tests.run_report", "tests.hang_stacks"]
 
 
 @pytest.fixture
 def report_figure(request):
     """Figures a test measured (sizes, start-up times), printed at the end of the run so that
     the CI log shows them; `-q` hides what passing tests print."""
-    figures = request.config.stash.setdefault(FIGURES, [])
-    return lambda text: figures.append(f"{request.node.name}: {text}")
+    from tests.run_report import FIGURE
 
-
-def pytest_terminal_summary(terminalreporter, config):
-    figures = config.stash.get(FIGURES, [])
-    if figures:
-        terminalreporter.section("figures measured by the tests")
-        for line in figures:
-            terminalreporter.write_line(line)
+    return lambda text: request.node.user_properties.append((FIGURE, text))
 
 
 @pytest.fixture(autouse=True)
