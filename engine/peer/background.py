@@ -1,5 +1,5 @@
 """A peer's background tasks: all cancelled when it stops, and one that fails stops it (a
-bug must not leave a peer half alive); tracked ones may fail on their own."""
+bug must not leave a peer half alive); tracked ones and chores may fail on their own."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ class PeerTasks:
         task.add_done_callback(self._done)
         return task
 
+    def chore(self, coro: Coroutine[Any, Any, Any], what: str) -> asyncio.Task:
+        """A job beside training (scoring the held-out set, uploading a checkpoint): cancelled
+        when the peer stops; if it fails, it fails alone, its reason logged, and the peer trains on."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._chore_done(done, what))
+        return task
+
     def track(self, task: asyncio.Task) -> None:
         """A task that may fail on its own (a peer's request served): cancelled on stop."""
         self._tasks.add(task)
@@ -38,3 +46,14 @@ class PeerTasks:
         if error is not None:
             log.error("peer task failed: %r", error, exc_info=error)
             self._on_failure(error)
+
+    def _chore_done(self, task: asyncio.Task, what: str) -> None:
+        self._tasks.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            log.warning("%s failed, training goes on: %s", what, describe(error), exc_info=error)
+
+
+def describe(error: BaseException) -> str:
+    """What went wrong, in words: an exception without a message is named by its type."""
+    return str(error) or type(error).__name__

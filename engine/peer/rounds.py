@@ -59,6 +59,7 @@ class RoundingPeer(Protocol):
     history: list[EpochCompleted]
     emit: Callable[[PeerEvent], None]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task]
+    chore: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task]
     track: Callable[[asyncio.Task], None]
 
     @property
@@ -196,11 +197,14 @@ class Rounds:
         completed = replace(completed, step=settled)
         peer.history.append(completed)
         peer.emit(completed)
+        # The checkpoint's snapshot first: it then waits for no held-out batch.
+        if checkpoint_by == peer.peer_id:
+            what = f"uploading the checkpoint of epoch {settled.epoch}"
+            self.uploads.add(peer.chore(self._upload_checkpoint(), what))
         if peer.project.data is not None and peer.project.data.heldout and \
                 peer.peer_id in evaluators(trainers, settled.epoch, peer.project.evaluate_every):
-            peer.spawn(score_heldout(peer.task, peer.optimizer, peer.client.send, settled))
-        if checkpoint_by == peer.peer_id:
-            self.uploads.add(peer.spawn(self._upload_checkpoint()))
+            peer.chore(score_heldout(peer.task, peer.optimizer, peer.client.send, settled),
+                       f"scoring the held-out set at epoch {settled.epoch}")
         max_epochs = peer.options.max_epochs
         if max_epochs is not None and settled.epoch >= max_epochs:
             peer.stop(f"reached epoch {settled.epoch}")

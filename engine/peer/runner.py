@@ -23,7 +23,7 @@ from engine.averaging.powersgd import warm_shapes_of
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
 from engine.peer.backbone_loop import ControlLoop
-from engine.peer.background import PeerTasks
+from engine.peer.background import PeerTasks, describe
 from engine.peer.bandwidth import Bandwidth
 from engine.peer.checking import Audits
 from engine.peer.client import ControlClient
@@ -82,8 +82,9 @@ class Peer:
         self.bandwidth = Bandwidth()
         self._stop = asyncio.Event()
         self._stop_reason = ""
-        self.tasks = PeerTasks(lambda error: self.stop(f"internal error: {error}"))
+        self.tasks = PeerTasks(lambda error: self.stop(f"internal error: {describe(error)}"))
         self.spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task] = self.tasks.spawn
+        self.chore: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task] = self.tasks.chore
         self.track: Callable[[asyncio.Task], None] = self.tasks.track
         self._mesh: PeerMesh | None = None
         self._opt: CollaborativeOptimizer | None = None

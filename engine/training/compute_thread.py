@@ -29,6 +29,7 @@ class ComputeThread:
         self._batch_began: float | None = None  # when the micro-batch under way started
         self._outlasted_wait = False
         self._waiting: set[object] = set()  # jobs handed to the thread, not yet begun
+        self._prompt: set[object] = set()  # of those, the ones a round or a joiner waits for
 
     @property
     def busy(self) -> bool:
@@ -40,13 +41,18 @@ class ComputeThread:
         """(On the thread.) Whether more work waits behind the job under way."""
         return bool(self._waiting)
 
-    def run(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+    @property
+    def prompt_waiting(self) -> bool:
+        """(On the thread.) Whether work that a round or a joiner waits for is queued."""
+        return bool(self._prompt)
+
+    def run(self, fn: Callable[[], T], prompt: bool = False) -> asyncio.Future[T]:
         """Queue ``fn`` behind the work handed over before it (queued at once, not when the
         caller first awaits, so a run of micro-batches under way yields to it)."""
         ticket = object()
 
         def gated() -> T:
-            self._waiting.discard(ticket)
+            self._forget(ticket)
             self._busy = True
             self.gate.enter()
             try:
@@ -56,9 +62,15 @@ class ComputeThread:
                 self._busy = False
 
         self._waiting.add(ticket)
+        if prompt:
+            self._prompt.add(ticket)
         future = asyncio.get_running_loop().run_in_executor(self.executor, gated)
-        future.add_done_callback(lambda _: self._waiting.discard(ticket))
+        future.add_done_callback(lambda _: self._forget(ticket))
         return future
+
+    def _forget(self, ticket: object) -> None:
+        self._waiting.discard(ticket)
+        self._prompt.discard(ticket)
 
     def timed(self, micro_batch: Callable[[], T]) -> T:
         """(On the thread.) Run a micro-batch and remember how long it took: what waits for
@@ -77,7 +89,7 @@ class ComputeThread:
         for work between micro-batches -- unless the rest of that micro-batch would take more
         than ``budget`` seconds: then it stops at its next layer and its gradient is not
         added. A slow device never keeps a round or a joiner waiting."""
-        job = asyncio.ensure_future(self.run(fn))
+        job = asyncio.ensure_future(self.run(fn, prompt=True))
         began = self._batch_began
         if began is None:
             return await job

@@ -30,6 +30,7 @@ from engine.governor.limits import Limits
 from engine.governor.policy import Decision
 from engine.governor.throttle import lower_priority
 from engine.paths import user_data_dir
+from engine.peer.background import describe
 from engine.peer.client import BackboneError
 from engine.peer.events import Connection, EpochCompleted, FileProgress, Joined, PeerEvent, SyncProgress
 from engine.peer.options import PeerOptions
@@ -238,7 +239,7 @@ class Session:
             reason, failure = str(exc) or type(exc).__name__, exc
         except Exception as exc:  # a bug in the engine must not take the worker (and hosting) down
             log.exception("the peer failed")
-            reason, failure = f"internal error: {exc}", exc
+            reason, failure = f"internal error: {describe(exc)}", exc
         finally:
             ticker.cancel()
             self._earlier += sum(r.my_samples for r in peer.history)

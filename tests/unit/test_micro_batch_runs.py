@@ -69,8 +69,8 @@ async def long_run_under_way(task, monkeypatch):
     second_done, third_may_start = {1: threading.Event()}, {2: threading.Event()}
     queue = opt.thread.run
 
-    def queued(fn):
-        job = queue(fn)
+    def queued(fn, **options):
+        job = queue(fn, **options)
         third_may_start[2].set()
         return job
     run = asyncio.ensure_future(opt.compute_run(counted(task, opt, ran, second_done, third_may_start), 0,
