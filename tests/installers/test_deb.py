@@ -1,7 +1,9 @@
 """The Linux package, end to end: build the bundle and the .deb, install it with dpkg (its
 Depends: fetched with apt-get first), run the installed self-test and app, remove it cleanly.
 
-Slow (a PyInstaller build, minutes); `.ci/run` runs it. It changes the machine (installs a
+Slow (a PyInstaller build, minutes): `.ci/run` starts that build beside the other tests, at
+the lowest priority, and this test waits for it and runs the bundle's first start itself (a
+timed start at the lowest priority would starve). It changes the machine (installs a
 package), so it runs only as root and where that is expected: in CI, or with
 COTRAIN_TEST_INSTALL=1.
 """
@@ -49,21 +51,45 @@ def clean_env(home: Path, **extra: str) -> dict:
     return {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **extra}
 
 
+# Where .ci/run's background build writes its log (stdout and stderr); its exit status is
+# written to this path + ".rc" once it is done.
+BACKGROUND_BUILD = "COTRAIN_INSTALLER_BUILD"
+BUILD_SECONDS = 1200
+
+
+def build_report() -> str:
+    """installers/build.py's report, from .ci/run's background build (waited for, then the
+    bundle's self-test run here) or from a build of its own."""
+    log = os.environ.get(BACKGROUND_BUILD)
+    if not log:
+        maintainer = {"DEBFULLNAME": "Cotrain test build", "DEBEMAIL": "tests@localhost"}
+        done = subprocess.run([sys.executable, "installers/build.py"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=BUILD_SECONDS, env={**os.environ, **maintainer})
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stdout
+    status, deadline = Path(log + ".rc"), time.monotonic() + BUILD_SECONDS
+    while not status.exists():  # another process tree's: its file is all there is to wait on
+        assert time.monotonic() < deadline, f"the background build is not done after {BUILD_SECONDS} s"
+        time.sleep(1)
+    report = Path(log).read_text(errors="replace")
+    assert status.read_text().strip() == "0", report[-4000:]
+    from installers.build import OUT, self_test
+
+    return report + self_test(OUT / "cotrain")
+
+
 @pytest.fixture(scope="module")
 def built():
     reason = _why_not()
     if reason:
         pytest.skip(f"installer test: {reason}")
-    maintainer = {"DEBFULLNAME": "Cotrain test build", "DEBEMAIL": "tests@localhost"}
-    done = subprocess.run([sys.executable, "installers/build.py"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200, env={**os.environ, **maintainer})
-    print(done.stdout)
-    assert done.returncode == 0, done.stderr[-4000:]
+    report = build_report()
+    print(report)
     out = ROOT / "build" / "installers"
     debs = list(out.glob("cotrain_*.deb"))
     tarballs = list(out.glob("cotrain-*-linux-*.tar.gz"))
-    assert len(debs) == 1 and len(tarballs) == 1, done.stdout
-    return done.stdout, debs[0], tarballs[0]
+    assert len(debs) == 1 and len(tarballs) == 1, report
+    return report, debs[0], tarballs[0]
 
 
 def megabytes(report: str, label: str) -> float:
@@ -75,12 +101,12 @@ def megabytes(report: str, label: str) -> float:
 
 def test_the_bundle_and_the_deb_stay_within_their_size_budget(built, report_figure):
     report, _, tarball = built
-    # The build ran the bundle's self-test before packing it, and printed its first start.
+    # The bundle passed its self-test, and its first start was timed.
     started = re.search(r"^self-test: cold start of the bundle ([\d.]+) s", report, re.M)
     assert started and "all checks passed" in report, report
     report_figure(f"bundle {megabytes(report, 'bundle'):.0f} MB on disk (target 800), "
                   f".deb {megabytes(report, 'deb'):.0f} MB (target 250), "
-                  f"tarball {megabytes(report, 'tarball'):.0f} MB; the build's self-test of the "
+                  f"tarball {megabytes(report, 'tarball'):.0f} MB; the first start of the "
                   f"bundle {started.group(1)} s")
     # The targets: 800 MB on disk, 250 MB for the .deb. It was 750 MB (686 MB when written)
     # until projects with data: transformers (36 of its model families), tokenizers and Pillow
