@@ -9,6 +9,7 @@ The model's size is known on the meta device before a byte of it is allocated.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib.util
 import logging
@@ -25,6 +26,9 @@ Head = Literal["masked-lm", "causal-lm", "pretraining", "image-classification"]
 REFUSED_KEYS = {"trust_remote_code", "auto_map", "name_or_path", "_name_or_path", "transformers_version",
                 "quantization_config", "pretrained_model_name_or_path", "custom_pipelines"}
 MAX_PARAMETERS = 20 * 10**9
+# transformers' own attention code. Any other name (a "kernels-community/..." repository) is
+# code that transformers would fetch from a model hub.
+ATTENTION = ("eager", "sdpa")
 # The largest models have a few thousand modules; a configuration that asks for far more
 # (ALBERT's num_hidden_groups: 100000) would take minutes to build even on the meta device.
 MAX_MODULES = 5_000
@@ -78,6 +82,14 @@ def model_config(head: Head, model_type: str, config: dict):
     if refused:
         raise ModelError(f"the model's configuration asks for {', '.join(refused)}: a project sends data, "
                          "never code, and Cotrain runs only the model code it ships")
+    unknown = sorted(k for k in config if k not in _settings(model_type))
+    if unknown:
+        raise ModelError(f"a {model_type!r} model has no setting {_named(unknown, _settings(model_type))}: "
+                         "transformers would ignore it and train another model than meant")
+    attention = config.get("attn_implementation", ATTENTION[0])
+    if attention not in ATTENTION:
+        raise ModelError(f"the model's configuration asks for attn_implementation {attention!r}: Cotrain "
+                         f"runs transformers' own ({' or '.join(ATTENTION)}), never code from a model hub")
     from transformers import AutoConfig
 
     try:
@@ -86,6 +98,24 @@ def model_config(head: Head, model_type: str, config: dict):
         # StrictDataclassFieldValidationError for a value of the wrong type, say)
         raise ModelError(f"transformers cannot configure a {model_type!r} model from the project: "
                          f"{exc}") from None
+
+
+@functools.cache
+def _settings(model_type: str) -> frozenset[str]:
+    """The keys a configuration of this model type takes: its fields and their aliases, and
+    what every configuration takes besides (the attention code, the number of labels)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    kind = CONFIG_MAPPING[model_type]
+    return frozenset(kind().to_dict()) | frozenset(kind.attribute_map) | {"attn_implementation", "num_labels"}
+
+
+def _named(keys: list[str], known: frozenset[str]) -> str:
+    """The keys, each with the setting it most likely misspells."""
+    def one(key: str) -> str:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        return f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key)
+    return ", ".join(one(key) for key in keys)
 
 
 def failed_on_a_batch(exc: Exception) -> str:

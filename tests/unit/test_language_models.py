@@ -90,6 +90,10 @@ def bad(albert, tmp_path, **changes):
     ({"config": {"auto_map": {"AutoModel": "evil.Model"}}}, r"got `object` - at `\$.config\[...\]`"),
     ({"seq_len": 4096}, "seq_len is 4096 but the model has 128 positions"),
     ({"surprise": 1}, "unknown field `surprise`"),
+    ({"config": {"vocab_size": 8000, "num_hiden_layers": 2}},
+     "no setting 'num_hiden_layers' \\(did you mean 'num_hidden_layers'\\?\\): transformers would ignore it"),
+    ({"config": {"vocab_size": 8000, "attn_implementation": "kernels-community/flash-attn"}},
+     "attn_implementation 'kernels-community/flash-attn': .* never code from a model hub"),
 ])
 def test_a_project_asking_for_what_cotrain_does_not_build_gets_a_clear_error(albert, changes, message):
     params = {**albert.spec.task_params, **changes}
