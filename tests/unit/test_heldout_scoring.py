@@ -7,6 +7,7 @@ short, the MicroBatchAbandoned ended the peer ("internal error: " and nothing af
 import asyncio
 import logging
 import threading
+from dataclasses import dataclass
 
 import pytest
 
@@ -61,51 +62,58 @@ async def reference(task, opt) -> float:
     return await opt.evaluate(whole, opt.epoch)
 
 
-async def scoring(task, opt, sent: list) -> asyncio.Task:
+@dataclass
+class HeldScoring:
+    """A scoring under way, held inside one of its batches until the test releases it."""
+
+    opt: CollaborativeOptimizer
+    expected: float  # the held-out loss summed, scored with nothing else on the thread
+    scored: list[int]
+    release: threading.Event
+    sent: list[Evaluated]
+    job: asyncio.Task
+
+
+async def scoring_held_at(task, batch: int) -> HeldScoring:
+    opt = await synced_optimizer(task)
+    expected = await reference(task, opt)
+    scored: list[int] = []
+    reached, release = threading.Event(), threading.Event()
+    task.metrics = watched(task, scored, batch, reached, release)
+    sent: list[Evaluated] = []
+
     async def send(message):
         sent.append(message)
     step = Step(epoch=opt.epoch, round_id=1, loss=1.0, samples=1, peers=1, round_seconds=1.0,
                 state_sha256="s" * 64)
-    return asyncio.ensure_future(score_heldout(task, opt, send, step))
+    job = asyncio.ensure_future(score_heldout(task, opt, send, step))
+    assert await asyncio.to_thread(reached.wait, 30), f"the scoring reached batch {batch}"
+    return HeldScoring(opt, expected, scored, release, sent, job)
 
 
 async def test_a_snapshot_waits_for_one_held_out_batch_not_the_whole_set(task):
-    opt = await synced_optimizer(task)
-    expected = await reference(task, opt)
-    scored: list[int] = []
-    reached, release = threading.Event(), threading.Event()
-    task.metrics = watched(task, scored, 2, reached, release)
-    sent: list[Evaluated] = []
-    job = await scoring(task, opt, sent)
-    assert await asyncio.to_thread(reached.wait, 30), "the scoring reached its third batch"
-    snapshot = asyncio.ensure_future(opt.snapshot())
-    release.set()
+    held = await scoring_held_at(task, 2)
+    snapshot = asyncio.ensure_future(held.opt.snapshot())
+    held.release.set()
     index, _ = await asyncio.wait_for(snapshot, 30)
-    scored_before_the_snapshot = list(scored)
-    await asyncio.wait_for(job, 30)
-    assert index.meta.epoch == opt.epoch
+    scored_before_the_snapshot = list(held.scored)
+    await asyncio.wait_for(held.job, 30)
+    assert index.meta.epoch == held.opt.epoch
     assert scored_before_the_snapshot == [0, 1, 2], "the snapshot came right after the batch under way"
-    assert scored == list(range(BATCHES))
-    (evaluated,) = sent
+    assert held.scored == list(range(BATCHES))
+    (evaluated,) = held.sent
     assert evaluated.samples == BATCHES * TINY["micro_batch"]
-    assert evaluated.loss == pytest.approx(expected / evaluated.samples, rel=1e-5)
+    assert evaluated.loss == pytest.approx(held.expected / evaluated.samples, rel=1e-5)
 
 
 async def test_a_batch_cut_short_for_a_round_is_scored_again(task):
-    opt = await synced_optimizer(task)
-    expected = await reference(task, opt)
-    scored: list[int] = []
-    reached, release = threading.Event(), threading.Event()
-    task.metrics = watched(task, scored, 3, reached, release)
-    sent: list[Evaluated] = []
-    job = await scoring(task, opt, sent)
-    assert await asyncio.to_thread(reached.wait, 30)
-    opt.thread.gate.cut_short()  # what a round or a snapshot does when it cannot wait
-    release.set()
-    await asyncio.wait_for(job, 30)
-    assert scored == list(range(BATCHES)), "the cut batch was scored again, once"
-    (evaluated,) = sent
-    assert evaluated.loss == pytest.approx(expected / evaluated.samples, rel=1e-5)
+    held = await scoring_held_at(task, 3)
+    held.opt.thread.gate.cut_short()  # what a round or a snapshot does when it cannot wait
+    held.release.set()
+    await asyncio.wait_for(held.job, 30)
+    assert held.scored == list(range(BATCHES)), "the cut batch was scored again, once"
+    (evaluated,) = held.sent
+    assert evaluated.loss == pytest.approx(held.expected / evaluated.samples, rel=1e-5)
 
 
 async def test_a_chore_that_fails_leaves_the_peer_running_and_says_why(caplog):
