@@ -15,6 +15,7 @@ from engine.paths import engine_command
 from engine.project import Catalog, ProjectSpec
 from engine.wire.codec import encode
 from engine.wire.control import RoundStart
+from tests import launcher
 from tests.conftest import until
 
 
@@ -26,7 +27,7 @@ def write_catalog(path: Path, *projects: ProjectSpec) -> Path:
 @dataclass
 class PeerProcess:
     name: str
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | launcher.AsyncLaunchedProcess
     epochs: list[dict] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)  # monotonic time each epoch line came
     reader: asyncio.Task | None = None
@@ -48,7 +49,7 @@ async def spawn_peer(url: str | None, project: str, name: str, log_dir: Path, *a
                      env: dict | None = None, prefix: list[str] = ()) -> PeerProcess:
     env = {**os.environ, **(env or {})}
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - owned by the child
-    process = await asyncio.create_subprocess_exec(
+    process = await launcher.create_subprocess_exec(
         *prefix, *engine_command(), "peer", *(["--backbone", url] if url else ["--discover"]),
         "--project", project, "--name", name, "--json", "--threads", "1", *args,
         stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env,

@@ -34,6 +34,7 @@ from engine.training.lr_schedule import build_optimizer, collaboration_optimizer
 from engine.training.params import trainable
 from engine.training.state import load_state, warm_slots
 from engine.wire.tensors import decode_file
+from tests import launcher
 from tests.collab.harness import tiny_project
 from tests.collab.processes import write_catalog
 
@@ -47,7 +48,7 @@ def hostile_project(**overrides) -> ProjectSpec:
 @dataclass
 class Process:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | launcher.LaunchedProcess
     log: Path
 
     @property
@@ -112,7 +113,7 @@ class Collaboration:
         catalog = write_catalog(self.root / "catalog.json", *([] if self.folder else [self.project]))
         folders = ["--projects", str(self.folder.root.parent)] if self.folder else []
         log = self.root / "backbone.log"
-        popen = subprocess.Popen(
+        popen = launcher.popen(
             [*engine_command(), "backbone", "--port", str(port), "--data-dir", str(self.root / "backbone"),
              "--catalog", str(catalog), *folders, *self.backbone_args],
             stdout=subprocess.PIPE, stderr=log.open("ab"), stdin=subprocess.DEVNULL, text=True)
@@ -126,7 +127,7 @@ class Collaboration:
         """A peer as users start it (or, with ``command``, a modified one that takes the same
         arguments)."""
         log = self.root / f"{name}.log"
-        popen = subprocess.Popen(
+        popen = launcher.popen(
             [*(command or engine_command()), "peer", "--backbone", self.url, "--project", self.project.id,
              "--name", name, "--json", "--threads", "1", *args],
             stdout=subprocess.PIPE, stderr=log.open("wb"), stdin=subprocess.DEVNULL, text=True,

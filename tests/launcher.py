@@ -1,0 +1,384 @@
+"""Test peers forked from a process that has already imported the engine.
+
+A peer process spends about 2 s of CPU importing torch, aiortc and the engine before it does
+anything, and a multi-peer test starts four to twelve of them on CI's two cores: minutes of
+the suite went to imports. The launcher (``python -m tests.launcher SOCKET``) imports them
+once; each test process it starts is a fork of it that runs the asked module as ``python -m``
+would (``engine``: the real ``cotrain`` command line), with the test's arguments,
+environment, working directory and standard streams, and gives back its exit status as
+subprocess does (negative: killed by that signal).
+
+``popen`` and ``create_subprocess_exec`` take a command and the arguments of their
+subprocess/asyncio namesakes; a command that is not ``engine_command()`` or
+``python -m MODULE`` (a network namespace's prefix, another program) is started as they
+would. Tests of the process itself (its start, its environment floor, the bundle) start
+``cotrain`` with subprocess directly. ``COTRAIN_TEST_LAUNCHER=exec`` starts every process
+the usual way, to compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import select
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+PRELOADED = ("torch", "numpy", "aiortc", "aiohttp", "engine.cli", "engine.peer.runner",
+             "engine.backbone.server", "engine.tasks", "tests.hostile.adversary",
+             # 3.5 s more for a peer of a transformers project: the presets' families
+             "transformers.models.auto.modeling_auto", "transformers.models.albert.modeling_albert",
+             "transformers.models.gpt2.modeling_gpt2", "transformers.tokenization_utils_fast")
+PID, STATUS = struct.Struct("q"), struct.Struct("i")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the launcher process ---------------------------------------------------------------
+
+
+def serve(path: str) -> None:
+    """Import, then fork a child for each request until stdin closes (the test run ended);
+    the children still running then are killed."""
+    for module in PRELOADED:
+        importlib.import_module(module)
+    assert threading.active_count() == 1, "a Python thread in the launcher would be lost in every fork"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    running: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    print("ready", flush=True)
+    try:
+        while True:
+            for key, _ in selector.select():
+                if key.data == "stdin":
+                    return
+                if key.data == "accept":
+                    conn, _ = listener.accept()
+                    pid = _fork(conn, [listener, selector, *[c for _, c in running.values()]], list(running))
+                    if pid is not None:
+                        pidfd = os.pidfd_open(pid)
+                        running[pidfd] = (pid, conn)
+                        selector.register(pidfd, selectors.EVENT_READ, "exit")
+                    continue
+                pid, conn = running.pop(key.fd)
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                with contextlib.suppress(OSError):
+                    conn.sendall(STATUS.pack(os.waitstatus_to_exitcode(status)))
+                conn.close()
+    finally:
+        for pid, _ in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _fork(conn: socket.socket, inherited: list, pidfds: list[int]) -> int | None:
+    """Read a request from ``conn`` and fork its child; the child never returns."""
+    try:
+        request, fds = _receive(conn)
+    except (OSError, ValueError) as error:
+        print(f"launcher: a broken request ({error})", file=sys.stderr, flush=True)
+        conn.close()
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become(request, fds, [conn, *inherited], pidfds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(PID.pack(pid))
+    return pid
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    if len(fds) != 3 or len(data) < 4:
+        raise ValueError("expected a length, a request and three file descriptors")
+    size = int.from_bytes(data[:4], "big")
+    body = bytearray(data[4:])
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ValueError("the request ended early")
+        body += chunk
+    return json.loads(body), list(fds)
+
+
+def _become(request: dict, fds: list[int], inherited: list, pidfds: list[int]) -> None:
+    """In the fork: what a fresh ``python -m MODULE ARGS`` started by subprocess would be."""
+    code = 1
+    try:
+        for thing in inherited:
+            thing.close()
+        for fd in pidfds:
+            os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in set(fds) - {0, 1, 2}:
+            os.close(fd)
+        _die_with_the_launcher()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        import numpy
+
+        numpy.random.seed()  # a fresh process's; random reseeds itself in a fork
+        import engine
+
+        importlib.reload(engine)  # its floor over the environment, as at a process's first import
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as leaving:
+        code = _exit_code(leaving.code)
+    except BaseException:  # a child reports everything, as an interpreter would
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _die_with_the_launcher() -> None:
+    """A child outlives nothing: if the launcher is killed, so is it (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+# --- the test's side ----------------------------------------------------------------------
+
+
+class _Launcher:
+    """The launcher process of this test run, started at its first use."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+        self.path = ""
+
+    def connect(self) -> socket.socket:
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.path)
+        return conn
+
+    def _start(self) -> None:
+        self.path = os.path.join(tempfile.mkdtemp(prefix="cotrain-launcher-"), "socket")
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.launcher", self.path], cwd=ROOT,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 120)
+        if not ready or self.process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the test launcher did not start")
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+_LAUNCHER = _Launcher()
+
+
+def _module_of(command: list[str]) -> str | None:
+    """The module ``command`` runs with ``python -m``, if it runs this interpreter so."""
+    if os.environ.get("COTRAIN_TEST_LAUNCHER") == "exec":
+        return None
+    if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
+        return command[2]
+    return None
+
+
+def _start(module: str, args: list[str], env: dict | None, cwd: Any,
+           fds: list[int]) -> tuple[socket.socket, int]:
+    request = json.dumps({"module": module, "args": args, "cwd": str(cwd or os.getcwd()),
+                          "env": dict(os.environ if env is None else env)}).encode()
+    conn = _LAUNCHER.connect()
+    socket.send_fds(conn, [len(request).to_bytes(4, "big") + request], fds)
+    pid = PID.unpack(_read(conn, PID.size))[0]
+    return conn, pid
+
+
+def _read(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _stream_fd(spec: Any, mode: int, opened: list[int]) -> tuple[int, int | None]:
+    """The child's fd for a subprocess-style stream argument, and our end of a pipe."""
+    if spec is None:
+        return (0 if mode == os.O_RDONLY else 1), None
+    if spec == subprocess.DEVNULL:
+        fd = os.open(os.devnull, mode)
+        opened.append(fd)
+        return fd, None
+    if spec == subprocess.PIPE:
+        ours, theirs = os.pipe() if mode == os.O_WRONLY else os.pipe()[::-1]
+        opened.append(theirs)
+        return theirs, ours
+    return (spec if isinstance(spec, int) else spec.fileno()), None
+
+
+def _launch(module: str, args: list[str], stdin: Any, stdout: Any, stderr: Any, env: dict | None,
+            cwd: Any) -> tuple[socket.socket, int, list[int | None]]:
+    opened: list[int] = []
+    try:
+        streams = [_stream_fd(stdin, os.O_RDONLY, opened), _stream_fd(stdout, os.O_WRONLY, opened),
+                   _stream_fd(stderr, os.O_WRONLY, opened)]
+        conn, pid = _start(module, args, env, cwd, [fd for fd, _ in streams])
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return conn, pid, [ours for _, ours in streams]
+
+
+class LaunchedProcess:
+    """What ``subprocess.Popen`` gives, for a child of the launcher."""
+
+    def __init__(self, args: list[str], conn: socket.socket, pid: int, ends: list[int | None], text: bool):
+        self.args, self.pid, self._conn, self.returncode = args, pid, conn, None
+        self.stdin: IO | None = None if ends[0] is None else open(ends[0], "w" if text else "wb")  # noqa: SIM115
+        self.stdout: IO | None = None if ends[1] is None else open(ends[1], "r" if text else "rb")  # noqa: SIM115
+        self.stderr: IO | None = None if ends[2] is None else open(ends[2], "r" if text else "rb")  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            try:
+                self.returncode = STATUS.unpack(_read(self._conn, STATUS.size))[0]
+            except EOFError:  # the launcher is gone, and its children with it
+                self.returncode = -signal.SIGKILL
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def popen(command: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+          env: dict | None = None, cwd: Any = None, text: bool = False) -> subprocess.Popen | LaunchedProcess:
+    """``subprocess.Popen(command, ...)``, forked from the launcher where it can be."""
+    module = _module_of(command)
+    if module is None:
+        return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
+                                text=text)
+    conn, pid, ends = _launch(module, command[3:], stdin, stdout, stderr, env, cwd)
+    return LaunchedProcess(command, conn, pid, ends, text)
+
+
+class AsyncLaunchedProcess:
+    """What ``asyncio.create_subprocess_exec`` gives, for a child of the launcher."""
+
+    def __init__(self, conn: socket.socket, pid: int, stdout: asyncio.StreamReader | None):
+        self.pid, self.stdout, self.stdin, self.stderr = pid, stdout, None, None
+        conn.setblocking(False)
+        self._exit = asyncio.ensure_future(self._exit_status(conn))
+
+    @staticmethod
+    async def _exit_status(conn: socket.socket) -> int:
+        loop = asyncio.get_running_loop()
+        data = b""
+        try:
+            while len(data) < STATUS.size:
+                chunk = await loop.sock_recv(conn, STATUS.size - len(data))
+                if not chunk:
+                    return -signal.SIGKILL  # the launcher is gone, and its children with it
+                data += chunk
+            return STATUS.unpack(data)[0]
+        finally:
+            conn.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit.result() if self._exit.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def create_subprocess_exec(*command: str, stdin: Any = None, stdout: Any = None, stderr: Any = None,
+                                 env: dict | None = None, cwd: Any = None) -> Any:
+    """``asyncio.create_subprocess_exec(*command, ...)``, forked from the launcher where it can be."""
+    module = _module_of(list(command))
+    if module is None:
+        return await asyncio.create_subprocess_exec(*command, stdin=stdin, stdout=stdout, stderr=stderr,
+                                                    env=env, cwd=cwd)
+    conn, pid, ends = await asyncio.to_thread(_launch, module, list(command[3:]), stdin, stdout, stderr,
+                                              env, cwd)
+    reader = None
+    if ends[1] is not None:
+        reader = asyncio.StreamReader()
+        pipe = open(ends[1], "rb", buffering=0)  # noqa: SIM115 - the transport owns it
+        await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return AsyncLaunchedProcess(conn, pid, reader)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
