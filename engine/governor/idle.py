@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import re
 import subprocess
@@ -179,7 +180,7 @@ class XScreenSaverIdle(IdleSource):
             x11.XFree(info)
 
     def _open(self) -> tuple[ctypes.CDLL, ctypes.CDLL, int]:
-        x11_path, xss_path = ctypes.util.find_library("X11"), ctypes.util.find_library("Xss")
+        x11_path, xss_path = _library("X11"), _library("Xss")
         if not x11_path or not xss_path:
             raise IdleUnavailable("libX11 or libXss is not installed")
         x11, xss = ctypes.CDLL(x11_path), ctypes.CDLL(xss_path)
@@ -194,6 +195,13 @@ class XScreenSaverIdle(IdleSource):
         if not display:
             raise IdleUnavailable("cannot open the X display (is DISPLAY set?)")
         return x11, xss, display
+
+
+@functools.cache
+def _library(name: str) -> str | None:
+    """Once a run: find_library runs ``ldconfig -p``, and a machine without a display would
+    otherwise run it at every reading, once a second for as long as the peer runs."""
+    return ctypes.util.find_library(name)
 
 
 def default_sources() -> list[IdleSource]:

@@ -41,6 +41,26 @@ def test_the_x_screensaver_source_measures_idle_time_and_input_resets_it(display
     assert reading.source == "X11 XScreenSaver" and reading.seconds is not None
 
 
+def test_without_a_display_readings_stay_unavailable_and_cheap(monkeypatch):
+    """A headless peer reads idleness once a second for as long as it runs: each reading
+    used to run ``ldconfig -p`` twice to look for libX11 and libXss."""
+    import subprocess
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    started = []
+    real_popen = subprocess.Popen.__init__
+
+    def popen(self, args, *rest, **kwargs):
+        started.append(args)
+        real_popen(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    detector = IdleDetector([XScreenSaverIdle()])
+    readings = [detector.read() for _ in range(5)]
+    assert all(r.seconds is None and "cannot open the X display" in r.describe for r in readings)
+    assert len(started) <= 2, started  # at most the first reading's look for the two libraries
+
+
 async def test_input_pauses_compute_within_a_second_and_idleness_resumes_it(display, tmp_path):
     idle_minutes = 0.05  # 3 seconds
     limits = Limits(only_when_idle=True, idle_minutes=idle_minutes)
