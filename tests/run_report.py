@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -58,10 +59,11 @@ class RunReport:
                 f"{name:<12} {(spent.stop - spent.start) / 60:6.1f} min wall  {spent.busy / 60:6.1f} min "
                 f"in its tests  ({len(spent.tests)} tests)")
         path = os.environ.get(TIMES_FILE)
-        if path:
-            with open(path, "w") as out:
-                json.dump({name: {"wall": spent.stop - spent.start, "busy": spent.busy,
-                                  "tests": len(spent.tests)} for name, spent in rows}, out)
+        if path:  # the test command runs pytest more than once: each run adds its directories
+            times = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
+            times.update({name: {"wall": spent.stop - spent.start, "busy": spent.busy,
+                                 "tests": len(spent.tests)} for name, spent in rows})
+            Path(path).write_text(json.dumps(times))
 
 
 def directory_of(nodeid: str) -> str:
