@@ -276,6 +276,13 @@ def _launch(module: str, args: list[str], stdin: Any, stdout: Any, stderr: Any, 
     return conn, pid, [ours for _, ours in streams]
 
 
+def _signal(pid: int, sig: int) -> None:
+    """As subprocess does: a child that has exited (the launcher reaped it, its status is on
+    its way) is not an error."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
 class LaunchedProcess:
     """What ``subprocess.Popen`` gives, for a child of the launcher."""
 
@@ -303,7 +310,7 @@ class LaunchedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            _signal(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -354,7 +361,7 @@ class AsyncLaunchedProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
-            os.kill(self.pid, sig)
+            _signal(self.pid, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

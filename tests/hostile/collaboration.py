@@ -35,13 +35,14 @@ from engine.training.params import trainable
 from engine.training.state import load_state, warm_slots
 from engine.wire.tensors import decode_file
 from tests import launcher
-from tests.collab.harness import tiny_project
+from tests.collab.harness import TINY, tiny_project
 from tests.collab.processes import write_catalog
 
 
 def hostile_project(**overrides) -> ProjectSpec:
     """A small, quick project: rounds of three peers finish in well under a second."""
-    settings = {"target_batch_size": 96, "round_timeout": 3, "checkpoint_every": 1000}
+    settings = {"target_batch_size": 96, "round_timeout": 3, "checkpoint_every": 1000,
+                "task_params": dict(TINY, micro_batch=12)}
     return tiny_project(**{**settings, **overrides})
 
 

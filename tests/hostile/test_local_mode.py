@@ -17,6 +17,7 @@ import asyncio
 import pytest
 
 from engine.project import AggregationSpec, LocalSpec, ProjectSpec
+from tests.collab.harness import TINY
 from tests.hostile.collaboration import hostile_project
 from tests.hostile.poisoner import SAMPLES
 from tests.hostile.test_final_loss import SCALED, run
@@ -30,9 +31,9 @@ MARGIN = 0.10
 
 
 def project(method: str = "centered_clip") -> ProjectSpec:
-    # Four inner steps of 16 samples per peer between outer steps.
+    # Four inner steps of 16 samples (one micro-batch) per peer between outer steps.
     return hostile_project(mode="local", target_batch_size=3 * 4 * 16, checkpoint_every=OUTER_STEPS,
-                           local=LocalSpec(inner_batch_size=16),
+                           local=LocalSpec(inner_batch_size=16), task_params=dict(TINY, micro_batch=16),
                            aggregation=AggregationSpec(method=method, verify_probability=0.5))
 
 
