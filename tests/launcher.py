@@ -8,12 +8,10 @@ would (``engine``: the real ``cotrain`` command line), with the test's arguments
 environment, working directory and standard streams, and gives back its exit status as
 subprocess does (negative: killed by that signal).
 
-``popen`` and ``create_subprocess_exec`` take a command and the arguments of their
-subprocess/asyncio namesakes; a command that is not ``engine_command()`` or
-``python -m MODULE`` (a network namespace's prefix, another program) is started as they
-would. Tests of the process itself (its start, its environment floor, the bundle) start
-``cotrain`` with subprocess directly. ``COTRAIN_TEST_LAUNCHER=exec`` starts every process
-the usual way, to compare.
+``popen`` and ``create_subprocess_exec`` take their subprocess/asyncio namesakes' arguments;
+what is not ``python -m MODULE`` of this interpreter (a namespace's prefix, another program),
+or has another environment for what imports read, starts as they would start it, as does
+everything under ``COTRAIN_TEST_LAUNCHER=exec``.
 """
 
 from __future__ import annotations
@@ -43,6 +41,8 @@ PRELOADED = ("torch", "numpy", "aiortc", "aiohttp", "engine.cli", "engine.peer.r
              # 3.5 s more for a peer of a transformers project: the presets' families
              "transformers.models.auto.modeling_auto", "transformers.models.albert.modeling_albert",
              "transformers.models.gpt2.modeling_gpt2", "transformers.tokenization_utils_fast")
+IMPORT_TIME = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "USE_HUB", "TORCH", "PYTORCH_", "OMP_", "MKL_",
+               "OPENBLAS_", "CUDA_", "PYTHON", "LD_")
 PID, STATUS = struct.Struct("q"), struct.Struct("i")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,16 +187,26 @@ class _Launcher:
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.path = ""
+        self.env: dict[str, str] = {}
+
+    def environment(self) -> dict[str, str]:
+        """The environment the launcher started with (starting it)."""
+        self._ensure()
+        return self.env
 
     def connect(self) -> socket.socket:
-        with self.lock:
-            if self.process is None or self.process.poll() is not None:
-                self._start()
+        self._ensure()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(self.path)
         return conn
 
+    def _ensure(self) -> None:
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+
     def _start(self) -> None:
+        self.env = dict(os.environ)
         self.path = os.path.join(tempfile.mkdtemp(prefix="cotrain-launcher-"), "socket")
         self.process = subprocess.Popen([sys.executable, "-m", "tests.launcher", self.path], cwd=ROOT,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -219,13 +229,21 @@ class _Launcher:
 _LAUNCHER = _Launcher()
 
 
-def _module_of(command: list[str]) -> str | None:
-    """The module ``command`` runs with ``python -m``, if it runs this interpreter so."""
+def _module_of(command: list[str], env: dict | None) -> str | None:
+    """The module ``command`` runs with ``python -m``, if it runs this interpreter so and
+    nothing its imports read from the environment differs from the launcher's."""
     if os.environ.get("COTRAIN_TEST_LAUNCHER") == "exec":
         return None
-    if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
-        return command[2]
-    return None
+    if len(command) < 3 or command[0] != sys.executable or command[1] != "-m":
+        return None
+    return None if _read_at_import(env) != _read_at_import(_LAUNCHER.environment()) else command[2]
+
+
+def _read_at_import(env: dict | None) -> dict[str, str]:
+    """The variables libraries read once, as they load (a model hub's address and offline
+    mode, OpenMP's threads, ...): a child given others is started anew, or they would be the
+    launcher's (a hub stand-in would see nothing of a child that asked the real hub)."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k.startswith(IMPORT_TIME)}
 
 
 def _start(module: str, args: list[str], env: dict | None, cwd: Any,
@@ -322,7 +340,7 @@ class LaunchedProcess:
 def popen(command: list[str], *, stdin: Any = None, stdout: Any = None, stderr: Any = None,
           env: dict | None = None, cwd: Any = None, text: bool = False) -> subprocess.Popen | LaunchedProcess:
     """``subprocess.Popen(command, ...)``, forked from the launcher where it can be."""
-    module = _module_of(command)
+    module = _module_of(command, env)
     if module is None:
         return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, cwd=cwd,
                                 text=text)
@@ -373,7 +391,7 @@ class AsyncLaunchedProcess:
 async def create_subprocess_exec(*command: str, stdin: Any = None, stdout: Any = None, stderr: Any = None,
                                  env: dict | None = None, cwd: Any = None) -> Any:
     """``asyncio.create_subprocess_exec(*command, ...)``, forked from the launcher where it can be."""
-    module = _module_of(list(command))
+    module = await asyncio.to_thread(_module_of, list(command), env)  # (may start the launcher)
     if module is None:
         return await asyncio.create_subprocess_exec(*command, stdin=stdin, stdout=stdout, stderr=stderr,
                                                     env=env, cwd=cwd)

@@ -27,14 +27,14 @@ def mode(request, monkeypatch):
 
 def test_a_child_gets_its_arguments_environment_folder_and_streams(tmp_path, mode):
     log = (tmp_path / "err.log").open("wb")
-    env = {**os.environ, "PROBE": "here", "HF_HUB_OFFLINE": "0", "PYTHONPATH": str(launcher.ROOT)}
+    # (a new interpreter in another folder finds the tests' modules through PYTHONPATH)
+    env = {**os.environ, "PROBE": "here", **({"PYTHONPATH": str(launcher.ROOT)} if mode == "exec" else {})}
     child = launcher.popen([*PROBE, "3", "x y"], stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
                            env=env, cwd=tmp_path, text=True)
     said = json.loads(child.stdout.readline())
     assert child.wait(60) == 3
     assert said["argv"] == ["3", "x y"] and said["cwd"] == str(tmp_path) and said["probe"] == "here"
-    assert said["stdin"] == "" and said["threads"] == 1
-    assert said["hub_offline"] == "1", "the engine's floor over the environment holds in every child"
+    assert said["stdin"] == "" and said["threads"] == 1 and said["hub_offline"] == "1"
     assert isinstance(child, launcher.LaunchedProcess) == (mode == "launcher")
     log.close()
     assert (tmp_path / "err.log").read_text() == "to stderr\n"
@@ -76,3 +76,15 @@ def test_the_asyncio_form_reads_lines_and_waits(mode):
 def test_other_programs_start_as_usual():
     child = launcher.popen(["true"])
     assert isinstance(child, subprocess.Popen) and child.wait(10) == 0
+
+
+def test_a_child_told_of_another_model_hub_starts_anew_and_keeps_off_it():
+    """huggingface_hub reads its address and offline mode once, at import: a fork of the
+    launcher would keep the launcher's, and a hub stand-in would see nothing of it."""
+    hub = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    child = launcher.popen([*PROBE, "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           env={**os.environ, **hub}, text=True)
+    said = json.loads(child.stdout.readline())
+    assert child.wait(60) == 0
+    assert isinstance(child, subprocess.Popen)
+    assert said["hub_offline"] == "1", "the engine's floor holds in a new process"
