@@ -1,5 +1,5 @@
-"""``cotrain project new|shard|tokenizer|check``: from a folder of texts to a project folder
-that ``cotrain backbone --projects`` serves."""
+"""``cotrain project new|shard|tokenizer|check|export``: from a folder of texts to a project
+folder that ``cotrain backbone --projects`` serves, and the trained model out of it."""
 
 from __future__ import annotations
 
@@ -34,7 +34,17 @@ def add_project_parser(sub, add_logging) -> None:
     tokenizer.add_argument("--vocab", type=int, default=None, help="tokens (default: the model's vocab_size)")
     check = commands.add_parser("check", help="check all a peer will need")
     check.add_argument("folder", type=Path)
-    for command in (new, shard, tokenizer, check):
+    export = commands.add_parser("export", help="the trained model as a folder transformers' from_pretrained "
+                                                "loads (weights, configuration, tokenizer)")
+    export.add_argument("folder", type=Path, help="the project folder")
+    export.add_argument("--out", type=Path, required=True, metavar="FOLDER", help="a new or empty folder")
+    source = export.add_mutually_exclusive_group()
+    source.add_argument("--state", type=Path, default=None, metavar="FILE",
+                        help="a state file (cotrain peer --save-state, or a checkpoint file)")
+    source.add_argument("--backbone-data", type=Path, default=None, metavar="DIR",
+                        help="the newest checkpoint a backbone keeps in DIR (default: this computer's "
+                             "backbone's, when --state is not given)")
+    for command in (new, shard, tokenizer, check, export):
         add_logging(command)
 
 
@@ -46,6 +56,8 @@ def run_project_command(args: argparse.Namespace) -> int:
             return _shard(args)
         if args.project_command == "tokenizer":
             return _tokenizer(args.folder, args.vocab)
+        if args.project_command == "export":
+            return _export(args)
         return _check(args.folder)
     except (ValueError, OSError) as exc:
         print(f"cotrain project {args.project_command}: {exc}", file=sys.stderr)
@@ -115,4 +127,20 @@ def _tokenizer(folder: Path, vocab: int | None) -> int:
     print(f"training a tokenizer on the shards in {folder / SHARDS}")
     size = tokenize_project(folder, vocab)
     print(f"wrote {folder / TOKENIZER}: {size} tokens (the model's vocab_size is set to match)")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from engine.authoring.export import export, newest_checkpoint
+    from engine.paths import user_data_dir
+    from engine.project_folders import PROJECT_FILE, read_project_file
+
+    state = args.state
+    if state is None:
+        checkpoints = (args.backbone_data or user_data_dir() / "backbone") / "checkpoints"
+        state = newest_checkpoint(checkpoints, read_project_file(args.folder / PROJECT_FILE).id)
+    exported = export(args.folder, state, args.out)
+    print(f"wrote {args.out}: epoch {exported.meta.epoch} of {exported.meta.project} "
+          f"(state {exported.meta.state_sha256[:12]}, from {state}); load it with "
+          f"transformers' from_pretrained({str(args.out)!r})")
     return 0

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
@@ -123,14 +125,28 @@ def encode_file(index: StateIndex, payload: bytes | bytearray) -> bytes:
 
 def decode_file(data: bytes | bytearray | memoryview) -> StateFile:
     view = memoryview(data)
-    if len(view) < _FILE_HEAD.size:
+    head_len = _index_length(view[:_FILE_HEAD.size], len(view))
+    index = _index.decode(view[_FILE_HEAD.size : _FILE_HEAD.size + head_len])
+    return StateFile(index, view[_FILE_HEAD.size + head_len :])
+
+
+def read_state_meta(path: Path) -> StateMeta:
+    """A state file's project, epoch and hash, read without its tensors (a checkpoint can be
+    gigabytes; the file's own hash is not checked here)."""
+    with open(path, "rb") as file:
+        head = file.read(_FILE_HEAD.size)
+        head_len = _index_length(memoryview(head), os.fstat(file.fileno()).st_size)
+        return _index.decode(file.read(head_len)).meta
+
+
+def _index_length(head: memoryview, size: int) -> int:
+    if len(head) < _FILE_HEAD.size:
         raise ProtocolError("state file is truncated")
-    magic, version, head_len = _FILE_HEAD.unpack_from(view)
+    magic, version, head_len = _FILE_HEAD.unpack_from(head)
     if magic != FILE_MAGIC:
         raise ProtocolError("not a Cotrain state file")
     if version != FILE_VERSION:
         raise ProtocolError(f"state file version {version} is not supported (expected {FILE_VERSION})")
-    if head_len > MAX_INDEX or _FILE_HEAD.size + head_len > len(view):
+    if head_len > MAX_INDEX or _FILE_HEAD.size + head_len > size:
         raise ProtocolError("state file index is out of range")
-    index = _index.decode(view[_FILE_HEAD.size : _FILE_HEAD.size + head_len])
-    return StateFile(index, view[_FILE_HEAD.size + head_len :])
+    return head_len

@@ -3,6 +3,7 @@ a backbone serving the project, and a volunteer's peer training on it. A model h
 sees every request that any of them (and `cotrain project check`) would make to a hub: none."""
 
 import asyncio
+import json
 import os
 import re
 import shlex
@@ -11,8 +12,11 @@ from pathlib import Path
 from pydoc_data.topics import topics
 
 import pytest
+import torch
+from transformers import AlbertForPreTraining, AutoConfig, AutoTokenizer
 
-from engine.wire.tensors import decode_file
+from engine.training.state import tensors_of
+from engine.wire.tensors import MODEL_PREFIX, decode_file
 from tests.collab.processes import spawn_peer, terminate
 from tests.hub_standin import hub_standin
 
@@ -20,9 +24,9 @@ pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def readme_commands() -> list[str]:
-    block = re.search(r"<!-- own-project -->\n```\n(.*?)```\n<!-- /own-project -->", README.read_text(), re.S)
-    assert block, "README.md has no own-project block"
+def readme_commands(name: str = "own-project") -> list[str]:
+    block = re.search(rf"<!-- {name} -->\n```\n(.*?)```\n<!-- /{name} -->", README.read_text(), re.S)
+    assert block, f"README.md has no {name} block"
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
@@ -74,3 +78,26 @@ async def readme_collaboration(tmp_path: Path, hub_env: dict) -> None:
     saved = decode_file((tmp_path / "my-model.state").read_bytes())
     last = peer.epochs[-1]
     assert (saved.index.meta.epoch, saved.state_sha256()) == (last["epoch"], last["state_sha256"])
+    await export_and_load(tmp_path, env, saved)
+
+
+async def export_and_load(tmp_path: Path, env: dict, saved) -> None:
+    """The README's export, then transformers loads the folder as any model of its own."""
+    (export,) = readme_commands("own-project-export")
+    done = await run(export.replace("--out", "--state my-model.state --out"), tmp_path, env)
+    out, _ = await asyncio.wait_for(done.communicate(), 120)
+    assert done.returncode == 0, out.decode()
+    folder = tmp_path / "my-model"
+    config = AutoConfig.from_pretrained(folder)
+    assert config.architectures == ["AlbertForPreTraining"]  # the preset's masked LM and sentence order
+    model, loading = AlbertForPreTraining.from_pretrained(folder, output_loading_info=True)
+    assert not any(loading.values()), loading  # no missing, unexpected or mismatched weights
+    trained = tensors_of(saved)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, trained[f"{MODEL_PREFIX}{name}"]), name
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert (tokenizer.pad_token, tokenizer.mask_token) == ("[PAD]", "[MASK]")
+    assert tokenizer.pad_token_id == model.config.pad_token_id and len(tokenizer) == model.config.vocab_size
+    ids = tokenizer("The for statement")["input_ids"]
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id and len(ids) > 2
+    assert json.loads((folder / "cotrain_state.json").read_text())["state_sha256"] == saved.state_sha256()
