@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def add_project_parser(sub, add_logging) -> None:
     shard.add_argument("--shard-mb", type=float, default=64.0, help="about this many MB a shard (default 64)")
     shard.add_argument("--heldout-every", type=int, default=50, metavar="N",
                        help="every N-th document goes to the held-out set (default 50)")
+    shard.add_argument("--text-field", default="text", metavar="NAME",
+                       help="the JSONL field or Parquet column that holds the text (default: text)")
     tokenizer = commands.add_parser("tokenizer", help="train the project's tokenizer on its shards")
     tokenizer.add_argument("folder", type=Path)
     tokenizer.add_argument("--vocab", type=int, default=None, help="tokens (default: the model's vocab_size)")
@@ -79,13 +82,25 @@ def _check(folder: Path) -> int:
 def _new(folder: Path, preset: str, project_id: str | None) -> int:
     if (folder / "project.json").exists():
         raise ValueError(f"{folder} holds a project already")
+    project = {"id": _project_id(folder, project_id), **json.loads(json.dumps(PRESETS[preset]))}
     folder.mkdir(parents=True, exist_ok=True)
-    project = {"id": project_id or folder.resolve().name.lower(), **json.loads(json.dumps(PRESETS[preset]))}
     write_project(folder, project)
     inputs = "YOUR_CLASS_FOLDERS" if project.get("task") == IMAGE_TASK else "YOUR_TEXTS"
     print(f"wrote {folder / 'project.json'} ({preset}); next: "
           f"cotrain project shard {inputs} --out {folder}")
     return 0
+
+
+def _project_id(folder: Path, given: str | None) -> str:
+    """The id asked for, or the folder's name: checked now, not when the project is checked."""
+    from engine.wire.types import ProjectId
+
+    chosen = given or folder.resolve().name.lower()
+    if re.fullmatch(ProjectId.__metadata__[0].pattern, chosen):
+        return chosen
+    suggestion = re.sub(r"[^a-z0-9]+", "-", chosen.lower()).strip("-")[:63] or "my-project"
+    raise ValueError(f"{chosen!r} cannot be a project's id (lowercase letters, digits and '-', at most 63, "
+                     f"starting with a letter or digit): give --id {suggestion}, or name the folder so")
 
 
 def _shard(args: argparse.Namespace) -> int:
@@ -96,7 +111,8 @@ def _shard(args: argparse.Namespace) -> int:
         return _shard_images(args, project)
     if project.get("task") not in TEXT_TASKS:
         raise ValueError(f"{args.out} is a {project.get('task')!r} project; this cuts text")
-    count, held = cut_text(args.inputs, args.out, int(args.shard_mb * 2**20), max(2, args.heldout_every))
+    count, held = cut_text(args.inputs, args.out, int(args.shard_mb * 2**20), max(2, args.heldout_every),
+                           args.text_field)
     data = update_manifest(args.out)
     print(f"{count} documents: {len(data['shards'])} shards in {args.out / SHARDS}, {held} held out")
     if not (args.out / TOKENIZER).exists():

@@ -1,6 +1,6 @@
 """Cutting text into shards: .txt/.md files (long ones at paragraph breaks), JSONL with a
-"text" field, or Parquet with a "text" column, into JSONL shards of about ``shard_bytes``
-and a held-out set of every n-th document."""
+"text" field, or Parquet with a "text" column (or another field the author names), into
+JSONL shards of about ``shard_bytes`` and a held-out set of every n-th document."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from engine.authoring.manifest import HELDOUT, SHARDS
-from engine.shards.jsonl import document_line, iter_documents
+from engine.shards.jsonl import TEXT_FIELD, ShardError, document_line, iter_documents
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".text"}
 DOCUMENT_CHARS = 100_000  # a longer text file becomes several documents, cut between paragraphs
@@ -27,18 +27,21 @@ def input_files(inputs: list[Path]) -> list[Path]:
     return found
 
 
-def documents(path: Path) -> Iterator[str]:
+def documents(path: Path, field: str = TEXT_FIELD) -> Iterator[str]:
     suffix = path.suffix.lower()
     if suffix in TEXT_SUFFIXES:
         yield from _paragraph_groups(path.read_text(errors="replace"))
     elif suffix == ".jsonl":
-        yield from iter_documents(path)
+        try:
+            yield from iter_documents(path, field)
+        except ShardError as exc:
+            raise ValueError(f"{path.parent}/{exc} (--text-field names another field)") from None
     elif suffix == ".parquet":
-        yield from _parquet_documents(path)
+        yield from _parquet_documents(path, field)
 
 
-def _parquet_documents(path: Path) -> Iterator[str]:
-    """The "text" column, a row group at a time: a dataset's Parquet files run to gigabytes."""
+def _parquet_documents(path: Path, field: str) -> Iterator[str]:
+    """The text column, a row group at a time: a dataset's Parquet files run to gigabytes."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -48,10 +51,11 @@ def _parquet_documents(path: Path) -> Iterator[str]:
     except (OSError, ValueError) as exc:  # pyarrow's errors are among these
         raise ValueError(f"{path}: not a Parquet file pyarrow can read ({exc})") from None
     columns = parquet.schema_arrow.names
-    if "text" not in columns:
-        raise ValueError(f"{path}: no \"text\" column (it has {', '.join(columns[:10]) or 'none'})")
+    if field not in columns:
+        raise ValueError(f"{path}: no {field!r} column (it has {', '.join(columns[:10]) or 'none'}; "
+                         "--text-field names another)")
     try:
-        for batch in parquet.iter_batches(columns=["text"], batch_size=1024):
+        for batch in parquet.iter_batches(columns=[field], batch_size=1024):
             yield from (t for t in batch.column(0).to_pylist() if isinstance(t, str))
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: damaged ({exc})") from None
@@ -70,12 +74,13 @@ def _paragraph_groups(text: str) -> Iterator[str]:
         yield "\n\n".join(group)
 
 
-def cut_text(inputs: list[Path], root: Path, shard_bytes: int, heldout_every: int) -> tuple[int, int]:
+def cut_text(inputs: list[Path], root: Path, shard_bytes: int, heldout_every: int,
+             field: str = TEXT_FIELD) -> tuple[int, int]:
     """Write ``root/shards`` and ``root/heldout``; returns (documents, held out)."""
     files = input_files(inputs)
     if not files:
         raise ValueError("no input files")
-    return write_shards((text for path in files for text in documents(path)), root, shard_bytes,
+    return write_shards((text for path in files for text in documents(path, field)), root, shard_bytes,
                         heldout_every)
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+TEXT_FIELD = "text"  # what the shards Cotrain writes name a document's text
 MAX_DOCUMENT = 1 << 22  # characters; longer documents are cut (a shard is data, never trusted)
 
 
@@ -14,7 +15,7 @@ class ShardError(ValueError):
     pass
 
 
-def iter_documents(path: Path) -> Iterator[str]:
+def iter_documents(path: Path, field: str = TEXT_FIELD) -> Iterator[str]:
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -23,9 +24,9 @@ def iter_documents(path: Path) -> Iterator[str]:
                 value = json.loads(line)
             except ValueError:
                 raise ShardError(f"{path.name} line {number} is not JSON") from None
-            text = value.get("text") if isinstance(value, dict) else value
+            text = value.get(field) if isinstance(value, dict) else value
             if not isinstance(text, str):
-                raise ShardError(f"{path.name} line {number} has no \"text\" string")
+                raise ShardError(f"{path.name} line {number} has no {field!r} string")
             yield text[:MAX_DOCUMENT]
 
 
@@ -34,4 +35,4 @@ def read_documents(path: Path) -> list[str]:
 
 
 def document_line(text: str) -> bytes:
-    return (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode()
+    return (json.dumps({TEXT_FIELD: text}, ensure_ascii=False) + "\n").encode()

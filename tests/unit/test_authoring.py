@@ -15,6 +15,7 @@ from PIL import Image
 from engine.cli import main
 from engine.project_folders import load_project_folder
 from engine.shards.files import FolderFiles
+from engine.shards.jsonl import iter_documents
 from engine.tasks import TaskData, create_task, initial_model
 
 pytestmark = pytest.mark.slow
@@ -156,3 +157,34 @@ def test_a_causal_language_model_learns_its_texts(tmp_path):
     with torch.no_grad():
         heldout = [float(task.loss(model, b)) for b in task.heldout()]
     assert heldout and all(torch.isfinite(torch.tensor(heldout))), "the held-out texts are scored"
+
+
+def test_a_folder_whose_name_cannot_be_an_id_is_refused_at_new_with_one_that_can(tmp_path, capsys):
+    """It used to pass `project new` and fail `project check` with the id's regular expression."""
+    folder = tmp_path / "My_Project"
+    assert main(["project", "new", "--preset", "albert-mini", str(folder)]) == 1
+    assert "give --id my-project" in capsys.readouterr().err and not folder.exists()
+    cotrain("new", "--preset", "albert-mini", "--id", "my-project", folder)
+    assert load_project_folder(folder).spec.id == "my-project"
+
+
+def test_jsonl_and_parquet_take_their_text_from_the_field_the_author_names(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    said = [topics[name] for name in sorted(topics)[:30]]
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    lines = [json.dumps({"id": n, "body": text}) + "\n" for n, text in enumerate(said[:20])]
+    (inputs / "a.jsonl").write_text("".join(lines))
+    pq.write_table(pa.table({"body": said[20:], "id": list(range(10))}), inputs / "b.parquet")
+    folder = tmp_path / "mine"
+    cotrain("new", "--preset", "gpt2-mini", folder)
+    assert main(["project", "shard", str(inputs), "--out", str(folder)]) == 1
+    assert "a.jsonl line 1 has no 'text' string (--text-field names another" in capsys.readouterr().err
+    cotrain("shard", inputs, "--out", folder, "--text-field", "body", "--heldout-every", 10)
+    assert capsys.readouterr().out.startswith("30 documents:")
+    spec = load_project_folder(folder).spec
+    shards = [d for ref in spec.data.shards for d in iter_documents(folder / ref.path)]
+    heldout = [d for ref in spec.data.heldout for d in iter_documents(folder / ref.path)]
+    assert sorted(shards + heldout) == sorted(said) and len(heldout) == 3

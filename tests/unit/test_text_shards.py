@@ -37,7 +37,8 @@ def test_a_parquet_file_without_a_text_column_is_refused_naming_its_columns(tmp_
     import pyarrow as pa
 
     pq.write_table(pa.table({"body": ["x"], "id": [1]}), tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match=r'bad\.parquet: no "text" column \(it has body, id\)'):
+    says = r"bad\.parquet: no 'text' column \(it has body, id; --text-field names another\)"
+    with pytest.raises(ValueError, match=says):
         cut_text([tmp_path / "bad.parquet"], tmp_path / "out", 300, 5)
 
 
