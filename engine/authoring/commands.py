@@ -121,19 +121,23 @@ def _shard(args: argparse.Namespace) -> int:
 
 
 def _shard_images(args: argparse.Namespace, project: dict) -> int:
-    """One folder with a subfolder of images per class; the class count becomes num_classes."""
+    """One folder with a subfolder of images per class; the class count becomes num_classes,
+    and image_size is never more than the images' own (32x32 images stayed at 224)."""
     from engine.authoring.image_shards import cut_images
 
     if len(args.inputs) != 1:
         raise ValueError("an image project is cut from one folder, with a subfolder of images per class")
-    count, held, names = cut_images(args.inputs[0], args.out, int(args.shard_mb * 2**20),
-                                    max(2, args.heldout_every))
-    project.setdefault("task_params", {})["num_classes"] = len(names)
+    count, held, names, side = cut_images(args.inputs[0], args.out, int(args.shard_mb * 2**20),
+                                          max(2, args.heldout_every))
+    params = project.setdefault("task_params", {})
+    params["num_classes"] = len(names)
+    params["image_size"] = min(int(params.get("image_size", side)), side)
     write_project(args.out, project)
     data = update_manifest(args.out)
     shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
     print(f"{count} images of {len(names)} classes ({shown}): {len(data['shards'])} shards in "
-          f"{args.out / SHARDS}, {held} held out")
+          f"{args.out / SHARDS}, {held} held out; image_size {params['image_size']} (the images' "
+          f"median shorter side: {side} pixels)")
     return 0
 
 

@@ -44,8 +44,9 @@ def class_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return names, pairs
 
 
-def _checked(path: Path) -> tuple[bytes, str]:
-    """The image's bytes and its member suffix, once Pillow agrees it is what its name says."""
+def _checked(path: Path) -> tuple[bytes, str, int]:
+    """The image's bytes, its member suffix and shorter side, once Pillow agrees it is what
+    its name says."""
     data = path.read_bytes()
     if len(data) > MAX_MEMBER_BYTES:
         raise ValueError(f"{path} has {len(data)} bytes; a shard member has at most {MAX_MEMBER_BYTES}")
@@ -57,11 +58,13 @@ def _checked(path: Path) -> tuple[bytes, str]:
         raise ValueError(f"{path} is not a {IMAGE_SUFFIXES[suffix]} image: {exc}") from None
     if width > MAX_SIDE or height > MAX_SIDE:
         raise ValueError(f"{path} is {width}x{height} pixels; peers read at most {MAX_SIDE}x{MAX_SIDE}")
-    return data, "png" if suffix == "png" else "jpg"
+    return data, "png" if suffix == "png" else "jpg", min(width, height)
 
 
-def cut_images(folder: Path, root: Path, shard_bytes: int, heldout_every: int) -> tuple[int, int, list[str]]:
-    """Write ``root/shards`` and ``root/heldout``; returns (images, held out, class names)."""
+def cut_images(folder: Path, root: Path, shard_bytes: int, heldout_every: int
+               ) -> tuple[int, int, list[str], int]:
+    """Write ``root/shards`` and ``root/heldout``; returns (images, held out, class names, the
+    images' median shorter side in pixels)."""
     names, pairs = class_images(folder)
     if not pairs:
         raise ValueError(f"{folder}'s class folders hold no .png or .jpg images")
@@ -71,17 +74,20 @@ def cut_images(folder: Path, root: Path, shard_bytes: int, heldout_every: int) -
     if len(held) == len(keyed):
         raise ValueError("every image would go to the held-out set")
     kept = [entry for number, entry in enumerate(keyed, 1) if number % heldout_every]
-    _write_tars(root / SHARDS, "shard", kept, shard_bytes)
-    _write_tars(root / HELDOUT, "heldout", held, shard_bytes)
-    return len(pairs), len(held), names
+    sides: list[int] = []
+    _write_tars(root / SHARDS, "shard", kept, shard_bytes, sides)
+    _write_tars(root / HELDOUT, "heldout", held, shard_bytes, sides)
+    return len(pairs), len(held), names, sorted(sides)[len(sides) // 2]
 
 
 def _member_bytes(size: int) -> int:
     return BLOCK + -(-size // BLOCK) * BLOCK
 
 
-def _write_tars(folder: Path, stem: str, entries: list[tuple[str, Path, int]], shard_bytes: int) -> None:
-    """Numbered tars of about ``shard_bytes``, each member with a fixed time, owner and mode."""
+def _write_tars(folder: Path, stem: str, entries: list[tuple[str, Path, int]], shard_bytes: int,
+                sides: list[int]) -> None:
+    """Numbered tars of about ``shard_bytes``, each member with a fixed time, owner and mode;
+    each image's shorter side goes to ``sides``."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.iterdir():
         if old.is_file():
@@ -98,7 +104,8 @@ def _write_tars(folder: Path, stem: str, entries: list[tuple[str, Path, int]], s
     for number, group in enumerate(groups):
         with tarfile.open(folder / f"{stem}-{number:05d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
             for key, path, label in group:
-                data, suffix = _checked(path)
+                data, suffix, side = _checked(path)
+                sides.append(side)
                 for name, body in ((f"{key}.{suffix}", data), (f"{key}.cls", str(label).encode())):
                     info = tarfile.TarInfo(name)
                     info.size, info.mtime, info.mode = len(body), 0, 0o644

@@ -87,7 +87,7 @@ def build_digits(folder: Path) -> None:
             (classes / str(label)).mkdir(exist_ok=True)
             image = Image.fromarray(pixels).resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
             image.save(classes / str(label) / f"{number:04d}.png")
-        count, held, names = cut_images(classes, folder, SHARD_BYTES, HELDOUT_EVERY)
+        count, held, names, _ = cut_images(classes, folder, SHARD_BYTES, HELDOUT_EVERY)
     data = update_manifest(folder)
     log.info("digits: %d images of %d classes, %d shards, %d held out", count, len(names),
              len(data["shards"]), held)

@@ -120,13 +120,15 @@ def test_the_image_preset_takes_a_folder_of_class_folders_and_passes_the_check(t
     folder = tmp_path / "projects" / "pictures"
     cotrain("new", "--preset", "resnet18", folder)
     spec = json.loads((folder / "project.json").read_text())
-    spec["task_params"].update(image_size=32, micro_batch=4)  # (a CPU-sized check of the preset)
+    spec["task_params"].update(micro_batch=4)  # (a CPU-sized check of the preset)
     (folder / "project.json").write_text(json.dumps(spec))
     cotrain("shard", images(tmp_path / "images"), "--out", folder, "--heldout-every", 6)
     cotrain("check", folder)
     said = capsys.readouterr().out
     project = load_project_folder(folder).spec
     assert project.task_params["num_classes"] == 3, said
+    # 40x40 pictures: the preset's 224 would blow each up more than 30 times
+    assert project.task_params["image_size"] == 40 and "image_size 40" in said, said
     assert "36 images of 3 classes" in said and "✓ model: " in said and "MB for each peer" in said, said
     assert project.needs is not None and project.needs.memory_mb > 0
 

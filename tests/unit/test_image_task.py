@@ -114,8 +114,8 @@ def project(tmp_path) -> tuple[Path, DataSpec]:
         for number in range(8):
             (images / name / f"{number}.png").write_bytes(picture(seed=10 * label + number))
     root = tmp_path / "project"
-    count, held, names = cut_images(images, root, 12_000, 4)
-    assert (count, held, names) == (24, 6, ["cat", "dog", "eel"])
+    count, held, names, side = cut_images(images, root, 12_000, 4)
+    assert (count, held, names, side) == (24, 6, ["cat", "dog", "eel"], 10)  # (12x10 pictures)
     spec = DataSpec(shards=[FileRef(**file_entry(root, p)) for p in sorted((root / SHARDS).iterdir())],
                     heldout=[FileRef(**file_entry(root, p)) for p in sorted((root / HELDOUT).iterdir())])
     return root, spec
