@@ -48,6 +48,8 @@ from engine.wire.control import CheckpointInfo, IceServers
 from engine.wire.rest import ProjectSummary
 
 log = logging.getLogger(__name__)
+# One line a step, which `cotrain backbone` shows without -v: an operator's sign of progress.
+steps_log = logging.getLogger("engine.backbone.steps")
 SEEN_INTERVAL = 10.0
 PRUNE_INTERVAL = 600.0  # seconds between sweeps of peers long gone
 TICK = 0.25  # seconds between deadline checks
@@ -301,6 +303,10 @@ class Backbone:
                         session.send(text)
             elif isinstance(out, RecordStep):
                 self.store.rounds.record_step(project, out.step)
+                step = out.step
+                loss = "none" if step.loss is None else f"{step.loss:.4f}"
+                steps_log.info("%s: step %d, %d samples from %d peers, loss %s, averaged in %.1f s", project,
+                               step.epoch, step.samples, step.peers, loss, step.round_seconds)
             elif isinstance(out, RecordHeldOut):
                 self.store.curve.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
             elif isinstance(out, RecordCredits):
