@@ -1,5 +1,6 @@
-"""``cotrain project new|shard|tokenizer|check|export``: from a folder of texts to a project
-folder that ``cotrain backbone --projects`` serves, and the trained model out of it."""
+"""``cotrain project new|shard|tokenizer|check|export|curve``: from a folder of texts to a
+project folder that ``cotrain backbone --projects`` serves, its learning curve, and the
+trained model out of it."""
 
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ def add_project_parser(sub, add_logging) -> None:
     source.add_argument("--backbone-data", type=Path, default=None, metavar="DIR",
                         help="the newest checkpoint a backbone keeps in DIR (default: this computer's "
                              "backbone's, when --state is not given)")
-    for command in (new, shard, tokenizer, check, export):
+    curve = commands.add_parser("curve", help="a project's learning curve in the terminal")
+    curve.add_argument("backbone", metavar="URL", help="the backbone, e.g. http://host:8470")
+    curve.add_argument("project", metavar="ID")
+    for command in (new, shard, tokenizer, check, export, curve):
         add_logging(command)
 
 
@@ -61,6 +65,10 @@ def run_project_command(args: argparse.Namespace) -> int:
             return _tokenizer(args.folder, args.vocab)
         if args.project_command == "export":
             return _export(args)
+        if args.project_command == "curve":
+            from engine.authoring.curve import show_curve
+
+            return show_curve(args.backbone, args.project, print)
         return _check(args.folder)
     except (ValueError, OSError) as exc:
         print(f"cotrain project {args.project_command}: {exc}", file=sys.stderr)
@@ -93,10 +101,12 @@ def _new(folder: Path, preset: str, project_id: str | None) -> int:
 
 def _project_id(folder: Path, given: str | None) -> str:
     """The id asked for, or the folder's name: checked now, not when the project is checked."""
+    from typing import get_args
+
     from engine.wire.types import ProjectId
 
     chosen = given or folder.resolve().name.lower()
-    if re.fullmatch(ProjectId.__metadata__[0].pattern, chosen):
+    if re.fullmatch(get_args(ProjectId)[1].pattern, chosen):
         return chosen
     suggestion = re.sub(r"[^a-z0-9]+", "-", chosen.lower()).strip("-")[:63] or "my-project"
     raise ValueError(f"{chosen!r} cannot be a project's id (lowercase letters, digits and '-', at most 63, "
