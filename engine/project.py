@@ -88,6 +88,9 @@ class OptimizerSpec(Struct, kw_only=True):
     eps: Annotated[float, Meta(gt=0, le=1)] = 1e-8
     momentum: Fraction = 0.0
     clip_grad_norm: Annotated[float, Meta(gt=0, le=1e6)] | None = 1.0
+    # False: biases and normalization weights (every 1-D parameter) take no weight decay, as
+    # in BERT's and sahajBERT's recipes.
+    decay_norms_and_biases: bool = True
 
 
 class ScheduleSpec(Struct, kw_only=True):

@@ -26,13 +26,23 @@ def lr_at(spec: ScheduleSpec, base_lr: float, epoch: int) -> float:
 
 
 def build_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    params = list(params)
+    groups = decay_groups(spec, list(params))
     if spec.name == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+        return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
     cls = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
     beta1, beta2 = spec.betas
-    return cls(params, lr=spec.lr, betas=(beta1, beta2), eps=spec.eps,
+    return cls(groups, lr=spec.lr, betas=(beta1, beta2), eps=spec.eps,
                weight_decay=spec.weight_decay, foreach=False)
+
+
+def decay_groups(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> list[dict]:
+    """One group, or (with ``decay_norms_and_biases`` off) the matrices and, without weight
+    decay, the 1-D parameters: every peer splits them alike, so their states match."""
+    if spec.decay_norms_and_biases or spec.weight_decay == 0:
+        return [{"params": params}]
+    matrices, plain = [p for p in params if p.ndim > 1], [p for p in params if p.ndim <= 1]
+    groups: list[dict] = [{"params": matrices}, {"params": plain, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def outer_optimizer(spec: LocalSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.SGD:
