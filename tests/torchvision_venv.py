@@ -58,8 +58,11 @@ def constraints() -> str:
 
 
 def env() -> dict[str, str]:
-    """The environment to run this tree's tests (and the peers they start) in that venv."""
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    """The environment to run this tree's tests (and the peers they start) in that venv; its
+    run's test times are the enclosing test's, not a directory's of their own in the file
+    where .ci/run keeps the directories' times."""
+    kept = {k: v for k, v in os.environ.items() if k != "COTRAIN_TEST_TIMES"}
+    return {**kept, "PYTHONPATH": str(ROOT)}
 
 
 # The peer's own dependencies and what the tests that run there import.
