@@ -305,8 +305,9 @@ class Backbone:
                 self.store.rounds.record_step(project, out.step)
                 step = out.step
                 loss = "none" if step.loss is None else f"{step.loss:.4f}"
-                steps_log.info("%s: step %d, %d samples from %d peers, loss %s, averaged in %.1f s", project,
-                               step.epoch, step.samples, step.peers, loss, step.round_seconds)
+                steps_log.info("%s: step %d, %d samples from %d peer%s, loss %s, averaged in %.1f s", project,
+                               step.epoch, step.samples, step.peers, "" if step.peers == 1 else "s", loss,
+                               step.round_seconds)
             elif isinstance(out, RecordHeldOut):
                 self.store.curve.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
             elif isinstance(out, RecordCredits):

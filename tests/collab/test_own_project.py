@@ -76,7 +76,7 @@ async def readme_collaboration(tmp_path: Path, hub_env: dict) -> None:
     assert all(line["peers"] == 1 and line["loss"] > 0 for line in peer.epochs)
     # Its operator sees each step without -v.
     said = (await asyncio.wait_for(backbone.stdout.read(), 30)).decode()
-    assert re.search(r"my-project: step 2, \d+ samples from 1 peers, loss \d", said), said[-3000:]
+    assert re.search(r"my-project: step 2, \d+ samples from 1 peer, loss \d", said), said[-3000:]
     # The volunteer keeps the model it trained: the state of its last step, whole.
     saved = decode_file((tmp_path / "my-model.state").read_bytes())
     last = peer.epochs[-1]
