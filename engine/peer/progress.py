@@ -4,6 +4,8 @@ keep-alive of a slow device, and when the collaboration is likely to reach its t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +35,7 @@ class ProgressReporter:
         self._status: Status | None = None
         self._status_time = 0.0
         self._mine_in_status = 0
+        self._news = asyncio.Event()  # a round took our gradient, a step, a status
 
     async def report(self, force: bool = False) -> None:
         """Tell the backbone how far we are, if a report is due (or ``force``)."""
@@ -56,15 +59,37 @@ class ProgressReporter:
         return since >= self.report_interval or first_of_epoch or (
             since >= MIN_REPORT_GAP and (not self._stepped_once or self._target_in_reach(now)))
 
+    def full(self) -> bool:
+        """Whether we hold the target ourselves: no step weighs more of us, so a micro-batch
+        more could not count. Alone behind rounds that did not settle, a peer once stepped
+        38 times the target; peers that computed on while the backbone was away brought
+        14,396 samples to a target of 128. (Asked on the compute thread after each
+        micro-batch too: it only reads.)"""
+        opt = self.optimizer
+        return not opt.in_round and opt.accumulator.samples >= self.target_batch_size
+
+    async def until_room(self) -> None:
+        """Return once another micro-batch may count: while we hold the target, wait for
+        the round that takes it (our count told the backbone at once, and again each
+        ``report_interval`` as the keep-alive would)."""
+        while self.full():
+            if self._reported_samples != self.optimizer.accumulator.samples:
+                await self.report(force=True)
+            self._news.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._news.wait(), self.report_interval)
+
     async def report_taken(self, taken: Accumulated) -> None:
         """What we bring to a round, as the backbone's last evidence before it judges our
         claim. Without it, a peer whose only report this epoch came after a slow first
         micro-batch looks slower than it is, and its honest claim gets cut."""
+        self._news.set()  # (a wait under way ends: the round took what we hold)
         if taken.samples:
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
 
     def stepped(self) -> None:
         self._stepped_once = True
+        self._news.set()
 
     async def keep_alive(self, interval: float) -> None:
         """Report even when no micro-batch finished lately (a slow device, a small CPU
@@ -76,12 +101,14 @@ class ProgressReporter:
         """Remember the collaboration's progress, to estimate when the target is reached."""
         self._status, self._status_time = status, time.monotonic()
         self._mine_in_status = self._reported_samples
+        self._news.set()
 
     def observe_epoch(self, epoch: int) -> None:
         """A new epoch starts from zero samples; the peers' rates carry over."""
         if self._status is not None and epoch > self._status.epoch:
             self.observe(replace(self._status, epoch=epoch, samples=0))
             self._mine_in_status = 0
+        self._news.set()
 
     @property
     def _reported_samples(self) -> int:

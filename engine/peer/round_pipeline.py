@@ -45,6 +45,7 @@ class Stepped:
 
     step: Step
     taken: Accumulated
+    mine: int  # the samples the step weighed ours at: what we brought, or our cap if less
     took_seconds: float
     first_byte_seconds: float | None
 
@@ -109,7 +110,7 @@ class RoundPipeline:
                     samples=averaged.samples, peers=len(start.group), round_seconds=seconds,
                     state_sha256=digest)
         first_byte = None if averaged.first_sent is None else averaged.first_sent - arrived
-        return Stepped(step, taken, took - arrived, first_byte)
+        return Stepped(step, taken, samples, took - arrived, first_byte)
 
 
 def within_cap(plan: RoundPlan, taken: Accumulated) -> tuple[torch.Tensor, int, float]:

@@ -154,7 +154,7 @@ class Rounds:
             peer.check_behind()
             return
         step, taken = outcome.step, outcome.taken
-        completed = EpochCompleted(step=step, my_samples=taken.samples, my_batches=taken.batches,
+        completed = EpochCompleted(step=step, my_samples=outcome.mine, my_batches=taken.batches,
                                    computed_on=taken.computed_on,
                                    paths=peer.mesh.paths(), averaging_seconds=step.round_seconds,
                                    averaging_began=time.time() - step.round_seconds,

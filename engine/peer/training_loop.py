@@ -38,7 +38,8 @@ async def training_loop(task: Task, opt: CollaborativeOptimizer, progress: Progr
 
     index = 0
     while True:
-        used, added = await opt.compute_run(micro_batch, index, progress.due)
+        await progress.until_room()
+        used, added = await opt.compute_run(micro_batch, index, lambda: progress.due() or progress.full())
         index += used
         if added:
             await progress.report()

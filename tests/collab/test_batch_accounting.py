@@ -1,0 +1,80 @@
+"""The batch a step takes, through a backbone restart and a resume from its checkpoint, and
+that what a peer prints, what the backbone records and what the ledger credits are the same
+numbers. Before: peers computed on while the backbone was away and brought 14,396 samples to
+the first step after it (a target of 128), and a lone peer resuming from the checkpoint stepped
+38 times the target after rounds that did not settle."""
+
+import signal
+
+import pytest
+
+from tests.collab.harness import TINY, tiny_project
+from tests.collab.processes import spawn_peer, terminate, write_catalog
+from tests.collab.test_restart import _free_port, recorded_steps, start_backbone
+from tests.conftest import until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TARGET, MICRO_BATCH = 128, 16
+
+
+def lost_backbone(log) -> bool:
+    return log.exists() and b"lost the backbone" in log.read_bytes()
+
+
+async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_agrees(tmp_path):
+    project = tiny_project(target_batch_size=TARGET, round_timeout=10, checkpoint_every=3,
+                           task_params=dict(TINY, micro_batch=MICRO_BATCH))
+    catalog = write_catalog(tmp_path / "catalog.json", project)
+    port, data = _free_port(), tmp_path / "backbone"
+    url = f"http://127.0.0.1:{port}"
+    backbone = await start_backbone(port, data, catalog)
+    peers = [await spawn_peer(url, project.id, f"peer-{i}", tmp_path) for i in range(2)]
+    lone = None
+    try:
+        for p in peers:
+            await p.reached(4, timeout=120)
+        backbone.send_signal(signal.SIGKILL)
+        await backbone.wait()
+        # Away long enough for each peer to compute many targets' worth.
+        await until(lambda: all(lost_backbone(tmp_path / f"{p.name}.log") for p in peers), 60,
+                    "both peers to lose the backbone")
+        seen = [len(p.epochs) for p in peers]
+        backbone = await start_backbone(port, data, catalog)
+        await until(lambda: all(len(p.epochs) >= n + 8 for p, n in zip(peers, seen, strict=True)), 120,
+                    "eight steps after the restart")
+        after = [e for p, n in zip(peers, seen, strict=True) for e in p.epochs[n:]]
+        # Each peer stops at the target while no round can take its gradient: no step
+        # after the restart weighs more than each peer's target and a micro-batch.
+        assert max(e["samples"] for e in after) <= 2 * (TARGET + MICRO_BATCH), after
+        await terminate(*peers)
+
+        # Alone, from the backbone's newest checkpoint: every step the target, to a micro-batch.
+        lone = await spawn_peer(url, project.id, "lone", tmp_path)
+        await until(lambda: len(lone.epochs) >= 6, 120, "six steps of the lone peer")
+        assert all(TARGET <= e["samples"] <= TARGET + MICRO_BATCH and e["my_samples"] == e["samples"]
+                   for e in lone.epochs), lone.epochs
+        await terminate(lone)
+    finally:
+        await terminate(*peers, *([lone] if lone else []))
+        if backbone.returncode is None:
+            backbone.send_signal(signal.SIGTERM)
+            await backbone.wait()
+
+    # What each peer printed is what the backbone recorded and the ledger credited: a step's
+    # samples are its members' own counts added up, and never less than any one of them.
+    steps = recorded_steps(data / "backbone.sqlite3")
+    recorded = {rid: (samples, credited) for _, rid, samples, credited in steps}
+    printed: dict[int, list[dict]] = {}
+    for p in [*peers, lone]:
+        for e in p.epochs:
+            printed.setdefault(e["round_id"], []).append(e)
+    assert len(set(printed) & set(recorded)) >= 14
+    for round_id, lines in printed.items():
+        if round_id not in recorded:
+            continue  # (a step the peers took while the backbone was down, or undone: recorded by nobody)
+        samples, credited = recorded[round_id]
+        assert {e["samples"] for e in lines} == {samples}, (round_id, lines, samples)
+        assert all(e["my_samples"] <= samples for e in lines), (round_id, lines)
+        if len(lines) == lines[0]["peers"]:
+            assert sum(e["my_samples"] for e in lines) == samples == credited, (round_id, lines, credited)
