@@ -35,7 +35,7 @@ class ProgressReporter:
         self._status: Status | None = None
         self._status_time = 0.0
         self._mine_in_status = 0
-        self._news = asyncio.Event()  # a round took our gradient, a step, a status
+        self._taken = asyncio.Event()  # a round took our gradient: a hold is over
 
     async def report(self, force: bool = False) -> None:
         """Tell the backbone how far we are, if a report is due (or ``force``)."""
@@ -70,26 +70,26 @@ class ProgressReporter:
 
     async def until_room(self) -> None:
         """Return once another micro-batch may count: while we hold the target, wait for
-        the round that takes it (our count told the backbone at once, and again each
-        ``report_interval`` as the keep-alive would)."""
+        the round that takes it (our count told the backbone at once; the heartbeat
+        keeps telling it we are alive), looking again each ``report_interval`` (a resync
+        may have emptied the accumulator)."""
         while self.full():
             if self._reported_samples != self.optimizer.accumulator.samples:
                 await self.report(force=True)
-            self._news.clear()
+            self._taken.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._news.wait(), self.report_interval)
+                await asyncio.wait_for(self._taken.wait(), self.report_interval)
 
     async def report_taken(self, taken: Accumulated) -> None:
         """What we bring to a round, as the backbone's last evidence before it judges our
         claim. Without it, a peer whose only report this epoch came after a slow first
         micro-batch looks slower than it is, and its honest claim gets cut."""
-        self._news.set()  # (a wait under way ends: the round took what we hold)
+        self._taken.set()
         if taken.samples:
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
 
     def stepped(self) -> None:
         self._stepped_once = True
-        self._news.set()
 
     async def keep_alive(self, interval: float) -> None:
         """Report even when no micro-batch finished lately (a slow device, a small CPU
@@ -101,14 +101,12 @@ class ProgressReporter:
         """Remember the collaboration's progress, to estimate when the target is reached."""
         self._status, self._status_time = status, time.monotonic()
         self._mine_in_status = self._reported_samples
-        self._news.set()
 
     def observe_epoch(self, epoch: int) -> None:
         """A new epoch starts from zero samples; the peers' rates carry over."""
         if self._status is not None and epoch > self._status.epoch:
             self.observe(replace(self._status, epoch=epoch, samples=0))
             self._mine_in_status = 0
-        self._news.set()
 
     @property
     def _reported_samples(self) -> int:
