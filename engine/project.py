@@ -15,7 +15,7 @@ from engine.wire import ProtocolError
 from engine.wire.codec import convert, decode_json
 from engine.wire.types import Name, ProjectId, Sha256, Text
 
-OptimizerName = Literal["sgd", "adam", "adamw"]
+OptimizerName = Literal["sgd", "adam", "adamw", "lamb"]
 ScheduleType = Literal["constant", "linear", "cosine"]
 AggregationMethod = Literal["mean", "centered_clip"]
 # How a round's gradient travels: blockwise codecs of parts and results

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 
 from engine.project import LocalSpec, OptimizerSpec, ProjectSpec, ScheduleSpec
+from engine.training.lamb import Lamb
 
 
 def lr_at(spec: ScheduleSpec, base_lr: float, epoch: int) -> float:
@@ -29,8 +30,10 @@ def build_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -
     groups = decay_groups(spec, list(params))
     if spec.name == "sgd":
         return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-    cls = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
     beta1, beta2 = spec.betas
+    if spec.name == "lamb":
+        return Lamb(groups, lr=spec.lr, betas=(beta1, beta2), eps=spec.eps, weight_decay=spec.weight_decay)
+    cls = torch.optim.Adam if spec.name == "adam" else torch.optim.AdamW
     return cls(groups, lr=spec.lr, betas=(beta1, beta2), eps=spec.eps,
                weight_decay=spec.weight_decay, foreach=False)
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
+from engine.training.lamb import Lamb
 from engine.wire import ProtocolError
 from engine.wire.tensors import MODEL_PREFIX, StateFile, StateIndex, StateMeta, TensorEntry, state_digest
 
@@ -97,6 +98,7 @@ SLOTS: dict[type, frozenset[str]] = {
     torch.optim.AdamW: frozenset({"step", "exp_avg", "exp_avg_sq"}),
     torch.optim.Adam: frozenset({"step", "exp_avg", "exp_avg_sq"}),
     torch.optim.SGD: frozenset({"momentum_buffer"}),
+    Lamb: frozenset({"step", "exp_avg", "exp_avg_sq"}),
 }
 NON_NEGATIVE = frozenset({"step", "exp_avg_sq"})
 # PowerSGD's warm Q of a compressed matrix (engine/averaging/powersgd.py): the next round

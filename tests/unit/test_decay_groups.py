@@ -23,7 +23,7 @@ def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     optimizer.step()
 
 
-@pytest.mark.parametrize("name", ["adamw", "sgd"])
+@pytest.mark.parametrize("name", ["adamw", "sgd", "lamb"])
 def test_without_decay_on_norms_and_biases_only_matrices_shrink(name):
     spec = OptimizerSpec(name=name, lr=0.1, weight_decay=0.5, decay_norms_and_biases=False)
     model = small_model()
