@@ -29,8 +29,11 @@ def add_project_parser(sub, add_logging) -> None:
     shard.add_argument("inputs", type=Path, nargs="+", metavar="FILE_OR_FOLDER")
     shard.add_argument("--out", type=Path, required=True, metavar="FOLDER", help="the project folder")
     shard.add_argument("--shard-mb", type=float, default=64.0, help="about this many MB a shard (default 64)")
-    shard.add_argument("--heldout-every", type=int, default=50, metavar="N",
-                       help="every N-th document goes to the held-out set (default 50)")
+    held = shard.add_mutually_exclusive_group()
+    held.add_argument("--heldout-every", type=int, default=50, metavar="N",
+                      help="every N-th document (or image) goes to the held-out set (default 50)")
+    held.add_argument("--heldout", type=int, default=None, metavar="COUNT",
+                      help="this many documents (or images) go to the held-out set, spread evenly")
     shard.add_argument("--text-field", default="text", metavar="NAME",
                        help="the JSONL field or Parquet column that holds the text (default: text)")
     tokenizer = commands.add_parser("tokenizer", help="train the project's tokenizer on its shards")
@@ -122,7 +125,7 @@ def _shard(args: argparse.Namespace) -> int:
     if project.get("task") not in TEXT_TASKS:
         raise ValueError(f"{args.out} is a {project.get('task')!r} project; this cuts text")
     count, held = cut_text(args.inputs, args.out, int(args.shard_mb * 2**20), max(2, args.heldout_every),
-                           args.text_field)
+                           args.text_field, args.heldout)
     data = update_manifest(args.out)
     print(f"{count} documents: {len(data['shards'])} shards in {args.out / SHARDS}, {held} held out")
     if not (args.out / TOKENIZER).exists():
@@ -138,7 +141,7 @@ def _shard_images(args: argparse.Namespace, project: dict) -> int:
     if len(args.inputs) != 1:
         raise ValueError("an image project is cut from one folder, with a subfolder of images per class")
     count, held, names, side = cut_images(args.inputs[0], args.out, int(args.shard_mb * 2**20),
-                                          max(2, args.heldout_every))
+                                          max(2, args.heldout_every), args.heldout)
     params = project.setdefault("task_params", {})
     params["num_classes"] = len(names)
     params["image_size"] = min(int(params.get("image_size", side)), side)

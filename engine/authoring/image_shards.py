@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from engine.authoring.heldout import every, spread
 from engine.authoring.manifest import HELDOUT, SHARDS
 from engine.shards.webdataset import IMAGE_SUFFIXES, MAX_MEMBER_BYTES, MAX_SIDE
 
@@ -61,19 +62,21 @@ def _checked(path: Path) -> tuple[bytes, str, int]:
     return data, "png" if suffix == "png" else "jpg", min(width, height)
 
 
-def cut_images(folder: Path, root: Path, shard_bytes: int, heldout_every: int
-               ) -> tuple[int, int, list[str], int]:
-    """Write ``root/shards`` and ``root/heldout``; returns (images, held out, class names, the
-    images' median shorter side in pixels)."""
+def cut_images(folder: Path, root: Path, shard_bytes: int, heldout_every: int,
+               heldout_size: int | None = None) -> tuple[int, int, list[str], int]:
+    """Write ``root/shards`` and ``root/heldout`` (every ``heldout_every``-th image held out,
+    or ``heldout_size`` images); returns (images, held out, class names, the images' median
+    shorter side in pixels)."""
     names, pairs = class_images(folder)
     if not pairs:
         raise ValueError(f"{folder}'s class folders hold no .png or .jpg images")
     pairs.sort(key=lambda pair: hashlib.sha256(pair[0].relative_to(folder).as_posix().encode()).digest())
     keyed = [(f"{number:08d}", path, label) for number, (path, label) in enumerate(pairs, 1)]
-    held = keyed[heldout_every - 1::heldout_every]
+    chosen = every(heldout_every) if heldout_size is None else spread(len(keyed), heldout_size, "images")
+    held = [entry for number, entry in enumerate(keyed, 1) if chosen(number)]
     if len(held) == len(keyed):
         raise ValueError("every image would go to the held-out set")
-    kept = [entry for number, entry in enumerate(keyed, 1) if number % heldout_every]
+    kept = [entry for number, entry in enumerate(keyed, 1) if not chosen(number)]
     sides: list[int] = []
     _write_tars(root / SHARDS, "shard", kept, shard_bytes, sides)
     _write_tars(root / HELDOUT, "heldout", held, shard_bytes, sides)

@@ -1,13 +1,14 @@
 """Cutting text into shards: .txt/.md files (long ones at paragraph breaks), JSONL with a
 "text" field, or Parquet with a "text" column (or another field the author names), into
-JSONL shards of about ``shard_bytes`` and a held-out set of every n-th document."""
+JSONL shards of about ``shard_bytes`` and a held-out set (engine/authoring/heldout.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from engine.authoring.heldout import every, spread
 from engine.authoring.manifest import HELDOUT, SHARDS
 from engine.shards.jsonl import TEXT_FIELD, ShardError, document_line, iter_documents
 
@@ -75,16 +76,22 @@ def _paragraph_groups(text: str) -> Iterator[str]:
 
 
 def cut_text(inputs: list[Path], root: Path, shard_bytes: int, heldout_every: int,
-             field: str = TEXT_FIELD) -> tuple[int, int]:
-    """Write ``root/shards`` and ``root/heldout``; returns (documents, held out)."""
+             field: str = TEXT_FIELD, heldout_size: int | None = None) -> tuple[int, int]:
+    """Write ``root/shards`` and ``root/heldout``; returns (documents, held out). With
+    ``heldout_size``, that many documents are held out (the inputs are read twice)."""
     files = input_files(inputs)
     if not files:
         raise ValueError("no input files")
+    held = every(heldout_every)
+    if heldout_size is not None:
+        total = sum(1 for path in files for text in documents(path, field) if text.strip())
+        held = spread(total, heldout_size, "documents")
     return write_shards((text for path in files for text in documents(path, field)), root, shard_bytes,
-                        heldout_every)
+                        held)
 
 
-def write_shards(texts: Iterable[str], root: Path, shard_bytes: int, heldout_every: int) -> tuple[int, int]:
+def write_shards(texts: Iterable[str], root: Path, shard_bytes: int,
+                 held_out: Callable[[int], bool]) -> tuple[int, int]:
     writers = {SHARDS: _ShardWriter(root / SHARDS, "shard", shard_bytes),
                HELDOUT: _ShardWriter(root / HELDOUT, "heldout", shard_bytes)}
     count = held = 0
@@ -92,7 +99,7 @@ def write_shards(texts: Iterable[str], root: Path, shard_bytes: int, heldout_eve
         if not text.strip():
             continue
         count += 1
-        kept = count % heldout_every == 0
+        kept = held_out(count)
         held += kept
         writers[HELDOUT if kept else SHARDS].write(document_line(text))
     for writer in writers.values():

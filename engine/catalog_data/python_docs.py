@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.authoring.heldout import every
 from engine.authoring.manifest import update_manifest, write_project
 from engine.authoring.presets import PRESETS
 from engine.authoring.text_shards import write_shards
@@ -31,6 +32,6 @@ def build_albert_mini(folder: Path) -> None:
         "seed": 2021,
     }
     write_project(folder, project)
-    write_shards((topics[name] for name in sorted(topics)), folder, SHARD_BYTES, heldout_every=10)
+    write_shards((topics[name] for name in sorted(topics)), folder, SHARD_BYTES, every(10))
     update_manifest(folder)
     tokenize_project(folder, vocab=8000)

@@ -129,6 +129,18 @@ def test_cutting_the_same_folder_again_gives_the_same_files(project, tmp_path):
     assert again == sorted(ref.sha256 for ref in [*spec.shards, *spec.heldout])
 
 
+def test_the_author_chooses_how_many_images_are_held_out(project, tmp_path):
+    count, held, _, _ = cut_images(tmp_path / "images", tmp_path / "chosen", 12_000, 4, heldout_size=10)
+    assert (count, held) == (24, 10)
+    labels = []
+    for path in sorted((tmp_path / "chosen" / HELDOUT).iterdir()):
+        with tarfile.open(path) as tar:
+            labels += [name for name in tar.getnames() if name.endswith(".cls")]
+    assert len(labels) == 10
+    with pytest.raises(ValueError, match="would leave none of the 24 images"):
+        cut_images(tmp_path / "images", tmp_path / "all", 12_000, 4, heldout_size=24)
+
+
 def test_batches_are_the_same_wherever_they_are_drawn(project):
     root, spec = project
     first = create_task("image-classification", params(augmentations=["random_crop", "rotate"]),

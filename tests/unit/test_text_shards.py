@@ -1,11 +1,14 @@
 """`cotrain project shard` on text: plain files, JSONL and Parquet become the same JSONL
-shards, every n-th document held out; an unreadable input is a clear error."""
+shards, every n-th document held out or as many as the author asks; an unreadable input is
+a clear error."""
 
+import itertools
 import json
 
 import pytest
 
 from engine.authoring.text_shards import cut_text
+from engine.cli import main
 
 
 def shard_texts(root, folder):
@@ -57,3 +60,23 @@ def test_long_text_files_are_cut_between_paragraphs(tmp_path):
     assert count == len(texts) > 1 and held == 0
     assert "\n\n".join(texts) == "\n\n".join(paragraphs)
     assert all(len(t) <= 100_000 for t in texts)
+
+
+def test_the_author_chooses_how_many_documents_are_held_out(tmp_path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    folder = tmp_path / "project"
+    assert main(["project", "new", "--preset", "gpt2-mini", str(folder)]) == 0
+    count, held = cut_text([inputs], folder, 300, 50, heldout_size=6)
+    assert (count, held) == (40, 6)
+    heldout = shard_texts(folder, "heldout")
+    numbers = [TEXTS.index(t) for t in heldout]
+    assert numbers[0] >= 5 and numbers[-1] == 39 and min(b - a for a, b in itertools.pairwise(numbers)) >= 6
+    assert sorted(heldout + shard_texts(folder, "shards")) == sorted(TEXTS)
+    # Asking for all of them is refused, and what was cut before stays.
+    before = sorted(p.read_bytes() for p in folder.rglob("*.jsonl"))
+    assert main(["project", "shard", str(inputs), "--out", str(folder), "--heldout", "40"]) == 1
+    said = capsys.readouterr().err
+    assert "would leave none of the 40 documents to train on (--heldout at most 39)" in said
+    assert sorted(p.read_bytes() for p in folder.rglob("*.jsonl")) == before
