@@ -66,14 +66,17 @@ class ProjectNeeds(Struct, kw_only=True):
 
 class DataSpec(Struct, kw_only=True):
     """What a project trains on: shards each peer draws in its own seeded order, a held-out
-    set every peer scores the same way, and the tokenizer (for text families)."""
+    set every peer scores the same way, the tokenizer (for text families), and the weights
+    its model starts from, if not its seed's."""
 
     shards: Annotated[list[FileRef], Meta(min_length=1, max_length=MAX_SHARDS)]
     heldout: Annotated[list[FileRef], Meta(max_length=64)] = field(default_factory=list)
     tokenizer: FileRef | None = None
+    # The model's starting weights, a safetensors file (engine/tasks/initial_weights.py).
+    initial_weights: FileRef | None = None
 
     def files(self) -> list[FileRef]:
-        return [*self.shards, *self.heldout, *([self.tokenizer] if self.tokenizer else [])]
+        return [*self.shards, *self.heldout, *(ref for ref in (self.tokenizer, self.initial_weights) if ref)]
 
     def total_bytes(self) -> int:
         return sum(f.bytes for f in self.files())

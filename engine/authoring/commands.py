@@ -1,6 +1,6 @@
-"""``cotrain project new|shard|tokenizer|check|export|curve``: from a folder of texts to a
-project folder that ``cotrain backbone --projects`` serves, its learning curve, and the
-trained model out of it."""
+"""``cotrain project new|shard|tokenizer|check|export|weights|curve``: from a folder of texts
+to a project folder that ``cotrain backbone --projects`` serves, its learning curve, the
+trained model out of it, and pretrained weights into it."""
 
 from __future__ import annotations
 
@@ -51,10 +51,14 @@ def add_project_parser(sub, add_logging) -> None:
     source.add_argument("--backbone-data", type=Path, default=None, metavar="DIR",
                         help="the newest checkpoint a backbone keeps in DIR (default: this computer's "
                              "backbone's, when --state is not given)")
+    weights = commands.add_parser("weights", help="start the project's model from these weights (a "
+                                                  "safetensors file, or what `project export` wrote)")
+    weights.add_argument("source", type=Path, metavar="FILE_OR_FOLDER")
+    weights.add_argument("folder", type=Path, help="the project folder")
     curve = commands.add_parser("curve", help="a project's learning curve in the terminal")
     curve.add_argument("backbone", metavar="URL", help="the backbone, e.g. http://host:8470")
     curve.add_argument("project", metavar="ID")
-    for command in (new, shard, tokenizer, check, export, curve):
+    for command in (new, shard, tokenizer, check, export, weights, curve):
         add_logging(command)
 
 
@@ -68,6 +72,8 @@ def run_project_command(args: argparse.Namespace) -> int:
             return _tokenizer(args.folder, args.vocab)
         if args.project_command == "export":
             return _export(args)
+        if args.project_command == "weights":
+            return _weights(args.source, args.folder)
         if args.project_command == "curve":
             from engine.authoring.curve import show_curve
 
@@ -176,4 +182,28 @@ def _export(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: epoch {exported.meta.epoch} of {exported.meta.project} "
           f"(state {exported.meta.state_sha256[:12]}, from {state}); load it with "
           f"transformers' from_pretrained({str(args.out)!r})")
+    return 0
+
+
+def _weights(source: Path, folder: Path) -> int:
+    """The weights go into the folder as initial.safetensors, listed in its manifest; whether
+    they fit the model is `project check`'s (it builds the model)."""
+    import shutil
+
+    from safetensors import SafetensorError, safe_open
+
+    from engine.authoring.manifest import INITIAL_WEIGHTS
+
+    read_project(folder)  # (a project folder, before anything is copied into it)
+    path = source / "model.safetensors" if source.is_dir() else source
+    try:
+        with safe_open(str(path), framework="pt") as weights:
+            count = len(list(weights.keys()))
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{path} is not a safetensors file (the only weights a project takes: "
+                         f"reading them runs no code): {exc}") from None
+    shutil.copyfile(path, folder / INITIAL_WEIGHTS)
+    update_manifest(folder)
+    print(f"{folder / INITIAL_WEIGHTS}: the model starts from these {count} tensors; "
+          f"`cotrain project check {folder}` checks that they fit it")
     return 0

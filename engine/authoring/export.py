@@ -1,5 +1,6 @@
 """``cotrain project export``: the model a collaboration trained, as a folder transformers'
-``from_pretrained`` loads, so a researcher gets it out without Cotrain's own code.
+``from_pretrained`` loads (or torchvision, for its networks: export_images.py), so a
+researcher gets it out without Cotrain's own code.
 
 From a Cotrain state file (what ``cotrain peer --save-state`` writes, or a checkpoint the
 backbone keeps): its hash is checked, its weights must be exactly the project's model's, and
@@ -17,7 +18,7 @@ from engine.project_folders import PROJECT_FILE, read_project_file
 from engine.wire import ProtocolError
 from engine.wire.tensors import FILE_MAGIC, StateFile, decode_file, read_state_meta
 
-EXPORTED = ("hf-masked-lm", "hf-causal-lm")
+EXPORTED = ("hf-masked-lm", "hf-causal-lm", "image-classification")
 PROVENANCE = "cotrain_state.json"
 
 
@@ -56,24 +57,28 @@ def read_state(path: Path) -> StateFile:
 
 def export(folder: Path, state_path: Path, out: Path) -> StateFile:
     """Write ``out`` from the state at ``state_path`` of the project in ``folder``."""
+    from engine.authoring.export_images import export_image_model
     from engine.shards.files import FolderFiles
     from engine.tasks import TaskData, create_task
+    from engine.tasks.images import ImageClassification
 
     spec = read_project_file(folder / PROJECT_FILE)
     if spec.task not in EXPORTED:
-        raise ValueError(f"{spec.id} is a {spec.task!r} project; export takes {' and '.join(EXPORTED)} "
-                         "projects (a torchvision model's weights are the state file's model/ tensors)")
+        raise ValueError(f"{spec.id} is a {spec.task!r} project; export takes {', '.join(EXPORTED)} projects")
     state = read_state(state_path)
     if state.meta.project != spec.id:
         raise ValueError(f"{state_path} is a state of project {state.meta.project!r}, not {spec.id!r}")
     task = create_task(spec.task, dict(spec.task_params), TaskData(spec.data, FolderFiles(folder)))
-    model: Any = task.build_model()  # (a transformers PreTrainedModel, for these tasks)
+    model: Any = task.build_model()  # (a transformers PreTrainedModel, but for torchvision's)
     _load_weights(model, state, state_path)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty: export writes a folder of its own")
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out), safe_serialization=True)
-    hf_tokenizer(task).save_pretrained(str(out))
+    if isinstance(task, ImageClassification):
+        export_image_model(task, model.state_dict(), out, spec.seed)
+    else:
+        model.save_pretrained(str(out), safe_serialization=True)
+        hf_tokenizer(task).save_pretrained(str(out))
     (out / PROVENANCE).write_text(json.dumps({"project": spec.id, "epoch": state.meta.epoch,
                                               "state_sha256": state.meta.state_sha256}, indent=2) + "\n")
     return state

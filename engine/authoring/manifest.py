@@ -1,5 +1,6 @@
 """A project folder's manifest: the ``data`` of its project.json, written from the files in
-``shards/``, ``heldout/`` and ``tokenizer.json`` (their sizes and sha256)."""
+``shards/``, ``heldout/``, ``tokenizer.json`` and ``initial.safetensors`` (their sizes and
+sha256)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from engine.project_folders import PROJECT_FILE
 from engine.shards.download import hash_file
 
-SHARDS, HELDOUT, TOKENIZER = "shards", "heldout", "tokenizer.json"
+SHARDS, HELDOUT, TOKENIZER, INITIAL_WEIGHTS = "shards", "heldout", "tokenizer.json", "initial.safetensors"
 
 
 def file_entry(root: Path, path: Path) -> dict[str, Any]:
@@ -41,8 +42,9 @@ def update_manifest(root: Path) -> dict[str, Any]:
         "shards": [file_entry(root, p) for p in sorted((root / SHARDS).glob("*")) if p.is_file()],
         "heldout": [file_entry(root, p) for p in sorted((root / HELDOUT).glob("*")) if p.is_file()],
     }
-    if (root / TOKENIZER).is_file():
-        data["tokenizer"] = file_entry(root, root / TOKENIZER)
+    for key, name in (("tokenizer", TOKENIZER), ("initial_weights", INITIAL_WEIGHTS)):
+        if (root / name).is_file():
+            data[key] = file_entry(root, root / name)
     project["data"] = data
     write_project(root, project)
     return data

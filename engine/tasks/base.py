@@ -43,6 +43,7 @@ class TaskData:
 
 class Task(ABC):
     name: ClassVar[str]
+    data: TaskData = TaskData()  # (the families with a project's files set their own)
 
     @classmethod
     @abstractmethod

@@ -175,17 +175,24 @@ class ImageClassification(Task):
         torchvision_models(p.architecture)
         return cls(p, None, data)
 
+    def channel_values(self, values: list[float] | None, default: float) -> list[float]:
+        return list(values or [default] * self.params.channels)
+
     def _per_channel(self, values: list[float] | None, default: float) -> torch.Tensor:
-        return torch.tensor(values or [default] * self.params.channels).view(-1, 1, 1)
+        return torch.tensor(self.channel_values(values, default)).view(-1, 1, 1)
 
     def _torchvision_model(self) -> nn.Module:
         p = self.params
         builder = getattr(torchvision_models(p.architecture), p.architecture.removeprefix(TORCHVISION))
         return builder(weights=None, num_classes=p.num_classes, **p.config)
 
+    def plain_model(self) -> nn.Module:
+        """The network as its library builds it (batch norm with running statistics): what
+        an exported model is."""
+        return self._torchvision_model() if self.cfg is None else build_model(HEAD, self.cfg)
+
     def build_model(self) -> nn.Module:
-        model = self._torchvision_model() if self.cfg is None else build_model(HEAD, self.cfg)
-        return batch_statistics(model)
+        return batch_statistics(self.plain_model())
 
     def parameters(self) -> int:
         if self.cfg is not None:

@@ -128,7 +128,7 @@ def test_a_state_that_is_not_this_projects_model_is_refused(trained, tmp_path, c
     assert not (tmp_path / "out").exists(), "nothing is written"
 
 
-def test_an_image_project_or_a_folder_in_use_is_refused(trained, tmp_path, capsys):
+def test_another_projects_state_or_a_folder_in_use_is_refused(trained, tmp_path, capsys):
     folder, _, state = trained
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "mine.txt").write_text("keep")
@@ -138,4 +138,5 @@ def test_an_image_project_or_a_folder_in_use_is_refused(trained, tmp_path, capsy
     images = tmp_path / "images"
     cotrain("new", "--preset", "resnet18", images)
     assert export(images, "--state", state, "--out", tmp_path / "out") == 1
-    assert "export takes hf-masked-lm and hf-causal-lm projects" in capsys.readouterr().err
+    assert "is a state of project 'gpt', not 'images'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
