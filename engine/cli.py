@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import signal
@@ -283,7 +284,7 @@ async def _peer(args: argparse.Namespace) -> int:
     from engine.governor.governor import Governor
     from engine.governor.throttle import lower_priority
     from engine.peer.auxiliary import AuxiliaryPeer
-    from engine.peer.client import BackboneError
+    from engine.peer.client import PROJECT_CHANGED, BackboneError
     from engine.peer.options import PeerOptions
     from engine.peer.report import ConsoleReporter
     from engine.peer.runner import Peer
@@ -310,17 +311,21 @@ async def _peer(args: argparse.Namespace) -> int:
         save_state=args.save_state,
     )
     kind = AuxiliaryPeer if args.aux else Peer
-    peer = kind(options, ConsoleReporter(json_lines=args.json))
-    governing = asyncio.ensure_future(Governor(limits).run(peer))
-    try:
-        reason = await peer.run()
-    except (BackboneError, ValueError, OSError) as exc:
-        print(f"cotrain peer: {exc}", file=sys.stderr)
-        return 1
-    except asyncio.CancelledError:
-        return 130
-    finally:
-        governing.cancel()
+    reason, carried = PROJECT_CHANGED, None
+    while reason == PROJECT_CHANGED:  # (its new version: a new peer, as a volunteer's app does)
+        reporter = ConsoleReporter(json_lines=args.json)
+        peer = kind(dataclasses.replace(options, carried_state=carried), reporter)
+        governing = asyncio.ensure_future(Governor(limits).run(peer))
+        try:
+            reason = await peer.run()
+        except (BackboneError, ValueError, OSError) as exc:
+            print(f"cotrain peer: {exc}", file=sys.stderr)
+            return 1
+        except asyncio.CancelledError:
+            return 130
+        finally:
+            governing.cancel()
+        carried = peer.carried
     return 0 if reason.startswith("reached epoch") else 1
 
 

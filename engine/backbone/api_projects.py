@@ -107,6 +107,8 @@ async def peer_socket(request: web.Request) -> web.StreamResponse:
         raise web.HTTPUnauthorized(text="this peer belongs to another account")
     if peer_id in backbone.sessions:
         raise web.HTTPConflict(text="this peer is already connected")
+    if spec.id in backbone.folders and known.joined_at < backbone.store.models.since(spec.id):
+        raise web.HTTPGone(text=f"project {spec.id!r} changed since this peer joined: join again")
     throttle, address = backbone.throttle, client_group(request)
     refused = max(throttle.refused.retry_after(peer_id), throttle.refused.retry_after(address))
     if refused:

@@ -94,7 +94,8 @@ async def run_backbone(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.verbose == 0:  # (-v shows them with the rest of INFO)
-        logging.getLogger("engine.backbone.steps").setLevel(logging.INFO)
+        for shown in ("engine.backbone.steps", "engine.backbone.project_watch"):  # (steps, projects offered)
+            logging.getLogger(shown).setLevel(logging.INFO)
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone", database=args.database,
                             internal_url=args.internal_url,
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,

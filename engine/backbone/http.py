@@ -65,7 +65,10 @@ def backbone_of(request: web.Request) -> Backbone:
 
 def project_of(request: web.Request) -> ProjectSpec:
     name = request.match_info["project"]
-    spec = backbone_of(request).projects.get(name)
+    backbone = backbone_of(request)
+    spec = backbone.projects.get(name)
+    if spec is None and backbone.watch is not None and name in backbone.watch.refused:
+        raise web.HTTPConflict(text=backbone.watch.refused[name])
     if spec is None:
         raise web.HTTPNotFound(text=f"no project {name!r} on this backbone")
     return spec

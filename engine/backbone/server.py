@@ -24,6 +24,7 @@ from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
 from engine.backbone.leases import LeaseKeeper, LiveFigures
 from engine.backbone.logins import LoginLimits
+from engine.backbone.project_watch import ProjectWatch
 from engine.backbone.rate_limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store.database import Unavailable
@@ -41,7 +42,7 @@ from engine.backbone.tracker import (
     WithdrawCredits,
 )
 from engine.project import ProjectSpec, load_catalog
-from engine.project_folders import ProjectFolder, load_project_folders
+from engine.project_folders import ProjectFolder
 from engine.resources import default_catalog
 from engine.wire.codec import encode_text
 from engine.wire.control import CheckpointInfo, IceServers
@@ -81,6 +82,9 @@ class BackboneConfig:
     equal_shares: bool = False  # every reducer the same share: DeDLOC's LP off
 
 
+MOVED = b"the coordinator moved; reconnect"
+
+
 class Backbone:
     def __init__(self, config: BackboneConfig, projects: list[ProjectSpec] | None = None) -> None:
         self.config = config
@@ -107,8 +111,9 @@ class Backbone:
         self._closing: set[asyncio.Future] = set()  # sockets of projects another process took
         for spec in projects if projects is not None else load_catalog(config.catalog):
             self.add_project(spec)
-        for folder in load_project_folders(config.projects_dir) if config.projects_dir else []:
-            self.add_project(folder.spec, folder)
+        self.watch = ProjectWatch(self, config.projects_dir) if config.projects_dir else None
+        if self.watch is not None:
+            self.watch.load_all()
         # The default catalog's projects with data are written from what is installed, off
         # the loop: each is offered once its folder is ready (engine/catalog_data/).
         self._builtin = projects is None and config.catalog == default_catalog() and config.builtin_projects
@@ -122,6 +127,7 @@ class Backbone:
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._ticker: asyncio.Task | None = None
+        self._watching: asyncio.Task | None = None
         self._building: asyncio.Future | None = None
 
     def add_project(self, spec: ProjectSpec, folder: ProjectFolder | None = None) -> None:
@@ -151,14 +157,14 @@ class Backbone:
             equal_shares=self.config.equal_shares,
         )
 
-    def stop_tracker(self, project: str, why: str) -> None:
-        """Stop ``project``'s tracker (another process runs it now): its peers' sockets
-        close, and they reconnect to the holder through any process."""
+    def stop_tracker(self, project: str, why: str, close: bytes = MOVED) -> None:
+        """Stop ``project``'s tracker (another process runs it now, or the project changed):
+        its peers' sockets close, and they reconnect to the holder through any process."""
         if self.trackers.pop(project, None) is None:
             return
         log.warning("%s: stopped the project's tracker here: %s", project, why)
         for session in [s for s in self.sessions.values() if s.project == project]:
-            moved = session.ws.close(code=1012, message=b"the coordinator moved; reconnect")
+            moved = session.ws.close(code=1012, message=close)
             closing = asyncio.ensure_future(moved)
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
@@ -209,6 +215,8 @@ class Backbone:
         host, port = self._listener.sockets[0].getsockname()[:2]
         self.url = f"http://{host}:{port}"
         self._ticker = asyncio.ensure_future(self._tick_forever())
+        if self.watch is not None:
+            self._watching = asyncio.ensure_future(self.watch.run())
         if self.leases is not None:
             # No cap on connections: each relayed control socket holds one for as long as it lives
             # (aiohttp's default of 100 left the 101st peer through this process waiting, then 503).
@@ -222,7 +230,7 @@ class Backbone:
 
     async def stop(self) -> None:
         await self.projects_ready()  # a thread writing a folder cannot be cut short
-        for task in (self._ticker, self._keeping):
+        for task in (self._ticker, self._keeping, self._watching):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from engine.peer.checking import Audits
-from engine.peer.client import BackboneError, ControlClient
+from engine.peer.client import PROJECT_CHANGED, BackboneError, ControlClient
 from engine.peer.events import Connection, PeerEvent, StatusChanged
 from engine.peer.options import PeerOptions
 from engine.peer.progress import ProgressReporter
@@ -109,7 +109,7 @@ class ControlLoop:
             try:
                 await client.reconnect(peer.stopping_event, peer.options.reconnect_for, waiting)
             except BackboneError as exc:
-                peer.stop(f"lost the backbone: {exc}")
+                peer.stop(PROJECT_CHANGED if exc.rejoin else f"lost the backbone: {exc}")
                 return
             peer.emit(Connection(True, "reconnected to the backbone"))
             await self._announce()

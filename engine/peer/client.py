@@ -61,11 +61,15 @@ _probe: Codec[ProbeReply] = reply_codec(ProbeReply)
 
 class BackboneError(RuntimeError):
     """The backbone refused or could not be reached; the message says why. ``fatal``: trying
-    again will not help (the backbone no longer knows this peer, or refuses its login)."""
+    again will not help (the backbone no longer knows this peer, or refuses its login).
+    ``rejoin``: the project changed since this peer joined; a new peer joins its new version."""
 
-    def __init__(self, message: str, fatal: bool = False) -> None:
+    def __init__(self, message: str, fatal: bool = False, rejoin: bool = False) -> None:
         super().__init__(message)
-        self.fatal = fatal
+        self.fatal, self.rejoin = fatal, rejoin
+
+
+PROJECT_CHANGED = "the project changed: joining it again"  # why a peer stops to rejoin
 
 
 class ControlClient:
@@ -134,7 +138,8 @@ class ControlClient:
             self._connected_at = time.monotonic()
         except aiohttp.WSServerHandshakeError as exc:
             raise BackboneError(f"the backbone refused the control connection ({exc.status}: "
-                                f"{exc.message})", fatal=exc.status in (401, 403, 404)) from None
+                                f"{exc.message})", fatal=exc.status in (401, 403, 404),
+                                rejoin=exc.status == 410) from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             log.info("control connection failed: %r", exc)
             raise BackboneError(unreachable(self.base_url, exc)) from None
@@ -163,7 +168,7 @@ class ControlClient:
                 await self.connect()
                 return
             except BackboneError as exc:
-                if exc.fatal:
+                if exc.fatal or exc.rejoin:
                     raise
                 why = str(exc)
                 log.info("backbone unreachable (%s); trying again", exc)

@@ -23,4 +23,7 @@ class PeerOptions:
     limits: Limits = field(default_factory=Limits)
     relay_only: bool = False  # connect to other peers through TURN only
     save_state: str | None = None  # a file to write the state we hold to as we leave
+    # The state file this computer's previous peer held when the project changed under it:
+    # the next one starts from it (engine/peer/state_sync.py carry_on).
+    carried_state: bytes | None = None
     auxiliary: bool = False  # reduce parts of rounds only: no training (engine/peer/auxiliary.py)

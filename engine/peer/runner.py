@@ -26,7 +26,7 @@ from engine.peer.backbone_loop import ControlLoop
 from engine.peer.background import PeerTasks, describe
 from engine.peer.bandwidth import Bandwidth
 from engine.peer.checking import Audits
-from engine.peer.client import ControlClient
+from engine.peer.client import PROJECT_CHANGED, ControlClient
 from engine.peer.events import ComputingOn, EpochCompleted, Governed, Joined, PeerEvent, Stopped
 from engine.peer.links import all_links_relayed, keep_measured, offered_addresses, reported_link
 from engine.peer.options import PeerOptions
@@ -34,7 +34,7 @@ from engine.peer.progress import ProgressReporter
 from engine.peer.project_data import project_task
 from engine.peer.round_pipeline import RoundPipeline
 from engine.peer.rounds import Rounds
-from engine.peer.saved_state import save_state
+from engine.peer.saved_state import carried_state, save_state
 from engine.peer.state_sync import StateSync
 from engine.peer.training_loop import data_seed, heartbeat_loop, training_loop, warm_up
 from engine.project import ProjectSpec
@@ -82,6 +82,7 @@ class Peer:
         self.bandwidth = Bandwidth()
         self._stop = asyncio.Event()
         self._stop_reason = ""
+        self.carried: bytes | None = None  # the state held when the project changed (for the next peer)
         self.tasks = PeerTasks(lambda error: self.stop(f"internal error: {describe(error)}"))
         self.spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task] = self.tasks.spawn
         self.chore: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task] = self.tasks.chore
@@ -292,6 +293,8 @@ class Peer:
                     stopped_again = True  # (saved) leave now: no wait for uploads
             else:
                 log.warning("not saving the state: this peer holds none of the collaboration's")
+        if self._stop_reason == PROJECT_CHANGED and self._opt is not None and self._opt.synced:
+            self.carried = await carried_state(self._opt)
         pending = [t for t in self.rounds.uploads if not t.done()]
         if pending and not stopped_again:
             # The collaboration asked us for this checkpoint; if we are the last peer to
@@ -334,6 +337,9 @@ class Peer:
             self.spawn(self.resync())
 
     async def _first_sync(self) -> None:
+        carried = self.options.carried_state
+        if carried is not None and await self.state_sync.carry_on(carried):
+            return
         if not await self.state_sync.sync():
             self.stop("could not obtain the collaboration's state")
 

@@ -1,7 +1,8 @@
 """The state a peer holds, written to a file as it leaves (``cotrain peer --save-state``): a
 volunteer's own copy of the model it helped train, and what a benchmark scores at the end
-of its run. The file is a Cotrain state file (engine/wire/tensors.py), the checkpoints'
-format; it is replaced whole or not at all."""
+of its run; or kept in memory for the next peer when the project changed under it. The
+file is a Cotrain state file (engine/wire/tensors.py), the checkpoints' format; it is
+replaced whole or not at all."""
 
 from __future__ import annotations
 
@@ -52,3 +53,8 @@ async def _save(optimizer: CollaborativeOptimizer, path: Path) -> None:
         log.warning("could not save the state to %s: %s", path, exc)
         return
     log.info("saved the state of epoch %d (%s) to %s", meta.epoch, meta.state_sha256[:12], path)
+
+
+async def carried_state(optimizer: CollaborativeOptimizer) -> bytes:
+    index, payload = await optimizer.snapshot()
+    return bytes(encode_file(index, payload))

@@ -111,6 +111,24 @@ class StateSync:
             opt.unsync()
             return await self._download()
 
+    async def carry_on(self, data: bytes) -> bool:
+        """Start from the state this computer's previous peer held as the project changed
+        under it (its model did not: engine/backbone/project_watch.py), with no download;
+        the backbone then settles whether it is the collaboration's. False if it does not fit."""
+        async with self._lock:
+            try:
+                state = await asyncio.to_thread(self._checked, data, None)
+            except BadDonorState as exc:
+                log.warning("not starting from the state held before the project changed: %s", exc)
+                return False
+            opt = self.optimizer
+            digest = await opt.load(state)
+            await opt.mark_synced()
+            self.emit(Synced(opt.epoch, "this computer, before the project changed", digest))
+            await self.say_ready()
+            await self.progress.report(force=True)
+            return True
+
     async def say_ready(self) -> None:
         """Tell the backbone which state we hold and compute on (the one place a Ready is
         sent: after a download, a return to a kept state, a reconnect)."""
@@ -174,11 +192,12 @@ class StateSync:
             raise SyncError("the state does not match the collaboration's hash")
         return digest
 
-    def _checked(self, data: bytes | bytearray, expected: str) -> StateFile:
-        """The state file, if it is the one expected and fits this project (else BadDonorState)."""
+    def _checked(self, data: bytes | bytearray, expected: str | None) -> StateFile:
+        """The state file, if it is the one expected (None: the one it names) and fits this
+        project (else BadDonorState)."""
         try:
             state = decode_file(data)
-            if state.state_sha256() != expected:
+            if state.state_sha256() != (expected or state.meta.state_sha256):
                 raise ProtocolError("its hash is not the collaboration's")
             opt = self.optimizer
             warm = warm_slots(opt.optimizer, opt.params, opt.warm_shapes)

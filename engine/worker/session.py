@@ -31,7 +31,7 @@ from engine.governor.policy import Decision
 from engine.governor.throttle import lower_priority
 from engine.paths import user_data_dir
 from engine.peer.background import describe
-from engine.peer.client import BackboneError
+from engine.peer.client import PROJECT_CHANGED, BackboneError
 from engine.peer.events import Connection, EpochCompleted, FileProgress, Joined, PeerEvent, SyncProgress
 from engine.peer.options import PeerOptions
 from engine.peer.runner import Peer
@@ -184,6 +184,7 @@ class Session:
         backoff = Backoff(RETRY_FIRST, RETRY_CAP)
         local = command.backbone == p.LOCAL_BACKBONE
         reason = "you left the project"
+        carried: bytes | None = None
         while not self._leaving:
             try:
                 url = await self.host() if local else command.backbone
@@ -204,7 +205,8 @@ class Session:
             self._key, self._backbone_url = f"{key} {command.project}", url
             options = PeerOptions(backbone_url=url, project_id=command.project, name=command.name,
                                   user_token=command.token, limits=self.governor.limits,
-                                  reconnect_for=math.inf)
+                                  reconnect_for=math.inf, carried_state=carried)
+            carried = None
             peer = Peer(options, self._peer_event)
             decision = self.governor.decision
             if decision is not None and not decision.run:
@@ -214,6 +216,9 @@ class Session:
             reason, failure = await self._run_peer(peer)
             if self._leaving or reason.startswith("reached epoch"):
                 break
+            if reason == PROJECT_CHANGED:
+                carried = peer.carried
+                continue  # (at once, from the state it held: its new version waits)
             if getattr(failure, "fatal", False):  # a refused login, a project this computer cannot take
                 self.emit(p.Problem(message=reason, fatal=True))
                 break

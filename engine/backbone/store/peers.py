@@ -19,6 +19,7 @@ class KnownPeer:
     token_sha256: str
     user_id: int | None
     role: PeerRole
+    joined_at: float
 
 
 class PeerRecords(Repository):
@@ -32,10 +33,10 @@ class PeerRecords(Repository):
     def known(self, peer_id: str, project: str) -> KnownPeer | None:
         """A peer of ``project``, as it joined (its role stays with it across reconnects)."""
         row = self.db.execute(
-            "SELECT name, token_sha256, user_id, role FROM peers WHERE peer_id=? AND project=?",
+            "SELECT name, token_sha256, user_id, role, joined_at FROM peers WHERE peer_id=? AND project=?",
             (peer_id, project),
         ).fetchone()
-        return KnownPeer(row[0], row[1], row[2], PeerRole(row[3])) if row else None
+        return KnownPeer(row[0], row[1], row[2], PeerRole(row[3]), row[4]) if row else None
 
     def connected(self, peer_id: str, at: float | None = None) -> None:
         now = at if at is not None else time.time()

@@ -1,6 +1,6 @@
 """The backbone's store: one database, and a repository per domain over it. Each
 repository is a small interface of its own (accounts, rounds, credit, curve, checkpoints,
-peers, leases), so another database can stand behind them one at a time (SQLite or PostgreSQL,
+peers, leases, project models), so another database can stand behind them one at a time (SQLite or PostgreSQL,
 engine/backbone/store/database.py)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from engine.backbone.store.curve import CurveRecords
 from engine.backbone.store.database import open_database
 from engine.backbone.store.leases import LeaseRecords
 from engine.backbone.store.peers import PeerRecords
+from engine.backbone.store.project_models import ProjectModelRecords
 from engine.backbone.store.rounds import RoundRecords
 
 
@@ -28,6 +29,7 @@ class Store:
         self.checkpoints = CheckpointRecords(self.database)
         self.peers = PeerRecords(self.database)
         self.leases = LeaseRecords(self.database)
+        self.models = ProjectModelRecords(self.database)
 
     @property
     def migrated_hashes(self) -> bool:

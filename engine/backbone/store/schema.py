@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 from engine.backbone.accounts import LEGACY_HASH
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Version 2: hashes cover the whole state (parameters, optimizer state, epoch), not the
 # parameters alone, so the old ones name nothing a peer holds any more; log-in tokens
 # expire unused and say what client made them. Version 3: auxiliary peers, credited with
 # the bytes they aggregated. Version 4: each password hash says what parameters made it
 # (those stored before were scrypt n=2^14), so it can be hashed anew at the next log-in.
 # Version 5: credit withdrawn from a reducer caught lying (store/credit.py). Version 6:
-# project leases, for several backbone processes on one database (store/leases.py).
+# project leases, for several backbone processes on one database (store/leases.py). Version 7:
+# the settings each project folder's state depends on, and its version (store/project_models.py).
 MIGRATIONS = {
     2: """
 ALTER TABLE tokens ADD COLUMN last_used REAL;
@@ -46,6 +47,7 @@ ALTER TABLE user_totals ADD COLUMN withdrawn_samples INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE user_totals ADD COLUMN withdrawn_bytes INTEGER NOT NULL DEFAULT 0;
 """,
     6: "",  # (the leases table is new: the schema below creates it)
+    7: "",  # (so is project_models)
 }
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -99,6 +101,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS rounds (
     project TEXT PRIMARY KEY, round_id INTEGER NOT NULL, epoch INTEGER NOT NULL,
     members TEXT NOT NULL, opened_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS project_models (
+    project TEXT PRIMARY KEY, settings TEXT NOT NULL, version_sha256 TEXT NOT NULL, since REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS leases (
     project TEXT PRIMARY KEY, holder TEXT NOT NULL, url TEXT NOT NULL, expires REAL NOT NULL,
@@ -162,4 +167,4 @@ def _postgres_schema(sqlite: str) -> str:
 SQLITE = Dialect("sqlite", SCHEMA + CURVE_SCHEMA, token_id="rowid", username_is="username=?",
                  migrations=MIGRATIONS)
 POSTGRES = Dialect("postgresql", _postgres_schema(SCHEMA + CURVE_SCHEMA), token_id="id",
-                   username_is="lower(username)=lower(?)", migrations={6: ""})
+                   username_is="lower(username)=lower(?)", migrations={6: "", 7: ""})
