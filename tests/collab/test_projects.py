@@ -2,7 +2,6 @@
 digits from the backbone that serves their folders."""
 
 import asyncio
-import statistics
 
 import pytest
 
@@ -10,7 +9,7 @@ from engine.project_folders import load_project_folder
 from engine.shards.files import FolderFiles
 from engine.tasks import TaskData, create_task, initial_model
 from tests.collab.harness import running_backbone, start_peer, stop_all
-from tests.collab.processes import spawn_peer, terminate
+from tests.collab.processes import spawn_peer
 from tests.collab.test_digits import digits_folder, heldout_accuracy
 from tests.projects import albert_folder, catalog_folder
 
@@ -31,36 +30,6 @@ def test_the_catalogs_projects_say_what_a_peer_needs_before_join(tmp_path):
         assert needs.parameters == parameters, name
         # Weights, gradients and two Adam moments in fp32 at the least, activations besides.
         assert 16 * parameters < needs.memory_mb * 2**20 < 4 * 2**30, (name, needs)
-
-
-async def test_three_peers_train_albert_mini_with_one_state_at_every_step(tmp_path, report_figure):
-    # The catalog's albert-mini (ALBERT, whole-word masking, sentence order, its own tokenizer),
-    # with a smaller global batch so that a test sees many steps.
-    folder = albert_folder(tmp_path / "projects", target_batch_size=96, task_params={"seq_len": 64})
-    epochs = 12
-    async with running_backbone(tmp_path / "bb", projects_dir=folder.root.parent) as backbone:
-        peers = [await spawn_peer(backbone.url, "albert-mini", f"p{i}", tmp_path, "--max-epochs", str(epochs),
-                                  env={"COTRAIN_HOME": str(tmp_path / f"home{i}")})
-                 for i in range(3)]
-        try:
-            for p in peers:
-                await p.reached(epochs, timeout=300)
-        finally:
-            await terminate(*peers)
-        recorded = {e: backbone.store.rounds.epoch_state("albert-mini", e) for e in range(1, epochs + 1)}
-    hashes: dict[int, set[str]] = {}
-    for p in peers:
-        for line in p.epochs:
-            hashes.setdefault(line["epoch"], set()).add(line["state_sha256"])
-    assert all(found == {recorded[e]} for e, found in hashes.items()), hashes
-    assert len(hashes) == epochs
-    losses = [line["loss"] for line in sorted(peers[0].epochs, key=lambda line: line["epoch"])]
-    first, last = statistics.mean(losses[:3]), statistics.mean(losses[-3:])
-    report_figure(f"albert-mini, 3 peers: loss {first:.2f} over the first 3 steps, "
-                  f"{last:.2f} over the last 3")
-    assert last < first - 0.5
-    for i in range(3):  # each peer fetched the shards it drew, into its own cache
-        assert any((tmp_path / f"home{i}" / "shards").iterdir())
 
 
 async def test_two_peers_teach_the_digits_project_past_90_percent_held_out(tmp_path, monkeypatch,
