@@ -16,7 +16,7 @@ from engine.wire.control import RoundStart
 from engine.wire.frames import Part, ReceiveLimit, StateRequest
 from tests.conftest import until
 from tests.hostile.adversary import Adversary, Stranger, first_chunk, member, next_chunk
-from tests.hostile.collaboration import EPOCHS, assert_unharmed, running, under_attack
+from tests.hostile.collaboration import assert_unharmed, running, under_attack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -122,10 +122,11 @@ async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(colla
                 asyncio.gather(*(breach(name, chunks) for name, chunks in breaches.items()))))
             await floods()
 
-        # Twice the usual window: the attack opens fifteen links at its start (a second or
-        # two of the victims' CPU, once), which over 80 epochs measured 0.71-0.76x on a busy
-        # machine and 0.96x on a quiet one; the flood's steady cost is what this asks about.
-        verdict = await under_attack(collab, attack, epochs=2 * EPOCHS)
+        # A longer window than the others': the attack opens fifteen links at its start (a
+        # second or two of the victims' CPU, once), which over 60 epochs measured 0.76x in CI
+        # and over 80 0.71-0.76x on a busy machine, 0.96x on a quiet one; the flood's steady
+        # cost is what this asks about.
+        verdict = await under_attack(collab, attack, epochs=160, quiet=40)
         await asyncio.wait_for(breaching[0], 90)
         report_figure(f"{verdict.figure()}; each breach, per victim: {outcomes}; "
                       f"flood: frames queued per victim {sorted(flooded.values())}, "
