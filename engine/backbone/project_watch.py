@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 2.0  # seconds between looks at the folders
+BETWEEN_ROUNDS = 0.05  # seconds between looks for the end of the round an edit waits for
+ROUND_WAIT = 120.0  # the longest an edit waits for a round to end
 CHANGED = b"the project changed; join again"
 
 
@@ -32,6 +34,7 @@ class ProjectWatch:
         self.refused: dict[str, str] = {}  # project id -> why no version of its folder is served
         self._refused_at: dict[Path, str] = {}  # the folder each refused id was read from
         self._seen: dict[Path, tuple[int, int] | None] = {}  # project.json -> (mtime, size) last read
+        self._waiting: dict[str, float] = {}  # project id -> since when its edit waits for a round's end
 
     def load_all(self) -> None:
         """At start, every folder (one that does not check out stops the start, as before)."""
@@ -40,8 +43,14 @@ class ProjectWatch:
             self.admit(folder)
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_scan = loop.time() + WATCH_INTERVAL
         while True:
-            await asyncio.sleep(WATCH_INTERVAL)
+            await asyncio.sleep(BETWEEN_ROUNDS if self._waiting else max(next_scan - loop.time(), 0))
+            self._restart_between_rounds(loop.time())
+            if loop.time() < next_scan:
+                continue
+            next_scan = loop.time() + WATCH_INTERVAL
             try:
                 self.scan()
             except OSError as exc:
@@ -92,15 +101,25 @@ class ProjectWatch:
         return True
 
     def _replace(self, spec: ProjectSpec, folder: ProjectFolder) -> None:
-        """Joiners get the new version; the tracker starts again from the settled record,
-        and the peers of the old version are sent to join again (their next connection is
-        refused: store/project_models.py)."""
+        """Joiners get the new version at once; once no round is under way (its peers then
+        hold the settled state, to carry into the new version), the tracker starts again
+        from the settled record, and the peers of the old version are sent to join again
+        (their next connection is refused: store/project_models.py)."""
         backbone = self.backbone
         backbone.projects[spec.id], backbone.folders[spec.id] = spec, folder
         log.warning("%s: serving its edited %s; its peers join again", spec.id, folder.root / PROJECT_FILE)
-        if spec.id in backbone.trackers:
-            backbone.stop_tracker(spec.id, "the project changed", CHANGED)
-            backbone.start_tracker(spec.id)
+        self._waiting.setdefault(spec.id, asyncio.get_running_loop().time())
+
+    def _restart_between_rounds(self, now: float) -> None:
+        backbone = self.backbone
+        for project, since in list(self._waiting.items()):
+            tracker = backbone.trackers.get(project)
+            if tracker is not None and tracker.round is not None and now - since < ROUND_WAIT:
+                continue
+            del self._waiting[project]
+            if tracker is not None:
+                backbone.stop_tracker(project, "the project changed", CHANGED)
+                backbone.start_tracker(project)
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
