@@ -42,6 +42,8 @@ def add_backbone_parser(sub, add_logging: Callable[[argparse.ArgumentParser], No
     bb.add_argument("--projects", type=Path, default=None, metavar="DIR",
                     help="serve the project folders in DIR too (one folder per project, with its "
                          "project.json, tokenizer and shards; see `cotrain project new`)")
+    bb.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                    help="write each project's learning curve as TensorBoard event files in DIR/PROJECT")
     bb.add_argument("--peer-timeout", type=float, default=15.0,
                     help="seconds of silence after which a peer is left out of rounds")
     bb.add_argument("--stun", action="append", default=[], metavar="URL",
@@ -97,6 +99,7 @@ async def run_backbone(args: argparse.Namespace) -> int:
         for shown in ("engine.backbone.steps", "engine.backbone.project_watch"):  # (steps, projects offered)
             logging.getLogger(shown).setLevel(logging.INFO)
     config = BackboneConfig(data_dir=args.data_dir or user_data_dir() / "backbone", database=args.database,
+                            tensorboard_dir=args.tensorboard,
                             internal_url=args.internal_url,
                             host=args.host, port=args.port, peer_timeout=args.peer_timeout,
                             ice=ice, advertise=args.advertise, trusted_proxies=proxies,

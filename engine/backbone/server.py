@@ -19,6 +19,7 @@ from engine.backbone.accounts import PasswordWork
 from engine.backbone.addresses import DEFAULT_IPV6_PREFIX
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.connections import HEADER_TIMEOUT, ConnectionCap, listen
+from engine.backbone.curve_events import CurveEvents
 from engine.backbone.forwarding import forward_request, forward_socket
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
@@ -80,6 +81,7 @@ class BackboneConfig:
     trusted_proxies: frozenset[str] = frozenset()  # their X-Forwarded-For names the client
     ipv6_prefix: int = DEFAULT_IPV6_PREFIX  # per-address limits count IPv6 by this prefix
     equal_shares: bool = False  # every reducer the same share: DeDLOC's LP off
+    tensorboard_dir: Path | None = None  # each project's curve as TensorBoard events (curve_events.py)
 
 
 MOVED = b"the coordinator moved; reconnect"
@@ -97,6 +99,7 @@ class Backbone:
         self._prune_peers()
         self.files = CheckpointFiles(config.checkpoints_dir or config.data_dir / "checkpoints")
         self.files.tidy()
+        self.curve_events = CurveEvents(config.tensorboard_dir) if config.tensorboard_dir else None
         self.projects: dict[str, ProjectSpec] = {}
         self.folders: dict[str, ProjectFolder] = {}
         self.trackers: dict[str, Tracker] = {}
@@ -247,6 +250,8 @@ class Backbone:
             await self._listener.wait_closed()
         if self._forwarder is not None:
             await self._forwarder.close()
+        if self.curve_events is not None:
+            self.curve_events.close()
         self.store.close()
 
     def _prune_peers(self) -> None:
@@ -311,6 +316,8 @@ class Backbone:
                         session.send(text)
             elif isinstance(out, RecordStep):
                 self.store.rounds.record_step(project, out.step)
+                if self.curve_events is not None:
+                    self.curve_events.step(project, out.step)
                 step = out.step
                 loss = "none" if step.loss is None else f"{step.loss:.4f}"
                 steps_log.info("%s: step %d, %d samples from %d peer%s, loss %s, averaged in %.1f s", project,
@@ -318,6 +325,8 @@ class Backbone:
                                step.round_seconds)
             elif isinstance(out, RecordHeldOut):
                 self.store.curve.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
+                if self.curve_events is not None:
+                    self.curve_events.heldout(project, out.epoch, out.loss, out.accuracy)
             elif isinstance(out, RecordCredits):
                 owners = self._owners(project, out.credits)
                 self.store.credit.record_credits(project, out.round_id, out.credits, owners)
