@@ -4,6 +4,7 @@ numbers. Before: peers computed on while the backbone was away and brought 14,39
 the first step after it (a target of 128), and a lone peer resuming from the checkpoint stepped
 38 times the target after rounds that did not settle."""
 
+import re
 import signal
 
 import pytest
@@ -40,13 +41,18 @@ async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_a
         await until(lambda: all(lost_backbone(tmp_path / f"{p.name}.log") for p in peers), 60,
                     "both peers to lose the backbone")
         seen = [len(p.epochs) for p in peers]
-        backbone = await start_backbone(port, data, catalog)
+        restarted = tmp_path / "restarted-backbone.log"
+        backbone = await start_backbone(port, data, catalog, log=restarted)
         await until(lambda: all(len(p.epochs) >= n + 8 for p, n in zip(peers, seen, strict=True)), 120,
                     "eight steps after the restart")
         after = [e for p, n in zip(peers, seen, strict=True) for e in p.epochs[n:]]
         # Each peer stops at the target while no round can take its gradient: no step
         # after the restart weighs more than each peer's target and a micro-batch.
         assert max(e["samples"] for e in after) <= 2 * (TARGET + MICRO_BATCH), after
+        # Both are still proven members: each step's vote is both peers' (issue 49 saw a
+        # restarted backbone settle round after round on "1 of 1 voters").
+        settled = re.findall(r"settled epoch \d+ \((\d+) of (\d+) voters agree\)", restarted.read_text())
+        assert len(settled) >= 8 and all(votes == ("2", "2") for votes in settled[-5:]), settled
         await terminate(*peers)
 
         # Alone, from the backbone's newest checkpoint: every step the target, to a micro-batch.

@@ -2,6 +2,7 @@
 twice -- on an SQLite file and on a PostgreSQL server."""
 
 import asyncio
+import contextlib
 import signal
 import socket
 import sys
@@ -26,12 +27,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def start_backbone(port: int, data_dir, catalog, database=None) -> asyncio.subprocess.Process:
+async def start_backbone(port: int, data_dir, catalog, database=None, log=None) -> asyncio.subprocess.Process:
+    """(``log``: a file its log is added to, rather than the test's stderr.)"""
     on = ["--database", database] if isinstance(database, str) else []
-    process = await asyncio.create_subprocess_exec(
-        *engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data_dir),
-        "--catalog", str(catalog), *on, stdout=asyncio.subprocess.PIPE, stderr=sys.stderr,
-    )
+    with open(log, "ab") if log is not None else contextlib.nullcontext(sys.stderr) as err:
+        process = await asyncio.create_subprocess_exec(
+            *engine_command(), "backbone", "-v", "--port", str(port), "--data-dir", str(data_dir),
+            "--catalog", str(catalog), *on, stdout=asyncio.subprocess.PIPE, stderr=err,
+        )
     line = await asyncio.wait_for(process.stdout.readline(), 60)
     assert line.decode().startswith("backbone listening on http://127.0.0.1:"), line
     return process
