@@ -58,6 +58,7 @@ def add_project_parser(sub, add_logging) -> None:
     curve = commands.add_parser("curve", help="a project's learning curve in the terminal")
     curve.add_argument("backbone", metavar="URL", help="the backbone, e.g. http://host:8470")
     curve.add_argument("project", metavar="ID")
+    curve.add_argument("--text", action="store_true", help="print it only, even where a window could show it")
     for command in (new, shard, tokenizer, check, export, weights, curve):
         add_logging(command)
 
@@ -75,9 +76,9 @@ def run_project_command(args: argparse.Namespace) -> int:
         if args.project_command == "weights":
             return _weights(args.source, args.folder)
         if args.project_command == "curve":
-            from engine.authoring.curve import show_curve
+            from engine.authoring.curve import curve_window, show_curve
 
-            return show_curve(args.backbone, args.project, print)
+            return show_curve(args.backbone, args.project, print, None if args.text else curve_window())
         return _check(args.folder)
     except (ValueError, OSError) as exc:
         print(f"cotrain project {args.project_command}: {exc}", file=sys.stderr)

@@ -1,13 +1,17 @@
 """``cotrain project curve URL ID``: a project's learning curve in the terminal, where a
 researcher watching a run over SSH looks: its training loss drawn in text, and a table of
-steps with their held-out scores (the app plots the same curve)."""
+steps with their held-out scores; and where a person at a display runs it, in a window too
+(the app's plot: app/curve_window.py)."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
 from engine.wire import ProtocolError
 from engine.wire.rest import Curve, CurvePoint, reply_codec
@@ -72,7 +76,7 @@ def table(points: list[CurvePoint], rows: int = 12) -> list[str]:
     return lines
 
 
-def show_curve(url: str, project: str, say) -> int:
+def show_curve(url: str, project: str, say, window: Callable[[Curve, str], None] | None = None) -> int:
     curve = fetch_curve(url, project)
     if not curve.epochs:
         say(f"{project} has taken no step yet")
@@ -80,4 +84,21 @@ def show_curve(url: str, project: str, say) -> int:
     say(f"{project}: {len(curve.epochs)} steps, training loss")
     for line in [*plot(curve.epochs), "", *table(curve.epochs)]:
         say(line)
+    if window is not None:
+        window(curve, f"{project}: learning curve ({url})")
     return 0
+
+
+def curve_window() -> Callable[[Curve, str], None] | None:
+    """The app's curve window where a person at a display runs the command (a terminal,
+    not a script reading its output); None elsewhere, or where the app is not installed."""
+    if not sys.stdout.isatty():
+        return None
+    display = os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    if sys.platform.startswith("linux") and not display:
+        return None
+    try:
+        from app.curve_window import show
+    except ImportError:
+        return None
+    return show

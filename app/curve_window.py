@@ -1,0 +1,39 @@
+"""`cotrain project curve` where a display is: the learning curve in a window of its own, as
+the dashboard draws it (the training loss of every step, the held-out loss where peers
+scored it), open until it is closed."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import QApplication, QMainWindow
+
+from engine.wire.rest import Curve
+
+TRAINING, HELD_OUT = "#1c7ed6", "#f76707"  # (the dashboard's colours)
+
+
+def curve_plot(curve: Curve, title: str) -> pg.PlotWidget:
+    plot = pg.PlotWidget(title=title)
+    plot.setBackground("w")
+    plot.setLabel("bottom", "step")
+    plot.setLabel("left", "loss")
+    plot.showGrid(x=True, y=True, alpha=0.3)
+    plot.addLegend()
+    trained = [p for p in curve.epochs if p.loss is not None]
+    plot.plot([p.epoch for p in trained], [p.loss for p in trained], pen=pg.mkPen(TRAINING, width=2),
+              name="training loss")
+    scored = [p for p in curve.epochs if p.heldout_loss is not None]
+    plot.plot([p.epoch for p in scored], [p.heldout_loss for p in scored], pen=pg.mkPen(HELD_OUT, width=2),
+              symbol="s", symbolBrush=HELD_OUT, name="held-out loss")
+    return plot
+
+
+def show(curve: Curve, title: str) -> None:
+    """Open the window and return once it is closed."""
+    app = QApplication.instance() or QApplication([])
+    window = QMainWindow()
+    window.setWindowTitle(title)
+    window.setCentralWidget(curve_plot(curve, title))
+    window.resize(900, 520)
+    window.show()
+    app.exec()
