@@ -18,7 +18,7 @@ def curve_plot(curve: Curve, title: str) -> pg.PlotWidget:
     plot.setLabel("bottom", "step")
     plot.setLabel("left", "loss")
     plot.showGrid(x=True, y=True, alpha=0.3)
-    plot.addLegend()
+    plot.addLegend(offset=(-10, 10))  # (top right: a falling loss leaves it empty)
     trained = [p for p in curve.epochs if p.loss is not None]
     plot.plot([p.epoch for p in trained], [p.loss for p in trained], pen=pg.mkPen(TRAINING, width=2),
               name="training loss")
