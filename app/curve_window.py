@@ -5,6 +5,8 @@ scored it), open until it is closed."""
 from __future__ import annotations
 
 import pyqtgraph as pg
+from PySide6.QtCore import QEventLoop, Signal
+from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QApplication, QMainWindow
 
 from engine.wire.rest import Curve
@@ -28,12 +30,23 @@ def curve_plot(curve: Curve, title: str) -> pg.PlotWidget:
     return plot
 
 
+class CurveWindow(QMainWindow):
+    closed = Signal()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        super().closeEvent(event)
+        self.closed.emit()
+
+
 def show(curve: Curve, title: str) -> None:
-    """Open the window and return once it is closed."""
-    app = QApplication.instance() or QApplication([])
-    window = QMainWindow()
+    """Open the window and return once it is closed: a loop of its own, since the application
+    may be one that outlives its windows (the tray app's quitOnLastWindowClosed is off)."""
+    QApplication.instance() or QApplication([])
+    window = CurveWindow()
     window.setWindowTitle(title)
     window.setCentralWidget(curve_plot(curve, title))
     window.resize(900, 520)
+    loop = QEventLoop()
+    window.closed.connect(loop.quit)
     window.show()
-    app.exec()
+    loop.exec()

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QApplication, QMainWindow
+from PySide6.QtWidgets import QApplication
 
 from app import curve_window
 from engine.authoring.curve import curve_window as window_here
@@ -21,11 +21,14 @@ def point(epoch: int, heldout: float | None = None) -> CurvePoint:
 
 
 def test_the_window_plots_both_losses_and_returns_once_closed(qtbot):
+    app = QApplication.instance()
+    app.setQuitOnLastWindowClosed(False)  # (as the tray app has it: closing a window is no quit)
     curve = Curve("my-project", [point(e, 5.5 - e / 10 if e % 10 == 0 else None) for e in range(1, 26)])
     seen: dict = {}
 
     def look_then_close() -> None:
-        windows = [w for w in QApplication.topLevelWidgets() if isinstance(w, QMainWindow) and w.isVisible()]
+        windows = [w for w in QApplication.topLevelWidgets()
+                   if isinstance(w, curve_window.CurveWindow) and w.isVisible()]
         try:
             seen["title"] = windows[0].windowTitle()
             seen["lines"] = {item.name(): item.getData()
@@ -35,7 +38,10 @@ def test_the_window_plots_both_losses_and_returns_once_closed(qtbot):
                 window.close()
 
     QTimer.singleShot(0, look_then_close)
-    curve_window.show(curve, "my-project: learning curve")
+    try:
+        curve_window.show(curve, "my-project: learning curve")
+    finally:
+        app.setQuitOnLastWindowClosed(True)
     assert seen["title"] == "my-project: learning curve"
     steps, losses = seen["lines"]["training loss"]
     assert list(steps) == list(range(1, 26)) and np.allclose(losses, [6.0 - e / 10 for e in range(1, 26)])
