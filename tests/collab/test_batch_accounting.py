@@ -30,11 +30,24 @@ async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_a
     port, data = _free_port(), tmp_path / "backbone"
     url = f"http://127.0.0.1:{port}"
     backbone = await start_backbone(port, data, catalog)
-    peers = [await spawn_peer(url, project.id, f"peer-{i}", tmp_path) for i in range(2)]
-    lone = None
+    first = [await spawn_peer(url, project.id, f"first-{i}", tmp_path) for i in range(2)]
+    peers: list = []
     try:
-        for p in peers:
+        for p in first:
             await p.reached(4, timeout=120)
+        await terminate(*first)
+
+        # Alone, from the backbone's newest checkpoint: every step the target, to a micro-batch.
+        # (Before the restart below: after one, the backbone gives the peers that held the
+        # newest epoch a minute to come back before it goes back to a checkpoint.)
+        lone = await spawn_peer(url, project.id, "lone", tmp_path)
+        peers.append(lone)
+        await until(lambda: len(lone.epochs) >= 6, 120, "six steps of the lone peer")
+        assert all(TARGET <= e["samples"] <= TARGET + MICRO_BATCH and e["my_samples"] == e["samples"]
+                   for e in lone.epochs), lone.epochs
+
+        peers.append(await spawn_peer(url, project.id, "second", tmp_path))
+        await peers[1].reached(lone.epochs[-1]["epoch"] + 2, timeout=120)
         backbone.send_signal(signal.SIGKILL)
         await backbone.wait()
         # Away long enough for each peer to compute many targets' worth.
@@ -54,15 +67,8 @@ async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_a
         settled = re.findall(r"settled epoch \d+ \((\d+) of (\d+) voters agree\)", restarted.read_text())
         assert len(settled) >= 8 and all(votes == ("2", "2") for votes in settled[-5:]), settled
         await terminate(*peers)
-
-        # Alone, from the backbone's newest checkpoint: every step the target, to a micro-batch.
-        lone = await spawn_peer(url, project.id, "lone", tmp_path)
-        await until(lambda: len(lone.epochs) >= 6, 120, "six steps of the lone peer")
-        assert all(TARGET <= e["samples"] <= TARGET + MICRO_BATCH and e["my_samples"] == e["samples"]
-                   for e in lone.epochs), lone.epochs
-        await terminate(lone)
     finally:
-        await terminate(*peers, *([lone] if lone else []))
+        await terminate(*first, *peers)
         if backbone.returncode is None:
             backbone.send_signal(signal.SIGTERM)
             await backbone.wait()
@@ -72,7 +78,7 @@ async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_a
     steps = recorded_steps(data / "backbone.sqlite3")
     recorded = {rid: (samples, credited) for _, rid, samples, credited in steps}
     printed: dict[int, list[dict]] = {}
-    for p in [*peers, lone]:
+    for p in [*first, *peers]:
         for e in p.epochs:
             printed.setdefault(e["round_id"], []).append(e)
     assert len(set(printed) & set(recorded)) >= 14
