@@ -25,6 +25,19 @@ from tests.collab.harness import tiny_project
 from tests.unit.test_credentials import memory_keyring
 
 WORKER_START = 60.0  # seconds: a cold worker imports torch and builds its model
+DEFAULT_TIMEOUT = 300  # (pyproject.toml's)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Inside Qt's event loop pytest-timeout's alarm never runs (a window whose exec() never
+    returned held CI for 85 minutes): the app's tests time out from a thread instead, which
+    prints every thread's stack and ends the process (xdist names the test and goes on)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            marker = item.get_closest_marker("timeout")
+            seconds = marker.args[0] if marker is not None and marker.args else DEFAULT_TIMEOUT
+            item.add_marker(pytest.mark.timeout(seconds, method="thread"))
 TEST_LIMITS = Limits(threads=1, low_priority=False)
 
 
