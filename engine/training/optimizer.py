@@ -41,7 +41,6 @@ from engine.wire.tensors import StateFile, StateIndex
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-MicroBatch = Callable[[], tuple[int, float]]
 SNAPSHOT_WAIT = 5.0  # the same for a state snapshot a joiner or a checkpoint waits for
 RUN_SECONDS = 0.1  # the longest run of micro-batches between two looks from the event loop
 
@@ -121,20 +120,14 @@ class CollaborativeOptimizer:
     def state_hash(self) -> str:
         return self.hash.value
 
-    async def compute(self, micro_batch: MicroBatch, batch_id: int) -> bool:
-        """Run ``micro_batch`` on the compute thread: it back-propagates the loss *summed*
-        over its samples (mean loss x samples) and returns (samples, summed loss). False if
-        it did not run or was abandoned: then no gradient was added."""
-        _, added = await self.compute_run(lambda _: micro_batch(), batch_id, lambda: True)
-        return added > 0
-
     async def compute_run(self, micro_batch: Callable[[int], tuple[int, float]], first_id: int,
                           report_due: Callable[[], bool]) -> tuple[int, int]:
         """Micro-batches ``first_id``, ``first_id + 1``, ... in one job on the compute thread,
         until a report is due, ``RUN_SECONDS`` pass, or other work waits for the thread (a
         round, a snapshot: they never wait longer than for one micro-batch). A hop to the
-        thread and back per micro-batch cost about 0.45 ms, 5% of a small model's. Returns
-        how many ids it used and how many added a gradient."""
+        thread and back per micro-batch cost about 0.45 ms, 5% of a small model's. Each
+        ``micro_batch(id)`` back-propagates its loss *summed* over its samples and returns
+        (samples, summed loss). Returns how many ids it used and how many added a gradient."""
         await self._computable.wait()
 
         def work() -> tuple[int, int]:

@@ -25,14 +25,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from engine.backoff import Backoff
-from engine.ratelimit import Sweeps
 from engine.transport import backends
 from engine.transport.connection import StackConnection
 from engine.transport.counters import LinkCounters
 from engine.transport.ice import IceSettings
 from engine.transport.link import LinkClosed, PeerLink
 from engine.transport.mailbox import Mailbox
+from engine.transport.pauses import Pauses
 from engine.transport.shaping import RateLimiter
 from engine.wire.control import SignalData
 from engine.wire.framing import Frame, Incoming
@@ -44,33 +43,6 @@ MAX_CONNECTIONS = 200
 IDLE_LINK = 60.0  # a link with no frame either way for this long may make room for another
 REDIAL_FIRST, REDIAL_CAP = 0.5, 8.0  # seconds before offering again to a peer that failed
 SHUN_FIRST, SHUN_CAP = 30.0, 3600.0  # seconds without links to a peer that broke the rules
-
-
-class Pauses:
-    """Peers not to connect to before a time that grows with each ``extend``."""
-
-    def __init__(self, first: float, cap: float) -> None:
-        self.first, self.cap = first, cap
-        self._backoffs: dict[str, Backoff] = {}
-        self._until: dict[str, float] = {}
-        self._sweeps = Sweeps()
-
-    def left(self, peer_id: str) -> float:
-        return max(0.0, self._until.get(peer_id, 0.0) - time.monotonic())
-
-    def extend(self, peer_id: str) -> float:
-        now = time.monotonic()
-        wait = self._backoffs.setdefault(peer_id, Backoff(self.first, self.cap)).next()
-        self._until[peer_id] = now + wait
-        if self._sweeps.due(len(self._until)):  # peers long past their pause are forgiven
-            for peer in [p for p, until in self._until.items() if now - until > self.cap]:
-                self.clear(peer)
-            self._sweeps.swept(len(self._until))
-        return wait
-
-    def clear(self, peer_id: str) -> None:
-        self._backoffs.pop(peer_id, None)
-        self._until.pop(peer_id, None)
 
 SendSignal = Callable[[str, SignalData], Awaitable[None]]
 

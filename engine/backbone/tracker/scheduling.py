@@ -33,7 +33,7 @@ from engine.wire.control import RoundDone, RoundStart
 from engine.wire.groups import RoundGroups
 
 if TYPE_CHECKING:
-    from engine.backbone.tracker.checks import RoundAudit
+    from engine.backbone.tracker.part_checks import RoundAudit
 
 log = logging.getLogger(__name__)
 # Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
