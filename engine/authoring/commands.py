@@ -10,7 +10,14 @@ import re
 import sys
 from pathlib import Path
 
-from engine.authoring.manifest import SHARDS, TOKENIZER, read_project, update_manifest, write_project
+from engine.authoring.manifest import (
+    SHARDS,
+    TOKENIZER,
+    file_entry,
+    read_project,
+    update_manifest,
+    write_project,
+)
 from engine.authoring.presets import PRESETS
 
 TEXT_TASKS = {"hf-masked-lm", "hf-causal-lm"}
@@ -195,7 +202,7 @@ def _weights(source: Path, folder: Path) -> int:
 
     from engine.authoring.manifest import INITIAL_WEIGHTS
 
-    read_project(folder)  # (a project folder, before anything is copied into it)
+    project = read_project(folder)  # (a project folder, before anything is copied into it)
     path = source / "model.safetensors" if source.is_dir() else source
     try:
         with safe_open(str(path), framework="pt") as weights:
@@ -204,7 +211,11 @@ def _weights(source: Path, folder: Path) -> int:
         raise ValueError(f"{path} is not a safetensors file (the only weights a project takes: "
                          f"reading them runs no code): {exc}") from None
     shutil.copyfile(path, folder / INITIAL_WEIGHTS)
-    update_manifest(folder)
+    if isinstance(project.get("data"), dict):  # (its shards are listed already: not hashed again)
+        project["data"]["initial_weights"] = file_entry(folder, folder / INITIAL_WEIGHTS)
+        write_project(folder, project)
+    else:
+        update_manifest(folder)
     print(f"{folder / INITIAL_WEIGHTS}: the model starts from these {count} tensors; "
           f"`cotrain project check {folder}` checks that they fit it")
     return 0
