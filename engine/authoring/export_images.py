@@ -19,10 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.tasks.images import TORCHVISION, ImageClassification
+from engine.tasks.images import BATCH_NORM_STATS, TORCHVISION, ImageClassification
 
 RECALIBRATION = 64  # micro-batches whose statistics the running ones average
-BATCH_NORM_STATS = ("running_mean", "running_var", "num_batches_tracked")
 TORCHVISION_FILE = "torchvision.json"
 
 

@@ -319,6 +319,10 @@ def _check_torchvision_options(name: str, config: dict) -> None:
             raise ModelError(f"config.{key} is a probability in [0, 1), not {value!r}")
 
 
+# The running statistics batch norm keeps, which a collaboration's networks hold none of.
+BATCH_NORM_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
 def batch_statistics(model: nn.Module) -> nn.Module:
     """Batch norm layers normalize by each batch's own statistics, in training and evaluation
     alike. Running statistics would be each peer's own (a peer sees only its micro-batches),

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from engine.tasks.hf_models import ModelError
+from engine.tasks.images import BATCH_NORM_STATS
 
 SHOWN = 5  # names listed in an error
 
@@ -24,10 +25,12 @@ def load_initial_weights(model: torch.nn.Module, path: Path) -> None:
     any of them is read into memory, and then they are read one at a time."""
     try:
         with safe_open(str(path), framework="pt", device="cpu") as weights:
-            shapes = {name: weights.get_slice(name) for name in weights.keys()}  # noqa: SIM118 (not a dict)
+            own = model.state_dict(keep_vars=True)
+            # (an exported network's measured batch norm statistics: a collaboration keeps none)
+            shapes = {name: weights.get_slice(name) for name in weights.keys()  # noqa: SIM118 (not a dict)
+                      if name in own or not name.endswith(BATCH_NORM_STATS)}
             _check_fit(model, {name: (tuple(s.get_shape()), s.get_dtype().startswith(("F", "BF")))
                                for name, s in shapes.items()}, path)
-            own = model.state_dict(keep_vars=True)
             with torch.no_grad():
                 for name in shapes:
                     own[name].copy_(weights.get_tensor(name))

@@ -79,6 +79,15 @@ def test_an_exported_image_network_classifies_as_the_collaboration_did(tmp_path,
             agree += int((theirs == ours).sum())
             total += batch.size
     assert total == 9 and agree >= 8, (agree, total)  # (one batch of 9: its own statistics are not noise)
+
+    # The exported folder starts a new project where this one left off (its batch norm's
+    # measured statistics, which the collaboration keeps none of, left aside).
+    assert main(["project", "weights", str(out), str(folder)]) == 0
+    project = load_project_folder(folder).spec
+    again = initial_model(create_task(project.task, dict(project.task_params),
+                                      TaskData(project.data, FolderFiles(folder))), project.seed + 1)
+    trained = dict(model.named_parameters())
+    assert all(torch.equal(p, trained[name]) for name, p in again.named_parameters())
     if architecture == TORCHVISION:
         return
 
