@@ -9,9 +9,8 @@ from PySide6.QtCore import QEventLoop, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import QApplication, QMainWindow
 
+from app.views.common import HELD_OUT_LOSS, TRAINING_LOSS
 from engine.wire.rest import Curve
-
-TRAINING, HELD_OUT = "#1c7ed6", "#f76707"  # (the dashboard's colours)
 
 
 def curve_plot(curve: Curve, title: str) -> pg.PlotWidget:
@@ -22,11 +21,12 @@ def curve_plot(curve: Curve, title: str) -> pg.PlotWidget:
     plot.showGrid(x=True, y=True, alpha=0.3)
     plot.addLegend(offset=(-10, 10))  # (top right: a falling loss leaves it empty)
     trained = [p for p in curve.epochs if p.loss is not None]
-    plot.plot([p.epoch for p in trained], [p.loss for p in trained], pen=pg.mkPen(TRAINING, width=2),
+    plot.plot([p.epoch for p in trained], [p.loss for p in trained], pen=pg.mkPen(TRAINING_LOSS, width=2),
               name="training loss")
     scored = [p for p in curve.epochs if p.heldout_loss is not None]
-    plot.plot([p.epoch for p in scored], [p.heldout_loss for p in scored], pen=pg.mkPen(HELD_OUT, width=2),
-              symbol="s", symbolBrush=HELD_OUT, name="held-out loss")
+    plot.plot([p.epoch for p in scored], [p.heldout_loss for p in scored],
+              pen=pg.mkPen(HELD_OUT_LOSS, width=2), symbol="s", symbolBrush=HELD_OUT_LOSS,
+              name="held-out loss")
     return plot
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QVBoxLayout, QWidget
 
+TRAINING_LOSS, HELD_OUT_LOSS = "#4c6ef5", "#f76707"  # the loss curves' colours, wherever drawn
+
 
 def heading(text: str) -> QLabel:
     label = QLabel(text)

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from app.controller import AppPhase, AppState, Controller, TrayKind
 from app.icons import icon
 from app.trayicon import SNOOZE_SECONDS
-from app.views.common import Tile, count, duration, heading, help_text, rate
+from app.views.common import HELD_OUT_LOSS, TRAINING_LOSS, Tile, count, duration, heading, help_text, rate
 from engine.console import megabytes
 from engine.peer.events import EpochCompleted
 from engine.wire.rest import Curve
@@ -89,10 +89,10 @@ class DashboardPage(QWidget):
         self.loss_plot = pg.PlotWidget(title="Loss per step")
         self.loss_plot.setLabel("bottom", "epoch")
         self.loss_plot.addLegend(offset=(-10, 10))
-        self.loss_line = self.loss_plot.plot([], [], pen=pg.mkPen("#4c6ef5", width=2), symbol="o",
+        self.loss_line = self.loss_plot.plot([], [], pen=pg.mkPen(TRAINING_LOSS, width=2), symbol="o",
                                              symbolSize=4, name="training")
         # The project's held-out set, scored by a few peers every few steps (where it has one).
-        self.heldout_line = self.loss_plot.plot([], [], pen=pg.mkPen("#f76707", width=2), symbol="s",
+        self.heldout_line = self.loss_plot.plot([], [], pen=pg.mkPen(HELD_OUT_LOSS, width=2), symbol="s",
                                                 symbolSize=6, name="held out")
         self.mine_plot = pg.PlotWidget(title="My contribution (samples)",
                                        axisItems={"bottom": pg.DateAxisItem()})
