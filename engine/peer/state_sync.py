@@ -115,19 +115,27 @@ class StateSync:
         """Start from the state this computer's previous peer held as the project changed
         under it (its model did not: engine/backbone/project_watch.py), with no download;
         the backbone then settles whether it is the collaboration's. False if it does not fit."""
+        def fitting() -> StateFile:  # (its hash is checked by the backbone's settlement)
+            state = decode_file(data)
+            self._fit(state)
+            return state
+
         async with self._lock:
             try:
-                state = await asyncio.to_thread(self._checked, data, None)
-            except BadDonorState as exc:
+                state = await asyncio.to_thread(fitting)
+            except ProtocolError as exc:
                 log.warning("not starting from the state held before the project changed: %s", exc)
                 return False
-            opt = self.optimizer
-            digest = await opt.load(state)
-            await opt.mark_synced()
-            self.emit(Synced(opt.epoch, "this computer, before the project changed", digest))
-            await self.say_ready()
-            await self.progress.report(force=True)
+            await self._adopted("this computer, before the project changed", await self.optimizer.load(state))
             return True
+
+    async def _adopted(self, source: str, digest: str) -> None:
+        """A state is ours: compute on it, and say so."""
+        opt = self.optimizer
+        await opt.mark_synced()
+        self.emit(Synced(opt.epoch, source, digest))
+        await self.say_ready()
+        await self.progress.report(force=True)
 
     async def say_ready(self) -> None:
         """Tell the backbone which state we hold and compute on (the one place a Ready is
@@ -158,11 +166,7 @@ class StateSync:
                     await self.mesh.drop(self._last_donor)  # renegotiated if asked again
                 await asyncio.sleep(backoff.next())
                 continue
-            opt = self.optimizer
-            await opt.mark_synced()
-            self.emit(Synced(opt.epoch, plan.source, digest))
-            await self.say_ready()
-            await self.progress.report(force=True)
+            await self._adopted(plan.source, digest)
             return True
         return False
 
@@ -192,19 +196,22 @@ class StateSync:
             raise SyncError("the state does not match the collaboration's hash")
         return digest
 
-    def _checked(self, data: bytes | bytearray, expected: str | None) -> StateFile:
-        """The state file, if it is the one expected (None: the one it names) and fits this
-        project (else BadDonorState)."""
+    def _checked(self, data: bytes | bytearray, expected: str) -> StateFile:
+        """The state file, if it is the one expected and fits this project (else BadDonorState)."""
         try:
             state = decode_file(data)
-            if state.state_sha256() != (expected or state.meta.state_sha256):
+            if state.state_sha256() != expected:
                 raise ProtocolError("its hash is not the collaboration's")
-            opt = self.optimizer
-            warm = warm_slots(opt.optimizer, opt.params, opt.warm_shapes)
-            check_state(state, opt.model, opt.optimizer, opt.project_id, warm)
+            self._fit(state)
         except ProtocolError as exc:
             raise BadDonorState(f"refused the state: {exc}") from None
         return state
+
+    def _fit(self, state: StateFile) -> None:
+        """ProtocolError unless ``state`` is one of this project's model and optimizer."""
+        opt = self.optimizer
+        check_state(state, opt.model, opt.optimizer, opt.project_id,
+                    warm_slots(opt.optimizer, opt.params, opt.warm_shapes))
 
     async def _from_peer(self, donor: str, known: bool) -> str:
         """The donor's state, checked against the settled hash of its epoch -- or, when the
