@@ -95,6 +95,12 @@ class OptimizerSpec(Struct, kw_only=True):
     # in BERT's and sahajBERT's recipes.
     decay_norms_and_biases: bool = True
 
+    @property
+    def norms_and_biases_apart(self) -> bool:
+        """Whether the 1-D parameters form a group of their own (no weight decay): a state's
+        slots follow the groups, so every peer, and the backbone's check of an edit, must agree."""
+        return not (self.decay_norms_and_biases or self.weight_decay == 0)
+
 
 class ScheduleSpec(Struct, kw_only=True):
     """Linear warm-up over ``warmup_epochs``, then constant, linear or cosine decay to

@@ -22,7 +22,7 @@ DATA_ONLY_PARAMS = frozenset({"micro_batch", "per_visit", "mask_probability", "w
 def state_settings(spec: ProjectSpec) -> dict[str, Any]:
     """(Local mode's state is its outer SGD's, whatever the inner optimizer.)"""
     sync, optimizer = spec.mode == "sync", spec.optimizer
-    apart = sync and not (optimizer.decay_norms_and_biases or optimizer.weight_decay == 0)
+    apart = sync and optimizer.norms_and_biases_apart
     return {
         "task": spec.task,
         "task_params": {k: v for k, v in spec.task_params.items() if k not in DATA_ONLY_PARAMS},

@@ -41,7 +41,7 @@ def build_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -
 def decay_groups(spec: OptimizerSpec, params: list[torch.nn.Parameter]) -> list[dict]:
     """One group, or (with ``decay_norms_and_biases`` off) the matrices and, without weight
     decay, the 1-D parameters: every peer splits them alike, so their states match."""
-    if spec.decay_norms_and_biases or spec.weight_decay == 0:
+    if not spec.norms_and_biases_apart:
         return [{"params": params}]
     matrices, plain = [p for p in params if p.ndim > 1], [p for p in params if p.ndim <= 1]
     groups: list[dict] = [{"params": matrices}, {"params": plain, "weight_decay": 0.0}]
