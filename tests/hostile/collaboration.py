@@ -271,6 +271,17 @@ class Collaboration:
     def has_checkpoint(self, epoch: int) -> bool:
         return self.checkpoint_file(epoch) is not None
 
+    def first_checkpoint(self, since: int) -> int | None:
+        """The first epoch from ``since`` on that the backbone holds a checkpoint of: a chore
+        whose peer left or failed goes to the next round's (the checkpoint is an epoch late)."""
+        data = self.root / "backbone" / "backbone.sqlite3"
+        if not data.exists():
+            return None
+        with contextlib.closing(sqlite3.connect(f"file:{data}?mode=ro", uri=True)) as db:
+            epochs = [e for (e,) in db.execute("SELECT epoch FROM checkpoints WHERE project=? AND epoch>=? "
+                                                "ORDER BY epoch", (self.project.id, since))]
+        return next((e for e in epochs if self.has_checkpoint(e)), None)
+
     def checkpoint_file(self, epoch: int) -> Path | None:
         """The backbone's file of its checkpoint of ``epoch``, as its records name it."""
         data = self.root / "backbone"

@@ -77,7 +77,7 @@ async def run_once(root: Path, spec: ProjectSpec, attack: str | None) -> Run | N
         liar = await start_cued(collab, LIARS[attack], honest) if attack in LIARS else None
         if liar is not None:
             await cue(collab, liar)
-        checkpoint = lambda: collab.has_checkpoint(epochs)  # noqa: E731
+        checkpoint = lambda: collab.first_checkpoint(epochs) is not None  # noqa: E731
         if attack is None or liar is not None:
             await collab.until(checkpoint, 300, f"the checkpoint of epoch {epochs}")
         else:
@@ -91,14 +91,20 @@ async def run_once(root: Path, spec: ProjectSpec, attack: str | None) -> Run | N
                     task.cancel()
                 if not poisoner.sent:
                     return None
-                return Run(collab.checkpoint_loss(epochs, HELD_OUT), collab, poisoner.sent,
+                return Run(loss_at_checkpoint(collab, epochs), collab, poisoner.sent,
                            left_out(collab, stranger.peer_id), collab.credited(adversary.peer_ids),
                            poisoner.harmless)
         lies = lied(liar.log.read_text(errors="replace")) if liar is not None else []
         assert liar is None or lies, "the liar never reduced a part: the test proves nothing"
-        return Run(collab.checkpoint_loss(epochs, HELD_OUT), collab, lies=lies)
+        return Run(loss_at_checkpoint(collab, epochs), collab, lies=lies)
     finally:
         collab.stop()
+
+
+def loss_at_checkpoint(collab: Collaboration, epochs: int) -> float:
+    """The held-out loss of the first checkpoint from ``epochs`` on (a later one if its
+    chore's peer was expelled before it uploaded)."""
+    return collab.checkpoint_loss(collab.first_checkpoint(epochs) or epochs, HELD_OUT)
 
 
 # The negated average said to come from 10^12 samples, values scaled to match (it passed
