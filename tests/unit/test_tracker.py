@@ -589,6 +589,22 @@ def test_a_checkpoint_upload_under_way_is_waited_for_and_a_broken_one_is_not(clo
     assert not t.expects_checkpoint("a", 1)
 
 
+def test_a_checkpoint_of_a_later_epoch_answers_the_chore(clock):
+    """Where rounds outrun its snapshot, the asked peer's state is a step on when it takes
+    it: before, that upload was refused and the chore owed for five minutes, with no
+    checkpoint due meanwhile (CI saw a 300-s wait for one)."""
+    t = ready_tracker(clock, checkpoint_every=1)
+    start = open_round(t, {"b": 0, "a": 100})
+    for p in ("a", "b"):
+        t.handle(p, done(start, "h1"))
+    asked = start.checkpoint_by
+    assert asked is not None and not t.expects_checkpoint(asked, 0)
+    assert t.expects_checkpoint(asked, 2) and t.checkpoint_upload(asked, 2, started=True)
+    t.checkpoint_stored(asked, CheckpointInfo(2, "s", "p", 1000, "/"))
+    assert not t.expects_checkpoint(asked, 2) and asked not in t.checkpoint_requests.uploading()
+    assert t.checkpoint_requests.failures(asked) == 0
+
+
 def settled_round(clock, t, claims: dict[str, float], epoch: int) -> RoundStart:
     """A round the peers open by reporting their samples with these uplink claims, and settle."""
     clock.now += 6.0
