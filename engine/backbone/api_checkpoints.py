@@ -72,13 +72,14 @@ async def put_checkpoint(request: web.Request) -> web.Response:
     if not SHA256.match(sha) or not SHA256.match(state_sha):
         raise web.HTTPBadRequest(text=f"{CONTENT_SHA256_HEADER} and {STATE_SHA256_HEADER} must be sha256 "
                                       "hex digests")
+    tracker = backbone.trackers[spec.id]
     if backbone.store.rounds.epoch_state(spec.id, epoch) != state_sha:
+        tracker.checkpoint_upload(peer_id, epoch, started=False)  # (the chore goes to another)
         raise web.HTTPConflict(text="state hash is not the collaboration's at that epoch")
     limit = backbone.config.max_checkpoint_bytes
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length,
                                             text=f"checkpoint larger than {limit} bytes")
-    tracker = backbone.trackers[spec.id]
     if not tracker.checkpoint_upload(peer_id, epoch, started=True):
         raise web.HTTPConflict(text=f"your upload of the checkpoint of epoch {epoch} is under way")
     stored = False

@@ -163,6 +163,23 @@ async def test_an_asked_for_checkpoint_upload_that_fails_frees_the_chore(collabo
     assert joined["peer_id"] not in tracker.checkpoint_requests.uploading()
 
 
+async def test_an_asked_for_checkpoint_of_another_state_frees_the_chore(collaboration):
+    """An asked peer whose state is not the collaboration's at that epoch is refused, and
+    its chore goes to the next round's peer at once, not after five minutes' patience."""
+    backbone, http, _ = collaboration
+    joined = await _join(http, backbone.url)
+    tracker = backbone.trackers["tiny-lm"]
+    tracker.checkpoint_requests.ask(joined["peer_id"], 1)
+    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
+               "X-Content-SHA256": "0" * 64, "X-State-SHA256": "1" * 64}
+    async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/1", data=b"x" * 1000,
+                        headers=headers) as resp:
+        assert resp.status == 409 and "not the collaboration's" in (await resp.json())["error"]
+    assert joined["peer_id"] not in tracker.checkpoint_requests.uploading()
+    assert tracker.checkpoint_requests.failures(joined["peer_id"]) == 1
+    assert backbone.store.checkpoints.listed("tiny-lm") == []
+
+
 async def test_link_probes_are_for_peers_bounded_and_few(collaboration):
     backbone, http, peers = collaboration
     url = f"{backbone.url}/api/projects/tiny-lm/probe"
