@@ -268,31 +268,30 @@ class Collaboration:
         taken = local.take(model, accumulator, lr)
         return taken.vector / taken.samples
 
+    def checkpoint_file(self, epoch: int) -> Path | None:
+        """The backbone's file of its checkpoint of ``epoch``, as its records name it."""
+        return self._checkpoint_files(epoch, epoch).get(epoch)
+
     def has_checkpoint(self, epoch: int) -> bool:
         return self.checkpoint_file(epoch) is not None
 
     def first_checkpoint(self, since: int) -> int | None:
         """The first epoch from ``since`` on that the backbone holds a checkpoint of: a chore
         whose peer left or failed goes to the next round's (the checkpoint is an epoch late)."""
-        data = self.root / "backbone" / "backbone.sqlite3"
-        if not data.exists():
-            return None
-        with contextlib.closing(sqlite3.connect(f"file:{data}?mode=ro", uri=True)) as db:
-            epochs = [e for (e,) in db.execute("SELECT epoch FROM checkpoints WHERE project=? AND epoch>=? "
-                                                "ORDER BY epoch", (self.project.id, since))]
-        return next((e for e in epochs if self.has_checkpoint(e)), None)
+        return min(self._checkpoint_files(since, None), default=None)
 
-    def checkpoint_file(self, epoch: int) -> Path | None:
-        """The backbone's file of its checkpoint of ``epoch``, as its records name it."""
+    def _checkpoint_files(self, first: int, last: int | None) -> dict[int, Path]:
+        """The checkpoints' files the backbone holds of epochs ``first`` to ``last``, by epoch."""
         data = self.root / "backbone"
         if not (data / "backbone.sqlite3").exists():
-            return None
+            return {}
         with contextlib.closing(sqlite3.connect(f"file:{data / 'backbone.sqlite3'}?mode=ro", uri=True)) as db:
-            row = db.execute("SELECT sha256 FROM checkpoints WHERE project=? AND epoch=?",
-                             (self.project.id, epoch)).fetchone()
-        path = CheckpointFiles(data / "checkpoints").path(row[0]) if row else None
-        return path if path is not None and path.exists() else None
-
+            upto = last if last is not None else 2**62
+            query = "SELECT epoch, sha256 FROM checkpoints WHERE project=? AND epoch BETWEEN ? AND ?"
+            rows = db.execute(query, (self.project.id, first, upto)).fetchall()
+        files = CheckpointFiles(data / "checkpoints")
+        found = {epoch: files.path(sha) for epoch, sha in rows}
+        return {epoch: path for epoch, path in found.items() if path is not None and path.exists()}
 
 @contextlib.contextmanager
 def running(root: Path, **options) -> Iterator[Collaboration]:

@@ -53,7 +53,7 @@ def trickled(trickler: HonestPeer) -> list[int]:
 async def test_a_fast_claim_that_breaks_its_checkpoints_costs_one_each_time_it_joins(
         tmp_path, monkeypatch, report_figure, shirk):
     # (A wrong state hash was refused before its bytes, and kept the chore owed for the
-    # five minutes of its patience, with no checkpoint due meanwhile.)
+    # five minutes of its patience: the next checkpoint came an interval later.)
     monkeypatch.setenv(SHIRK, shirk)  # (the shirker inherits it)
     collab = Collaboration(tmp_path, project=hostile_project(checkpoint_every=CHECKPOINT_EVERY), peers=2,
                            backbone_args=("-v",))  # (its log names each checkpoint stored)

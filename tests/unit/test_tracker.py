@@ -591,8 +591,8 @@ def test_a_checkpoint_upload_under_way_is_waited_for_and_a_broken_one_is_not(clo
 
 def test_a_checkpoint_of_a_later_epoch_answers_the_chore(clock):
     """Where rounds outrun its snapshot, the asked peer's state is a step on when it takes
-    it: before, that upload was refused and the chore owed for five minutes, with no
-    checkpoint due meanwhile (CI saw a 300-s wait for one)."""
+    it: before, that upload was refused and the chore owed for five minutes, and that
+    epoch never got its checkpoint (CI waited 300 s for one)."""
     t = ready_tracker(clock, checkpoint_every=1)
     start = open_round(t, {"b": 0, "a": 100})
     for p in ("a", "b"):

@@ -10,8 +10,8 @@ and asking again every round meanwhile would start second uploads of the same ch
 
 A peer owes one checkpoint at a time, of the epoch it was asked for or any later one: its
 snapshot is of the state it holds when it takes it, and where rounds outrun that (tenths
-of a second apart) it is a step on. Refusing it left the chore owed for its whole patience
-and no checkpoint stored meanwhile.
+of a second apart) it is a step on. Refusing it left the chore owed for its whole patience:
+that epoch had no checkpoint, and the next came an interval after it.
 
 Who is asked ranks by what the backbone saw: a peer's last stored upload, timed from its
 first byte to its file stored, speaks for its uplink; its claimed uplink counts only until
