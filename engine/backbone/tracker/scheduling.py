@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.backbone.tracker.grouping import grouped_shares, link_claims
+from engine.backbone.tracker.join_hold import JoinHold
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
 from engine.planning.load_balancing import Balance, balance, equal_shares, round_time
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
     from engine.backbone.tracker.part_checks import RoundAudit
 
 log = logging.getLogger(__name__)
-# Rounds wait for downloads at most this share of the time: a joiner gets one wait, and
-# identities that ask for the state and never download it cannot stall the rest. At a
-# tenth, a 45 s window of such asking held two waits and cost 13-21% (CI, 2026-11-24).
-HOLD_SHARE = 1 / 20
 # Rounds with an unproven auxiliary peer in them take at most 1 / TRIAL_SPACING of the time,
 # and half that again after each trial in a row that failed (up to 2**MAX_TRIAL_BACKOFF).
 TRIAL_SPACING = 10
@@ -205,8 +202,7 @@ class Scheduler:
         self._clock = clock
         self._retry_at = 0.0
         self._round_ids = itertools.count(last_round_id + 1)
-        self._hold_began: float | None = None  # when downloads began holding rounds back
-        self._next_hold = -math.inf  # no new hold before then
+        self._join_hold = JoinHold()
         self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
         self._failed_trials = 0  # trial rounds in a row that did not settle
         self.vector_bytes = 0  # what a round moves per member, once a settled round told us
@@ -240,23 +236,15 @@ class Scheduler:
             return None
         # A download still under way after a round's timeout holds the others no longer: its
         # donor may sit behind a link that died unnoticed (a NAT that rebound), and a
-        # failed round would not have cost them more. Nor do downloads hold rounds longer
-        # than that at a time, or more than HOLD_SHARE of the time: joiners that keep
-        # coming (or asking) cannot stall the collaboration.
+        # failed round would not have cost them more.
         hold = min(self.join_grace, self.project.round_timeout)
-        if any(p.syncing_since is not None and now - p.syncing_since < hold and self.may_download(p, now)
-               for p in self.members.peers.values()):
-            if self._hold_began is not None and now - self._hold_began >= hold:
-                self._hold_began = None
-            if self._hold_began is None and now >= self._next_hold:
-                self._hold_began, self._next_hold = now, now + hold / HOLD_SHARE
-            if self._hold_began is not None:
-                # A joiner is downloading the current state. Opening the round now would make
-                # that state stale on arrival; everyone keeps accumulating meanwhile, so
-                # waiting costs a slightly larger batch, not wasted work.
-                return None
-        else:
-            self._hold_began = None
+        downloading = any(p.syncing_since is not None and now - p.syncing_since < hold
+                          and self.may_download(p, now) for p in self.members.peers.values())
+        if self._join_hold.holds(now, downloading, hold):
+            # A joiner is downloading the current state. Opening the round now would make
+            # that state stale on arrival; everyone keeps accumulating meanwhile, so
+            # waiting costs a slightly larger batch, not wasted work.
+            return None
         proven = {p.peer_id for p in counted}
         trainers = self.pairs.connected_group(
             [(p.peer_id, p.samples if p.peer_id in proven else -1) for p in live], now)
