@@ -272,10 +272,11 @@ class Backbone:
                 self.execute(pid, tracker.tick())
             part = tick % slices
             for pid, tracker in self.trackers.items():
-                text = encode_text(tracker.status())
+                status, counted = tracker.status_and_counted()
+                texts = encode_text(status), encode_text(msgspec.structs.replace(status, counts_you=False))
                 for session in self.sessions.values():
                     if session.project == pid and hash(session.peer_id) % slices == part:
-                        session.send(text)
+                        session.send(texts[session.peer_id not in counted])
             if loop.time() >= next_seen:
                 # Online time survives a crash up to the last time peers were seen.
                 next_seen = loop.time() + SEEN_INTERVAL

@@ -101,6 +101,7 @@ class ControlLoop:
                 return
             reason = client.close_reason
             log.warning("lost the backbone (%s); reconnecting", reason)
+            peer.progress.lost_backbone()
             peer.emit(Connection(False, f"Lost the backbone at {where(client.base_url)}: reconnecting."))
 
             def waiting(delay: float, why: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -16,7 +17,10 @@ from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import ControlMessage, Progress, Status
 
 SendControl = Callable[[ControlMessage], Awaitable[object]]
-MIN_REPORT_GAP = 0.05
+# The shortest time between reports that are due early: none, as a micro-batch past the
+# target costs more than a message (tests raise it to see one report alone).
+MIN_REPORT_GAP = 0.0
+AWAY_GRACE = 10.0  # seconds a restarted backbone's peers have to reconnect, before we stop waiting on them
 
 
 class ProgressReporter:
@@ -35,7 +39,13 @@ class ProgressReporter:
         self._status: Status | None = None
         self._status_time = 0.0
         self._mine_in_status = 0
-        self._taken = asyncio.Event()  # a round took our gradient: a hold is over
+        self._look_again = asyncio.Event()  # a round took our gradient, or a status came
+        self._asked_at: float | None = None  # when a report that may reach the target asked for a status
+        # While the backbone is away, our share of the target by pace when it was lost
+        # (None: connected, and its last status counts us).
+        self._away_share: float | None = None
+        self._away_peers = 0  # members when it was lost
+        self._back_since: float | None = None  # the first status since
 
     async def report(self, force: bool = False) -> None:
         """Tell the backbone how far we are, if a report is due (or ``force``)."""
@@ -60,36 +70,66 @@ class ProgressReporter:
             since >= MIN_REPORT_GAP and (not self._stepped_once or self._target_in_reach(now)))
 
     def full(self) -> bool:
-        """Whether we hold the target ourselves: no step weighs more of us, so a micro-batch
-        more could not count. Alone behind rounds that did not settle, a peer once stepped
-        38 times the target; peers that computed on while the backbone was away brought
-        14,396 samples to a target of 128. (Asked on the compute thread after each
-        micro-batch too: it only reads.)"""
+        """Whether we hold what the next step needs of us, so that it takes the target to a
+        micro-batch per peer: the target less what the others hold (as the backbone counted
+        them: never more than they hold, so no wait outlasts a status); while the backbone
+        is away, our share of the target by pace; one micro-batch on probation (the first
+        round proves us, and our samples do not count before). Alone behind rounds that did
+        not settle, a peer once stepped 38 times the target; peers that computed on while
+        the backbone was away brought 14,396 samples to a target of 128; a newcomer's first
+        round twice the target. (Asked on the compute thread after each micro-batch too: it
+        only reads.)"""
         opt = self.optimizer
-        return not opt.in_round and opt.accumulator.samples >= self.target_batch_size
+        return not opt.in_round and (self._awaiting_answer() or
+                                     opt.accumulator.samples >= min(self.target_batch_size, self._room()))
+
+    def _awaiting_answer(self) -> bool:
+        """Our last report may have reached the target: compute nothing until the backbone
+        answers (the round's start, or a status with the others' counts), for at most a
+        report interval. Reports trail compute by a message's way there and back: two
+        tiny-model peers each computed five micro-batches more meanwhile (224 for 128)."""
+        asked = self._asked_at
+        return asked is not None and time.monotonic() - asked < self.report_interval
+
+    def lost_backbone(self) -> None:
+        """Until a status counts us and the peers we knew again, the others' counts are
+        unknown: hold our share of the target by the paces last heard of, counting
+        every member as fast as we are if the status's rate says less (it leaves out
+        newcomers on probation). A new backbone knows nobody at first."""
+        status, rate = self._status, self.optimizer.throughput.rate()
+        peers = status.peers if status is not None else 1
+        total = max(status.samples_per_second if status is not None else 0.0, rate * peers, rate)
+        self._away_share = self.target_batch_size * rate / total if rate else math.inf
+        self._away_peers, self._back_since = peers, None
 
     async def until_room(self) -> None:
-        """Return once another micro-batch may count: while we hold the target, wait for
-        the round that takes it (our count told the backbone at once; the heartbeat
-        keeps telling it we are alive), looking again each ``report_interval`` (a resync
-        may have emptied the accumulator)."""
+        """Return once another micro-batch may count: while we hold what the step needs of
+        us, wait for the round that takes it (our count told the backbone at once; the
+        heartbeat keeps telling it we are alive), looking again at each status and each
+        ``report_interval`` (a peer may have left; a resync may have emptied the accumulator)."""
         while self.full():
             if self._reported_samples != self.optimizer.accumulator.samples:
                 await self.report(force=True)
-            self._taken.clear()
+            self._look_again.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._taken.wait(), self.report_interval)
+                await asyncio.wait_for(self._look_again.wait(), self.report_interval)
 
     async def report_taken(self, taken: Accumulated) -> None:
         """What we bring to a round, as the backbone's last evidence before it judges our
         claim. Without it, a peer whose only report this epoch came after a slow first
         micro-batch looks slower than it is, and its honest claim gets cut."""
-        self._taken.set()
+        self._look_again.set()
+        self._asked_at = None
         if taken.samples:
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
 
     def stepped(self) -> None:
+        """Our step starts the next epoch for everyone, before the backbone's word of it:
+        the others' samples are timed from now, not from the last status (timed from
+        there, every micro-batch of the new epoch looked like the one reaching the target,
+        and asked the backbone for an answer)."""
         self._stepped_once = True
+        self.observe_epoch(self.optimizer.epoch)
 
     async def keep_alive(self, interval: float) -> None:
         """Report even when no micro-batch finished lately (a slow device, a small CPU
@@ -99,8 +139,23 @@ class ProgressReporter:
 
     def observe(self, status: Status) -> None:
         """Remember the collaboration's progress, to estimate when the target is reached."""
-        self._status, self._status_time = status, time.monotonic()
+        now = time.monotonic()
+        self._status, self._status_time, self._asked_at = status, now, None
+        if self._away_share is not None and self._back(status, now):
+            self._away_share = None
+        self._look_again.set()
         self._mine_in_status = self._reported_samples
+
+    def _back(self, status: Status, now: float) -> bool:
+        """Whether a status ends the hold by pace: it counts what we reported, and the peers
+        we knew are back (or had ``AWAY_GRACE`` seconds to be). The first statuses of a
+        restarted backbone count nobody, then only the peers that reconnected first:
+        released on them, both peers of a test computed the whole target again (224-256
+        for 128)."""
+        if self._back_since is None:
+            self._back_since = now
+        counted = status.samples >= self._reported_samples or not status.counts_you
+        return counted and (status.peers >= self._away_peers or now - self._back_since >= AWAY_GRACE)
 
     def observe_epoch(self, epoch: int) -> None:
         """A new epoch starts from zero samples; the peers' rates carry over."""
@@ -116,18 +171,60 @@ class ProgressReporter:
 
     async def _report(self, samples: int, loss_sum: float, compute_seconds: float) -> None:
         opt = self.optimizer
-        self._last_report = time.monotonic()
+        now = self._last_report = time.monotonic()
         self._reported = (opt.generation, opt.accumulator.samples)
         loss = loss_sum / samples if samples else None
         upload, download = self.link_estimate()
-        await self._send(Progress(opt.epoch, samples, opt.throughput.rate(), loss,
-                                  compute_seconds, self.client_mode(), upload, download))
+        asks = not opt.in_round and self._target_in_reach(now)
+        self._asked_at = now if asks else None
+        await self._send(Progress(opt.epoch, samples, opt.throughput.rate(), loss, compute_seconds,
+                                  self.client_mode(), upload, download, asks_status=asks))
+
+    def _others(self) -> tuple[Status, int] | None:
+        """The last status as it bears on our epoch, and the samples the others held in it
+        (None: no word of our epoch). Our step may come before the backbone's word of it
+        (a Step is sent once the voters answered): the epoch is new to everyone, so the
+        others hold nothing yet; taken for no word, a peer computed the whole target then."""
+        status, opt = self._status, self.optimizer
+        if status is None or status.epoch > opt.epoch:
+            return None
+        if status.epoch < opt.epoch:
+            return replace(status, epoch=opt.epoch, samples=0), 0
+        return status, max(status.samples - self._mine_in_status, 0)
+
+    def _room(self) -> float:
+        """How many samples of ours the next step needs (inf: no word of the others)."""
+        seen = self._others()
+        if seen is None:
+            return math.inf
+        if not seen[0].counts_you:
+            return 1
+        if self._away_share is not None:
+            return self._away_share
+        return self.target_batch_size - seen[1]
 
     def _target_in_reach(self, now: float) -> bool:
-        status, opt = self._status, self.optimizer
-        if status is None or status.epoch != opt.epoch:
+        seen, opt = self._others(), self.optimizer
+        if seen is None:
             return False
-        others = max(status.samples - self._mine_in_status, 0)
-        others_rate = max(status.samples_per_second - opt.throughput.rate(), 0.0)
-        estimate = others + others_rate * (now - self._status_time) + opt.accumulator.samples
+        status, others = seen
+        if status.samples_per_second <= 0:
+            # No pace known yet (a restarted backbone's first statuses): any micro-batch may
+            # be the one that reaches it. Before, peers there reported every half second
+            # and each brought the whole target (256 for 128).
+            return True
+        # The others as fast as we compute, if the backbone's rates say less: those are
+        # samples over time, and peers held at the target idle (a held peer's rate fell,
+        # its partner's estimate with it, and both computed the whole target: 240 for 128).
+        # Where all will be after our next micro-batch: asked only once the target is
+        # reached, the answer came after each peer's micro-batch more (192 for 128).
+        # Too early an estimate costs a message's round trip per micro-batch; too late, a
+        # step past the target.
+        accumulated = opt.accumulator
+        own_pace = (accumulated.samples / accumulated.compute_seconds if accumulated.compute_seconds > 0
+                    else opt.throughput.rate())
+        others_rate = max(status.samples_per_second - opt.throughput.rate(), own_pace * (status.peers - 1))
+        ahead = opt.thread.last_micro_batch_seconds
+        estimate = (others + others_rate * (now - self._status_time + ahead)
+                    + accumulated.samples + own_pace * ahead)
         return estimate >= self.target_batch_size

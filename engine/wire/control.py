@@ -69,6 +69,9 @@ class Progress(ControlMessage, tag="progress"):
     client_mode: bool = False  # reachable only through a relay: send parts, reduce none
     upload: Rate | None = None  # bytes per second the peer's link achieves (engine/peer/bandwidth.py)
     download: Rate | None = None
+    # This count may reach the target: the peer computes nothing more until the answer, the
+    # round's start or else a Status (engine/peer/progress.py).
+    asks_status: bool = False
 
 
 class Evaluated(ControlMessage, tag="evaluated"):
@@ -338,7 +341,10 @@ class Resync(ControlMessage, tag="resync"):
 
 
 class Status(ControlMessage, tag="status"):
-    """Collaboration progress, broadcast about once a second."""
+    """Collaboration progress, broadcast about once a second. ``samples`` are those that
+    count toward the target: proven peers' (everyone's while none is proven). A peer whose
+    samples do not count yet (``counts_you``: a newcomer on probation) brings one micro-batch
+    to its first round, which proves it, rather than a batch of its own on top of the target."""
 
     epoch: EpochNumber
     samples: Count
@@ -346,6 +352,7 @@ class Status(ControlMessage, tag="status"):
     peers: Count
     samples_per_second: Rate
     eta_seconds: Seconds | None = None
+    counts_you: bool = True
 
 
 MAX_PARTNERS = 100  # half a peer's connections: warming never crowds out links in use

@@ -1,15 +1,16 @@
-"""The batch a step takes, through a backbone restart and a resume from its checkpoint, and
-that what a peer prints, what the backbone records and what the ledger credits are the same
-numbers. Before: peers computed on while the backbone was away and brought 14,396 samples to
-the first step after it (a target of 128), and a lone peer resuming from the checkpoint stepped
-38 times the target after rounds that did not settle."""
+"""The batch a step takes, through a backbone restart, a resume from its checkpoint and a
+newcomer's first round, and that what a peer prints, what the backbone records and what the
+ledger credits are the same numbers. Before: peers computed on while the backbone was away
+and brought 14,396 samples to the first step after it (a target of 128), a lone peer resuming
+from the checkpoint stepped 38 times the target after rounds that did not settle, and a
+newcomer's first round took twice the target."""
 
 import re
 import signal
 
 import pytest
 
-from tests.collab.harness import TINY, tiny_project
+from tests.collab.harness import MEDIUM, tiny_project
 from tests.collab.processes import spawn_peer, terminate, write_catalog
 from tests.collab.test_restart import _free_port, recorded_steps, start_backbone
 from tests.conftest import until
@@ -19,13 +20,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TARGET, MICRO_BATCH = 128, 16
 
 
+def near_target(steps: list[dict]) -> None:
+    """Steps of two peers: three in four take the target to a micro-batch per peer, and
+    none more than two each. (A tiny model's micro-batch takes a few milliseconds, about
+    what a report and its answer take, and steps come tenths of a second apart.)"""
+    samples = [e["samples"] for e in steps]
+    within = [n for n in samples if n <= TARGET + 2 * MICRO_BATCH]
+    assert len(within) >= 0.75 * len(samples) and max(samples) <= TARGET + 4 * MICRO_BATCH, \
+        [(e["epoch"], e["samples"], e["my_samples"]) for e in steps]
+
+
 def lost_backbone(log) -> bool:
     return log.exists() and b"lost the backbone" in log.read_bytes()
 
 
 async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_agrees(tmp_path):
     project = tiny_project(target_batch_size=TARGET, round_timeout=10, checkpoint_every=3,
-                           task_params=dict(TINY, micro_batch=MICRO_BATCH))
+                           task_params=dict(MEDIUM, micro_batch=MICRO_BATCH))
     catalog = write_catalog(tmp_path / "catalog.json", project)
     port, data = _free_port(), tmp_path / "backbone"
     url = f"http://127.0.0.1:{port}"
@@ -48,6 +59,10 @@ async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_a
 
         peers.append(await spawn_peer(url, project.id, "second", tmp_path))
         await peers[1].reached(lone.epochs[-1]["epoch"] + 2, timeout=120)
+        # A newcomer brings one micro-batch to its first round (its samples do not count
+        # before it proves itself): before, that round took twice the target.
+        assert min(e["samples"] for e in peers[1].epochs) >= TARGET
+        near_target(peers[1].epochs)
         backbone.send_signal(signal.SIGKILL)
         await backbone.wait()
         # Away long enough for each peer to compute many targets' worth.
@@ -59,9 +74,10 @@ async def test_a_restart_and_a_resume_keep_steps_at_the_target_and_every_count_a
         await until(lambda: all(len(p.epochs) >= n + 8 for p, n in zip(peers, seen, strict=True)), 120,
                     "eight steps after the restart")
         after = [e for p, n in zip(peers, seen, strict=True) for e in p.epochs[n:]]
-        # Each peer stops at the target while no round can take its gradient: no step
-        # after the restart weighs more than each peer's target and a micro-batch.
-        assert max(e["samples"] for e in after) <= 2 * (TARGET + MICRO_BATCH), after
+        # While the backbone is away each peer holds its share of the target by pace, and
+        # until the restarted backbone counts it and the peers it knew (before: 256 for
+        # 128, and 14,396).
+        near_target(after)
         # Both are still proven members: each step's vote is both peers' (issue 49 saw a
         # restarted backbone settle round after round on "1 of 1 voters").
         settled = re.findall(r"settled epoch \d+ \((\d+) of (\d+) voters agree\)", restarted.read_text())

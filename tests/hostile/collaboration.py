@@ -355,10 +355,12 @@ class Verdict:
 
 
 # Epochs under attack, and as many without it (half before, half after): 5-7 s each of a
-# healthy collaboration at 9-11 epochs/s. Windows of 100 measured 0.88-1.08x of the baseline
-# in a full run of tests/hostile. An attack that opens many links at its start weighs the
-# more the shorter its window: the flood's (fifteen handshakes) measures over twice this.
-EPOCHS = 60
+# healthy collaboration at 12-16 epochs/s (steps at the target, not past it). Windows of 100
+# measured 0.88-1.08x of the baseline in a full run of tests/hostile. An attack that opens
+# links at its start weighs the more the shorter its window: the flood's (fifteen
+# handshakes) measures over twice this, and a poisoner's own joining cost 0.78-0.86x over
+# 60 epochs once steps took the target.
+EPOCHS = 80
 RATE_FLOOR = 0.8
 # Alone with one member, nobody but the honest reducer can judge the poisoner, so nobody
 # strikes it: its parts reach that reducer, and are checked there, in every round (with

@@ -4,6 +4,7 @@ count. Driven directly, with the tracker's clock in the test's hands."""
 
 import math
 
+from engine.averaging.robust import OVER_CAP
 from engine.backbone.tracker import Identity, Tracker
 from engine.backbone.tracker.membership import MAX_PACE_RATIO, UNREPORTED_SLACK
 from engine.wire import control
@@ -85,6 +86,22 @@ def test_a_rounds_caps_let_honest_peers_whole_and_bound_a_stranger():
     assert all(caps[p] >= 32 for p in PEERS), caps
     assert caps["mallory"] <= 2 * max(caps[p] for p in PEERS), caps
     assert start.nonce and len(start.nonce) == 64
+
+
+def test_a_newcomer_held_at_a_micro_batch_weighs_at_most_one_more():
+    """Told its samples do not count yet, an honest newcomer holds at one micro-batch and
+    brings at most one more. Its cap by time grows while it idles: before, a claim of ten
+    times its one micro-batch fitted four times that cap, and weighed (credited 2,320 of
+    232 samples in tests/collab/test_ledger.py)."""
+    clock = Clock()
+    t = honest_collaboration(clock)
+    stranger(t)
+    clock.now += 5.0  # held: idle since its first micro-batch
+    start = open_round(t, {"mallory": 32, "a": 32, "b": 32, "c": 32})
+    caps = dict(zip(start.group, start.caps, strict=True))
+    assert caps["mallory"] == 2 * 32 and OVER_CAP * caps["mallory"] < 10 * 32, caps
+    assert all(caps[p] >= 32 for p in PEERS), caps
+    assert not t.status_for("mallory").counts_you and t.status_for("a").counts_you
 
 
 def test_sums_of_valid_claims_stay_valid_counts():

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from msgspec.structs import replace as struct_replace
+
 from engine.backbone.tracker.backups import Backups
 from engine.backbone.tracker.checkpoint_requests import CheckpointRequests
 from engine.backbone.tracker.checks import Auditor
@@ -50,6 +52,7 @@ from engine.wire.control import (
     Ready,
     Resync,
     RoundDone,
+    RoundStart,
     Status,
     SyncRequest,
 )
@@ -151,11 +154,11 @@ class Tracker:
             record = self.heldout.scored(peer_id, msg)
             return [record] if record else []
         if isinstance(msg, Progress):
-            return self._progress(peer, msg)
+            return self._answered(peer_id, msg, self._progress(peer, msg))
         if isinstance(msg, SyncRequest):
             return self.settlement.abandoned(peer) + self.sources.request(peer, msg)
         if isinstance(msg, Ready):
-            return self.sources.ready(peer, msg)
+            return [*self.sources.ready(peer, msg), Send(peer_id, self.status_for(peer_id))]
         if isinstance(msg, RoundDone):
             return self.backups.gave_up(peer.peer_id, msg) + self.settlement.round_done(peer, msg)
         if isinstance(msg, AuditDone):
@@ -216,6 +219,14 @@ class Tracker:
             return []
         return self._maybe_open_round()
 
+    def _answered(self, peer_id: str, msg: Progress, out: list[Out]) -> list[Out]:
+        """A report that may reach the target waits for an answer: the round it opened,
+        a resync, or else the status (also to a peer that stepped before its round settled)."""
+        if msg.asks_status and not any(isinstance(o, Send) and o.to == peer_id and
+                                       isinstance(o.msg, (RoundStart, Resync)) for o in out):
+            out = [*out, Send(peer_id, self.status_for(peer_id))]
+        return out
+
     def resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False
         return [Send(peer.peer_id, Resync(self.epoch, reason, self.state_sha256))]
@@ -270,9 +281,22 @@ class Tracker:
             self.checkpoint = info
 
     def status(self) -> Status:
-        live = self.live_peers()
-        samples = total_count(p.samples for p in live)
-        rate = total_rate(p.rate for p in live)
-        missing = max(self.project.target_batch_size - samples, 0)
-        eta = min(missing / rate, MAX_SECONDS) if rate > 0 else None
-        return Status(self.epoch, samples, self.project.target_batch_size, len(self.members.peers), rate, eta)
+        return self.status_and_counted()[0]
+
+    def status_for(self, peer_id: str) -> Status:
+        """The status as ``peer_id`` is told it: at once when it becomes ready, so that a
+        newcomer knows from its first micro-batch whether its samples count yet."""
+        status, counted = self.status_and_counted()
+        return status if peer_id in counted else struct_replace(status, counts_you=False)
+
+    def status_and_counted(self) -> tuple[Status, set[str]]:
+        """The status, and the peers whose samples it counts (to whom ``counts_you`` holds)."""
+        counted = self.members.counted(self.epoch)
+        samples = total_count(p.samples for p in counted)
+        if self.round is None and self.scheduler.grouped_samples is not None:
+            samples = min(samples, self.scheduler.grouped_samples)
+        rate = total_rate(p.rate for p in counted)
+        target = self.project.target_batch_size
+        eta = min(max(target - samples, 0) / rate, MAX_SECONDS) if rate > 0 else None
+        status = Status(self.epoch, samples, target, len(self.members.peers), rate, eta)
+        return status, {p.peer_id for p in counted}

@@ -113,6 +113,15 @@ class Pace:
                      self.compute_seconds, ended_at - self.accumulating_since, self.best_throughput)
 
 
+def probation_cap(peer: PeerState, micro_batch_guess: int) -> int:
+    """An unproven member's cap beside proven ones: told its samples do not count yet, an
+    honest one holds at a micro-batch, and brings what it reported and at most one more
+    that was under way. (Held peers idle, so a cap by time would let a lie of ten times
+    one micro-batch weigh.)"""
+    step = peer.micro_batch or micro_batch_guess
+    return peer.samples + step if peer.samples else 2 * step
+
+
 class Members:
     def __init__(self, clock: Callable[[], float], peer_timeout: float) -> None:
         self.peers: dict[str, PeerState] = {}
@@ -148,6 +157,12 @@ class Members:
             if p.ready and not p.paused and p.epoch == epoch and now - p.heard_at <= self.peer_timeout
             and p.excluded_until <= now and not p.auxiliary
         ]
+
+    def counted(self, epoch: int) -> list[PeerState]:
+        """The live peers whose samples count toward the target: until some peer has proven
+        itself (a fresh collaboration, a restarted backbone), everyone's word counts."""
+        live = self.live(epoch)
+        return [p for p in live if p.proven] or live
 
     def auxiliaries(self) -> list[PeerState]:
         """Auxiliary peers heard from lately, not paused and not excluded, by id."""
@@ -280,7 +295,12 @@ class Members:
         guess = max(p.micro_batch for p in members)
         measured = [pace for p in members if (pace := max(p.pace, p.throughput)) > 0]
         floor = statistics.median_high(measured) if measured else 0.0
-        return {p.peer_id: self.pace(p, now, guess, floor) for p in members}
+        paces = {p.peer_id: self.pace(p, now, guess, floor) for p in members}
+        if any(p.proven for p in members):
+            for p in members:
+                if not p.proven:
+                    paces[p.peer_id].cap = min(paces[p.peer_id].cap, probation_cap(p, guess))
+        return paces
 
     def pace(self, peer: PeerState, now: float, micro_batch_guess: int = 0, pace_floor: float = 0.0) -> Pace:
         """``peer``'s evidence now (see ``paces`` and ``cap``)."""

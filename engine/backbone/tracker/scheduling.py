@@ -206,6 +206,9 @@ class Scheduler:
         self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
         self._failed_trials = 0  # trial rounds in a row that did not settle
         self.vector_bytes = 0  # what a round moves per member, once a settled round told us
+        # The counted samples of the peers that could average together, when too few for a
+        # round (peers linked apart): the status says so, and they compute on.
+        self.grouped_samples: int | None = None
         self._groups: RoundGroups | None = None  # the last round's, if it ran in groups
         # Per peer, what it owes for the checkpoint chore: (still uploading one, failed lately).
         self.chore_rank: Callable[[str, float | None], tuple[bool, int, float]] = \
@@ -228,10 +231,9 @@ class Scheduler:
         target = self.project.target_batch_size
         if now < self._retry_at:
             return None
+        self.grouped_samples = None
         live = self.members.live(epoch)
-        # Until some peer has proven itself (a fresh collaboration, a restarted backbone),
-        # everyone's word counts.
-        counted = [p for p in live if p.proven] or live
+        counted = self.members.counted(epoch)
         if not live or sum(p.samples for p in counted) < target:
             return None
         # A download still under way after a round's timeout holds the others no longer: its
@@ -242,8 +244,7 @@ class Scheduler:
                           and self.may_download(p, now) for p in self.members.peers.values())
         if self._join_hold.holds(now, downloading, hold):
             # A joiner is downloading the current state. Opening the round now would make
-            # that state stale on arrival; everyone keeps accumulating meanwhile, so
-            # waiting costs a slightly larger batch, not wasted work.
+            # that state stale on arrival; the peers wait at the target meanwhile.
             return None
         proven = {p.peer_id for p in counted}
         trainers = self.pairs.connected_group(
@@ -251,6 +252,7 @@ class Scheduler:
         members = [p for p in live if p.peer_id in trainers]
         voters = [p for p in members if p.peer_id in proven]
         if not voters or sum(p.samples for p in voters) < target:
+            self.grouped_samples = sum(p.samples for p in voters)
             return None
         optional = {p.peer_id for p in members} - proven
         sends_only = self.members.sends_only()
