@@ -14,7 +14,7 @@ from tests.hostile.adversary import Adversary, Stranger
 from tests.hostile.collaboration import assert_unharmed, running, under_attack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-LONG = 300  # epochs per window: trials come at most a tenth of the time, measured over many
+LONG = 500  # epochs per window (~30 s): trials come at most a tenth of the time, measured over many
 BOASTED = 1e12  # bytes per second, each way
 
 
