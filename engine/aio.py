@@ -1,18 +1,25 @@
-"""asyncio helpers: the event loop to run on, and fire-and-forget tasks that are neither
-garbage-collected mid-flight nor silent on failure."""
+"""asyncio helpers: the event loop to run on, fire-and-forget tasks that are neither
+garbage-collected mid-flight nor silent on failure, and waits that a cancellation always
+ends. (Python 3.11's ``asyncio.wait_for`` returns instead of raising when its awaitable
+finishes in the same turn as the cancellation: a loop around it then runs on, and whoever
+awaits its end waits for ever -- a worker once never left its peer to join under a new
+login.)"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 _background: set[asyncio.Task] = set()
+
+# A task still running this long after its cancellation swallowed it: it is cancelled again.
+RECANCEL_AFTER = 1.0
 
 
 def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -26,6 +33,29 @@ def _finished(task: asyncio.Task) -> None:
     _background.discard(task)
     if not task.cancelled() and task.exception() is not None:
         log.error("background task failed", exc_info=task.exception())
+
+
+async def finished_within(awaitable: Awaitable[Any], timeout: float) -> bool:
+    """Whether ``awaitable`` (an event's ``wait()``, say) finished within ``timeout``
+    seconds; if not, it is cancelled. Unlike wait_for, a cancellation always raises."""
+    waiter = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait((waiter,), timeout=max(timeout, 0.0))
+    finally:
+        waiter.cancel()
+    return bool(done)
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and return once all ended, cancelling again any that swallowed it
+    (a wait_for deep inside that finished in the same turn)."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_AFTER)
+        if pending:
+            log.warning("%d task(s) ran on after their cancellation; cancelling again", len(pending))
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -5,9 +5,9 @@ waited for no longer, and its failures are not ours."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping
 
+from engine.aio import finished_within
 from engine.averaging.round_plan import RoundPlan
 
 # A link to a member that died may close before the backbone says the member left: wait
@@ -70,8 +70,7 @@ class LostMembers:
         loop = asyncio.get_running_loop()
         until = loop.time() + VERDICT_WAIT
         while peer not in self.lost and loop.time() < until:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.plan.changes.wait(), until - loop.time())
+            await finished_within(self.plan.changes.wait(), until - loop.time())
         return peer in self.lost
 
 

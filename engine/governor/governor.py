@@ -4,7 +4,6 @@ times a second, so that input pauses compute within a second."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -12,6 +11,7 @@ from typing import Protocol
 
 import psutil
 
+from engine.aio import finished_within
 from engine.governor.idle import IdleDetector, IdleReading
 from engine.governor.limits import Limits
 from engine.governor.policy import Decision, Observation, decide
@@ -102,5 +102,4 @@ class Governor:
         while True:
             await self.step()
             self._poke.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), INTERVAL)
+            await finished_within(self._poke.wait(), INTERVAL)

@@ -13,6 +13,7 @@ from typing import TypeVar
 import aiohttp
 
 from engine import __version__
+from engine.aio import finished_within
 from engine.backoff import Backoff
 from engine.problems import unreachable, where
 from engine.transport.shaping import RateLimiter
@@ -160,8 +161,7 @@ class ControlClient:
                 raise BackboneError(f"the backbone stayed unreachable for {give_up_after:.0f} s")
             if waiting is not None:
                 waiting(delay, why)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stopping.wait(), delay)
+            await finished_within(stopping.wait(), delay)
             if stopping.is_set():
                 raise BackboneError("stopped while reconnecting")
             try:

@@ -5,10 +5,10 @@ client (every link leaves through its own TURN relay), and which addresses it of
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from urllib.parse import urlparse
 
+from engine.aio import finished_within
 from engine.peer.bandwidth import PROBE_SECONDS, REPROBE_EVERY, Bandwidth
 from engine.peer.client import BackboneError, ControlClient
 from engine.peer.options import PeerOptions
@@ -32,8 +32,7 @@ async def keep_measured(bandwidth: Bandwidth, client: ControlClient, stop: async
                 log.info("link: %.1f Mbit/s up, %.1f Mbit/s down", upload * 8e-6, download * 8e-6)
             except (BackboneError, asyncio.TimeoutError) as exc:
                 log.info("could not measure the link: %s", exc or "the backbone stopped answering")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), REPROBE_EVERY / 10)
+        await finished_within(stop.wait(), REPROBE_EVERY / 10)
 
 
 def reported_link(bandwidth: Bandwidth, upload: RateLimiter,

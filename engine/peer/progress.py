@@ -5,13 +5,13 @@ keep-alive of a slow device, and when the collaboration is likely to reach its t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
 
 from msgspec.structs import replace
 
+from engine.aio import finished_within
 from engine.training.accumulator import Accumulated
 from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import ControlMessage, Progress, Status
@@ -111,8 +111,7 @@ class ProgressReporter:
             if self._reported_samples != self.optimizer.accumulator.samples:
                 await self.report(force=True)
             self._look_again.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._look_again.wait(), self.report_interval)
+            await finished_within(self._look_again.wait(), self.report_interval)
 
     async def report_taken(self, taken: Accumulated) -> None:
         """What we bring to a round, as the backbone's last evidence before it judges our

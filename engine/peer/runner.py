@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from engine.aio import cancel_and_wait
 from engine.averaging.powersgd import warm_shapes_of
 from engine.governor.limits import Limits
 from engine.governor.throttle import ComputeGate
@@ -211,9 +212,7 @@ class Peer:
                 if error is not None:
                     raise error
         finally:
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            await cancel_and_wait(loops)
             await self._shutdown()
         self.emit(Stopped(self._stop_reason))
         return self._stop_reason

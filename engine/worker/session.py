@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from engine.aio import finished_within
 from engine.backbone.server import Backbone, BackboneConfig
 from engine.backoff import Backoff
 from engine.governor.governor import Governor
@@ -231,8 +232,7 @@ class Session:
         """Say what failed and when it is tried again; wait that long (or until left)."""
         wait = backoff.next()
         self.emit(p.Problem(message=retrying(sentence, wait)[:4000], retry_in=wait, hosting=hosting))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._left.wait(), wait)
+        await finished_within(self._left.wait(), wait)
 
     async def _run_peer(self, peer: Peer) -> tuple[str, BaseException | None]:
         """Why the peer stopped, and the failure that stopped it, if one did."""
