@@ -55,8 +55,9 @@ def kind_of(msg: PeerMessage) -> Kind:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """Ten times what an honest peer sends at the fastest: a report and an outcome per
-    round, and a small project's rounds come ten a second; a signal or two per new link;
+    """Ten times what an honest peer sends at the fastest: an outcome per round and a few
+    reports (one per micro-batch that may reach the target; before its first step one per
+    50 ms), and a small project's rounds come ten a second; a signal or two per new link;
     a state request per join or resync. An honest message must never be dropped: one lost
     outcome holds a round to its deadline."""
 

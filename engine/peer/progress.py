@@ -17,9 +17,10 @@ from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import ControlMessage, Progress, Status
 
 SendControl = Callable[[ControlMessage], Awaitable[object]]
-# The shortest time between reports that are due early: none, as a micro-batch past the
-# target costs more than a message (tests raise it to see one report alone).
-MIN_REPORT_GAP = 0.0
+# The shortest time between a new peer's reports before its first step (each micro-batch
+# otherwise: a tiny model's few milliseconds would exceed the backbone's 150 reports a
+# second). Reports that may reach the target have none: each waits for its answer.
+MIN_REPORT_GAP = 0.05
 AWAY_GRACE = 10.0  # seconds a restarted backbone's peers have to reconnect, before we stop waiting on them
 
 
@@ -66,8 +67,8 @@ class ProgressReporter:
         now = time.monotonic()
         since = now - self._last_report
         first_of_epoch = self._reported_samples == 0 and self.optimizer.accumulator.samples > 0
-        return since >= self.report_interval or first_of_epoch or (
-            since >= MIN_REPORT_GAP and (not self._stepped_once or self._target_in_reach(now)))
+        return since >= self.report_interval or first_of_epoch or self._target_in_reach(now) or (
+            not self._stepped_once and since >= MIN_REPORT_GAP)
 
     def full(self) -> bool:
         """Whether we hold what the next step needs of us, so that it takes the target to a
@@ -107,10 +108,12 @@ class ProgressReporter:
         us, wait for the round that takes it (our count told the backbone at once; the
         heartbeat keeps telling it we are alive), looking again at each status and each
         ``report_interval`` (a peer may have left; a resync may have emptied the accumulator)."""
-        while self.full():
+        while True:
+            self._look_again.clear()  # (before the report: its answer may come during the send)
+            if not self.full():
+                return
             if self._reported_samples != self.optimizer.accumulator.samples:
                 await self.report(force=True)
-            self._look_again.clear()
             await finished_within(self._look_again.wait(), self.report_interval)
 
     async def report_taken(self, taken: Accumulated) -> None:
@@ -139,17 +142,21 @@ class ProgressReporter:
     def observe(self, status: Status) -> None:
         """Remember the collaboration's progress, to estimate when the target is reached."""
         now = time.monotonic()
-        self._status, self._status_time, self._asked_at = status, now, None
+        self._asked_at = None
         if self._away_share is not None and self._back(status, now):
             self._away_share = None
+        self._remember(status, now)
+
+    def _remember(self, status: Status, now: float) -> None:
+        self._status, self._status_time = status, now
         self._look_again.set()
         self._mine_in_status = self._reported_samples
 
     def _back(self, status: Status, now: float) -> bool:
-        """Whether a status ends the hold by pace: it counts what we reported, and the peers
-        we knew are back (or had ``AWAY_GRACE`` seconds to be). The first statuses of a
-        restarted backbone count nobody, then only the peers that reconnected first:
-        released on them, both peers of a test computed the whole target again (224-256
+        """Whether a status ends the hold by pace: its count is no less than what we
+        reported (a restarted backbone's first statuses count nothing), and the peers we
+        knew are back (or had ``AWAY_GRACE`` seconds to be). Released on the peers that
+        reconnected first, both peers of a test computed the whole target again (224-256
         for 128)."""
         if self._back_since is None:
             self._back_since = now
@@ -157,9 +164,12 @@ class ProgressReporter:
         return counted and (status.peers >= self._away_peers or now - self._back_since >= AWAY_GRACE)
 
     def observe_epoch(self, epoch: int) -> None:
-        """A new epoch starts from zero samples; the peers' rates carry over."""
+        """A new epoch starts from zero samples; the peers' rates carry over. (Not a status:
+        a step taken while the backbone is away, by the round under way when it went, leaves
+        the hold by pace on.)"""
         if self._status is not None and epoch > self._status.epoch:
-            self.observe(replace(self._status, epoch=epoch, samples=0))
+            self._asked_at = None
+            self._remember(replace(self._status, epoch=epoch, samples=0), time.monotonic())
             self._mine_in_status = 0
 
     @property

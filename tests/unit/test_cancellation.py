@@ -4,12 +4,22 @@ it ran on -- the worker then waited for ever for its peer to leave, and never jo
 under the login its user had just made (tests/app/test_flows.py on CI, 2026-12-07)."""
 
 import asyncio
+import contextlib
+
+import pytest
 
 from engine import aio
 from engine.aio import cancel_and_wait, finished_within
-from tests.unit.test_hold_at_target import TARGET, accumulate, peer, task  # noqa: F401 (fixture)
+from engine.tasks import create_task
+from tests.collab.harness import TINY
+from tests.unit.test_hold_at_target import TARGET, accumulate, peer
 
 BOUND = 10.0  # seconds a stop may take here, however slow the machine
+
+
+@pytest.fixture(scope="module")
+def task():
+    return create_task("demo-lm", dict(TINY), None)
 
 
 async def test_a_peer_holding_at_the_target_stops_though_a_status_arrives_as_it_is_stopped(task):
@@ -31,10 +41,8 @@ async def test_a_task_that_swallowed_its_cancellation_is_cancelled_again(monkeyp
 
     async def careless_loop() -> None:
         while True:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(news.wait(), 60)
-            except asyncio.TimeoutError:
-                pass
             news.clear()
             woken.append(True)
 

@@ -5,10 +5,12 @@ share by pace while the backbone is away (peers brought 14,396 samples to a targ
 after a restart). Real micro-batches of demo-lm on a real optimizer."""
 
 import asyncio
+import time
 
 import pytest
 from msgspec.structs import replace
 
+from engine.backbone.rate_limits import Kind, LimitsConfig
 from engine.peer import progress as progress_module
 from engine.peer.progress import ProgressReporter
 from engine.tasks import create_task
@@ -31,6 +33,7 @@ class Counts:
 
     def __init__(self) -> None:
         self.others, self.counts_you, self.rate, self.peers, self.mine = 0, True, 100.0, 2, 0
+        self.away = False  # the backbone is gone: nothing answers
 
     def status(self, epoch: int) -> Status:
         return Status(epoch=epoch, samples=self.others + (self.mine if self.counts_you else 0), target=TARGET,
@@ -45,7 +48,7 @@ async def peer(task) -> tuple[ProgressReporter, list[Progress], Counts]:
     async def send(msg):
         sent.append(msg)
         counts.mine = msg.samples
-        if msg.asks_status:
+        if msg.asks_status and not counts.away:
             progress.observe(counts.status(msg.epoch))
     progress = ProgressReporter(opt, send, TARGET, report_interval=30.0)
     return progress, sent, counts
@@ -101,6 +104,7 @@ async def away(task) -> tuple[ProgressReporter, Counts, int]:
     counts.rate = 100 * progress.optimizer.throughput.rate()
     progress.observe(counts.status(epoch))
     progress.lost_backbone()
+    counts.away = True
     return progress, counts, first
 
 
@@ -111,6 +115,7 @@ async def test_with_the_backbone_away_a_peer_holds_its_share_by_pace(task):
     assert first < TARGET and held == first, (first, held)
     # A restarted backbone's first status counts nobody yet: the hold lasts (before, both
     # peers of tests/collab/test_batch_accounting.py computed the whole target again).
+    counts.away = False
     progress.observe(replace(counts.status(epoch), samples=0))
     assert await accumulate(task, progress) == first
     # It counts us, but the other peer is not back yet: its samples would count too.
@@ -120,12 +125,53 @@ async def test_with_the_backbone_away_a_peer_holds_its_share_by_pace(task):
     assert await accumulate(task, progress) == TARGET
 
 
+async def test_a_step_taken_while_the_backbone_is_away_leaves_the_hold_by_pace_on(task):
+    """The round under way when the backbone went finishes peer to peer: the step starts a
+    new epoch, but it is no word from the backbone that the others are back (taken for
+    one, every member computed the whole target while it was away)."""
+    progress, _, _ = await away(task)
+    opt = progress.optimizer
+    epoch = opt.epoch
+    taken = await opt.begin_round(epoch, budget=30.0)
+    assert taken is not None
+    await opt.step(taken.vector / taken.samples, epoch, None)
+    opt.end_round()
+    progress.stepped()
+    assert opt.epoch == epoch + 1
+    assert await accumulate(task, progress) == MICRO, "still its share by pace (under a micro-batch)"
+
+
 async def test_a_peer_that_never_comes_back_holds_nobody_up(task, monkeypatch):
     """The hold by pace waits for the peers it knew only so long: a peer that left while
     the backbone was away would otherwise keep the others at their shares, short of the
     target, for good."""
     monkeypatch.setattr(progress_module, "AWAY_GRACE", 0.0)
     progress, counts, _ = await away(task)
-    counts.peers = 1
+    counts.peers, counts.away = 1, False
     progress.observe(counts.status(progress.optimizer.epoch))  # counts us; the other is gone
     assert await accumulate(task, progress) == TARGET
+
+
+async def test_a_new_peer_reports_its_count_often_but_within_the_backbones_budget(task):
+    """Before its first step a peer's pace is unknown, so it reports often -- not after
+    every micro-batch: a tiny model's can take a millisecond, past the reports the backbone
+    takes from a peer (it drops the rest, and disconnects a peer that keeps on)."""
+    opt = await synced_optimizer(task)
+    sent: list[Progress] = []
+
+    async def send(msg):
+        sent.append(msg)
+    progress = ProgressReporter(opt, send, 10**6, report_interval=30.0)
+    ran: list[int] = []
+
+    def instant(index: int) -> tuple[int, float]:  # (the fastest model there could be)
+        ran.append(index)
+        return MICRO, 1.0
+    began = time.monotonic()
+    while time.monotonic() - began < 1.0:
+        await opt.compute_run(instant, len(ran), progress.due)
+        await progress.report()
+    seconds = time.monotonic() - began
+    budget = LimitsConfig().per_peer[Kind.REPORT].per_second
+    assert len(ran) > budget * seconds, "micro-batches faster than the backbone takes reports"
+    assert 0.25 * seconds / progress_module.MIN_REPORT_GAP <= len(sent) < budget * seconds / 2, len(sent)
