@@ -69,8 +69,9 @@ class Progress(ControlMessage, tag="progress"):
     client_mode: bool = False  # reachable only through a relay: send parts, reduce none
     upload: Rate | None = None  # bytes per second the peer's link achieves (engine/peer/bandwidth.py)
     download: Rate | None = None
-    # This count may reach the target: the peer computes nothing more until the answer, the
-    # round's start or else a Status (engine/peer/progress.py).
+    # This count may reach the target: the peer computes nothing more until the answer (the
+    # round's start, a Resync or else a Status; once per count) or ``report_interval``
+    # (engine/peer/progress.py).
     asks_status: bool = False
 
 
@@ -341,7 +342,8 @@ class Resync(ControlMessage, tag="resync"):
 
 
 class Status(ControlMessage, tag="status"):
-    """Collaboration progress, broadcast about once a second. ``samples`` are those that
+    """Collaboration progress: broadcast about once a second, sent to a peer when it is
+    ready and in answer to a report that asks (``Progress.asks_status``). ``samples`` are those that
     count toward the target: proven peers' (everyone's while none is proven). A peer whose
     samples do not count yet (``counts_you``: a newcomer on probation) brings one micro-batch
     to its first round, which proves it, rather than a batch of its own on top of the target."""

@@ -31,3 +31,12 @@ def test_downloads_without_end_hold_rounds_a_twentieth_of_the_time():
     assert waited <= LONGEST + HOLD_SHARE * 120.0 + 0.1
     assert waited >= HOLD_SHARE * 120.0 - 0.5, "each joiner still gets its waits"
     assert not hold.holds(130.0, False, LONGEST)
+
+
+def test_a_hold_left_unasked_for_an_hour_costs_one_wait_not_the_hour():
+    """Rounds stop being due while a hold is on (a peer paused, the samples fell short):
+    charged for the whole gap, the bucket held no wait for the next nineteen hours."""
+    hold = JoinHold()
+    assert hold.holds(0.0, True, LONGEST)
+    assert not hold.holds(3600.0, False, LONGEST)
+    assert held(hold, 3601.0, 2.5) >= 2.4

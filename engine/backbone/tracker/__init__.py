@@ -154,7 +154,7 @@ class Tracker:
             record = self.heldout.scored(peer_id, msg)
             return [record] if record else []
         if isinstance(msg, Progress):
-            return self._answered(peer_id, msg, self._progress(peer, msg))
+            return self._answered(peer, msg, self._progress(peer, msg))
         if isinstance(msg, SyncRequest):
             return self.settlement.abandoned(peer) + self.sources.request(peer, msg)
         if isinstance(msg, Ready):
@@ -219,13 +219,20 @@ class Tracker:
             return []
         return self._maybe_open_round()
 
-    def _answered(self, peer_id: str, msg: Progress, out: list[Out]) -> list[Out]:
+    def _answered(self, peer: PeerState, msg: Progress, out: list[Out]) -> list[Out]:
         """A report that may reach the target waits for an answer: the round it opened,
-        a resync, or else the status (also to a peer that stepped before its round settled)."""
-        if msg.asks_status and not any(isinstance(o, Send) and o.to == peer_id and
-                                       isinstance(o.msg, (RoundStart, Resync)) for o in out):
-            out = [*out, Send(peer_id, self.status_for(peer_id))]
-        return out
+        a resync, or else the status (also to a peer that stepped before its round settled).
+        Once per count: a status costs a pass over the members, and a stranger repeating
+        its report would otherwise buy one with each message."""
+        if not msg.asks_status or not peer.ready or any(
+                isinstance(o, Send) and o.to == peer.peer_id and isinstance(o.msg, (RoundStart, Resync))
+                for o in out):
+            return out
+        asked = (msg.epoch, msg.samples)
+        if peer.answered == asked:
+            return out
+        peer.answered = asked
+        return [*out, Send(peer.peer_id, self.status_for(peer.peer_id))]
 
     def resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False

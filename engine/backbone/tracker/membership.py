@@ -64,6 +64,7 @@ class PeerState:
     throughput: float = 0.0  # samples per second of compute, as it reports them
     best_throughput: float = 0.0
     micro_batch: int = 0  # smallest jump between two of its reports: one micro-batch
+    answered: tuple[int, int] | None = None  # (epoch, samples) of the last report it asked on, answered
     serving: int = 0
     donor: str | None = None
     syncing_since: float | None = None
