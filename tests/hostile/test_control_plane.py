@@ -8,7 +8,16 @@ import itertools
 
 import pytest
 
-from engine.wire.control import Ready, RoundDone, RoundStart, Signal, SignalData, SyncRequest
+from engine.wire.control import (
+    Progress,
+    Ready,
+    RoundDone,
+    RoundStart,
+    Signal,
+    SignalData,
+    Status,
+    SyncRequest,
+)
 from engine.wire.types import SignalKind
 from tests.hostile.adversary import Adversary, Refused, Stranger, member
 from tests.hostile.collaboration import assert_unharmed, running, under_attack
@@ -102,6 +111,50 @@ async def test_asking_for_the_state_without_end_stalls_nobody(collab, report_fig
                       f"{len(askers.strangers)} identities asked and never downloaded")
         assert thrown_out and all(code == 1008 for code in thrown_out)
         assert_unharmed(collab, verdict, flooders.peer_ids + askers.peer_ids)
+
+
+async def test_asking_for_the_others_counts_with_every_report_buys_one_answer_per_count(
+        collab, report_figure):
+    """Before: every report that asked for the others' counts (``Progress.asks_status``, sent
+    by an honest peer near the target) got a status, a pass over all members for each: a
+    stranger repeating its report at the rate limit made the backbone count everyone a
+    hundred times a second. Beside each asker, a control that reports the same without
+    asking: it hears the broadcasts and the answer to each of its Readies."""
+    async with Adversary(collab.url, collab.project.id) as adversary:
+        askers = [await adversary.join(f"asker-{i}", follow=True) for i in range(8)]
+        control = await adversary.join("control", follow=True)
+        sent: dict[str, int] = {}
+        heard: dict[str, int] = {}
+
+        def statuses(stranger) -> int:
+            return sum(isinstance(m, Status) for m in stranger.received)
+
+        async def report(stranger, asks: bool) -> None:
+            await asyncio.wait_for(stranger.knows_state.wait(), 60)
+            await stranger.send(Ready(*stranger.settled))
+            before = statuses(stranger)
+            try:
+                for n in itertools.count(1):
+                    if stranger.closed.is_set():
+                        return
+                    await stranger.send(Progress(stranger.settled[0], 1, 1.0, asks_status=asks))
+                    sent[stranger.peer_id] = n
+                    await asyncio.sleep(0.01)  # pacing: a hundred a second, within the rate limit
+            finally:
+                heard[stranger.peer_id] = statuses(stranger) - before
+
+        async def attack():
+            await asyncio.gather(report(control, False), *(report(s, True) for s in askers))
+
+        verdict = await under_attack(collab, attack)
+        most = max(heard[s.peer_id] for s in askers)
+        report_figure(f"{verdict.figure()}; {min(sent.values())}-{max(sent.values())} reports each, "
+                      f"askers heard at most {most} statuses, the control {heard[control.peer_id]}")
+        assert_unharmed(collab, verdict, adversary.peer_ids)
+        # An answer per count: one per epoch each (the control's Readies get as many), where
+        # an answer per ask would be the control's share and every report besides.
+        assert all(sent[s.peer_id] > 2 * heard[control.peer_id] for s in askers), "too few asks to tell"
+        assert most <= 2 * heard[control.peer_id] + 10, (heard, sent)
 
 
 async def test_silent_identities_cost_the_collaboration_almost_nothing(collab, report_figure):
