@@ -147,7 +147,7 @@ class ControlLoop:
         elif isinstance(msg, Step):
             peer.collab_epoch = msg.epoch
             peer.optimizer.settled(msg.epoch, msg.state_sha256)
-            peer.progress.observe_epoch(msg.epoch)
+            peer.progress.settled(msg.epoch)
             peer.rounds.settled(msg)
             peer.audits.settled(msg.round_id)
             peer.state_sync.note_settled(msg.epoch, msg.state_sha256)

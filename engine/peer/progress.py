@@ -78,11 +78,14 @@ class ProgressReporter:
         round proves us, and our samples do not count before). Alone behind rounds that did
         not settle, a peer once stepped 38 times the target; peers that computed on while
         the backbone was away brought 14,396 samples to a target of 128; a newcomer's first
-        round twice the target. (Asked on the compute thread after each micro-batch too: it
-        only reads.)"""
+        round twice the target. Between our step and the round's end (the new state hashed
+        beside the next micro-batches) no report is taken: we hold once the target may be
+        in reach (digits' peers once computed 6-12 micro-batches each past it there). (Asked
+        on the compute thread after each micro-batch too: it only reads.)"""
         opt = self.optimizer
-        return not opt.in_round and (self._awaiting_answer() or
-                                     opt.accumulator.samples >= min(self.target_batch_size, self._room()))
+        if opt.in_round:
+            return opt.stepped_in_round and self._target_in_reach(time.monotonic())
+        return self._awaiting_answer() or opt.accumulator.samples >= min(self.target_batch_size, self._room())
 
     def _awaiting_answer(self) -> bool:
         """Our last report may have reached the target: compute nothing until the backbone
@@ -124,6 +127,18 @@ class ProgressReporter:
         self._asked_at = None
         if taken.samples:
             await self._report(taken.samples, taken.loss_sum, taken.compute_seconds)
+
+    def round_ended(self) -> None:
+        """Reports go again: a hold since our step looks again at once."""
+        self._look_again.set()
+
+    def settled(self, epoch: int) -> None:
+        """The backbone's word of ``epoch``: a report of it that asked before it settled got
+        no answer (the backbone was still at the epoch before); it is told again now."""
+        self.observe_epoch(epoch)
+        if epoch == self.optimizer.epoch and self._asked_at is not None:
+            self._asked_at, self._reported = None, (-1, 0)
+            self._look_again.set()
 
     def stepped(self) -> None:
         """Our step starts the next epoch for everyone, before the backbone's word of it:
@@ -169,7 +184,7 @@ class ProgressReporter:
         the hold by pace on.)"""
         if self._status is not None and epoch > self._status.epoch:
             self._asked_at = None
-            self._remember(replace(self._status, epoch=epoch, samples=0), time.monotonic())
+            self._remember(replace(self._status, epoch=epoch, samples=0, counts_age=0.0), time.monotonic())
             self._mine_in_status = 0
 
     @property
@@ -198,7 +213,7 @@ class ProgressReporter:
         if status is None or status.epoch > opt.epoch:
             return None
         if status.epoch < opt.epoch:
-            return replace(status, epoch=opt.epoch, samples=0), 0
+            return replace(status, epoch=opt.epoch, samples=0, counts_age=0.0), 0
         return status, max(status.samples - self._mine_in_status, 0)
 
     def _room(self) -> float:
@@ -233,7 +248,10 @@ class ProgressReporter:
         own_pace = (accumulated.samples / accumulated.compute_seconds if accumulated.compute_seconds > 0
                     else opt.throughput.rate())
         others_rate = max(status.samples_per_second - opt.throughput.rate(), own_pace * (status.peers - 1))
+        # The others' counts were reported a while before the status (their age): digits'
+        # peers timed them from the status, heard of the other's samples half a second late
+        # and each computed 6-12 micro-batches past the target.
         ahead = opt.thread.last_micro_batch_seconds
-        estimate = (others + others_rate * (now - self._status_time + ahead)
+        estimate = (others + others_rate * (now - self._status_time + status.counts_age + ahead)
                     + accumulated.samples + own_pace * ahead)
         return estimate >= self.target_batch_size

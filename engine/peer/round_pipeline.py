@@ -87,6 +87,7 @@ class RoundPipeline:
                 # (PowerSGD: the error feedback it leaves is kept only if the step is taken)
                 hashed, proved = await opt.step(averaged.vector, start.epoch, start.nonce,
                                                 residual=averaged.residual, next_q=averaged.next_q)
+                self.progress.stepped()  # (the next epoch's micro-batches run from here)
             except AveragingError as exc:
                 log.warning("round for epoch %d failed: %s", start.epoch, exc)
                 await opt.give_back(taken, start.epoch)
@@ -98,6 +99,7 @@ class RoundPipeline:
             proof = await asyncio.wrap_future(proved)
         finally:
             opt.end_round()
+            self.progress.round_ended()
         seconds = time.monotonic() - began
         self.last_step = RoundDone(start.round_id, start.epoch, ok=True, state_sha256=digest,
                                    samples=averaged.samples, loss=averaged.loss, seconds=seconds,
@@ -105,7 +107,6 @@ class RoundPipeline:
                                    numel=averaged.vector.numel(), phase_numel=averaged.phase_numel,
                                    proof=proof)
         await self.send(self.last_step)
-        self.progress.stepped()
         step = Step(epoch=start.epoch + 1, round_id=start.round_id, loss=averaged.loss,
                     samples=averaged.samples, peers=len(start.group), round_seconds=seconds,
                     state_sha256=digest)

@@ -117,6 +117,12 @@ class CollaborativeOptimizer:
         return self._in_round
 
     @property
+    def stepped_in_round(self) -> bool:
+        """Our round's step is taken, and the round ends once the new state's hash is in:
+        micro-batches of the next epoch run meanwhile."""
+        return self._in_round and self._stepped
+
+    @property
     def state_hash(self) -> str:
         return self.hash.value
 

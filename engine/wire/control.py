@@ -355,6 +355,10 @@ class Status(ControlMessage, tag="status"):
     samples_per_second: Rate
     eta_seconds: Seconds | None = None
     counts_you: bool = True
+    # How old the counts in ``samples`` are, by pace (the others', in an answer to a peer
+    # that is counted): a peer reports every half second unless near the target, so the
+    # others have computed about their rate times this since.
+    counts_age: Seconds = 0.0
 
 
 MAX_PARTNERS = 100  # half a peer's connections: warming never crowds out links in use

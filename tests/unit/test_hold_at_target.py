@@ -58,7 +58,8 @@ async def accumulate(task, progress: ProgressReporter, limit: int = 200) -> int:
     """Micro-batches until the peer holds what the step needs of it; its samples."""
     opt, ran = progress.optimizer, []
     while not progress.full() and len(ran) < limit:
-        await opt.compute_run(counted(task, opt, ran), len(ran), lambda: progress.full() or len(ran) >= limit)
+        await opt.compute_run(counted(task, opt, ran), len(ran),
+                              lambda: progress.due() or progress.full() or len(ran) >= limit)
         await progress.report(force=True)
     return opt.accumulator.samples
 
@@ -76,6 +77,19 @@ async def test_a_counted_peer_brings_what_the_others_miss(task):
     assert TARGET - 40 <= held < TARGET - 40 + MICRO
     assert sent[-1].samples == held, "what it holds, the backbone is told"
     assert sent[-1].asks_status, "and asked for the others' counts before going past them"
+
+
+async def test_counts_reported_a_while_ago_bring_the_ask_forward(task):
+    """The others computed since they reported: a peer asks for their counts sooner when
+    the status says they are old."""
+    asked_at = {}
+    for age in (0.0, 30.0):
+        progress, sent, counts = await peer(task)
+        counts.rate = progress.optimizer.throughput.rate() or 100.0
+        progress.observe(replace(counts.status(progress.optimizer.epoch), counts_age=age))
+        await accumulate(task, progress, limit=3)
+        asked_at[age] = next((m.samples for m in sent if m.asks_status), None)
+    assert asked_at[30.0] is not None and (asked_at[0.0] is None or asked_at[30.0] < asked_at[0.0]), asked_at
 
 
 async def test_a_newcomer_brings_one_micro_batch_until_its_samples_count(task):
@@ -139,6 +153,30 @@ async def test_a_step_taken_while_the_backbone_is_away_leaves_the_hold_by_pace_o
     progress.stepped()
     assert opt.epoch == epoch + 1
     assert await accumulate(task, progress) == MICRO, "still its share by pace (under a micro-batch)"
+
+
+async def test_between_its_step_and_the_rounds_end_a_peer_holds_once_the_target_is_in_reach(task):
+    """The round ends once the new state is hashed, beside the next epoch's micro-batches,
+    and no report is taken before: digits' peers computed 6-12 micro-batches each past
+    the target there. Once the round ends, the peer asks, and goes on to what the step
+    needs of it."""
+    progress, sent, counts = await peer(task)
+    opt = progress.optimizer
+    epoch = opt.epoch
+    counts.rate = 1e9  # the others reach the target at once
+    progress.observe(counts.status(epoch))
+    await accumulate(task, progress, limit=1)
+    taken = await opt.begin_round(epoch, budget=30.0)
+    assert taken is not None
+    await opt.step(taken.vector / taken.samples, epoch, None)
+    progress.stepped()
+    assert opt.stepped_in_round
+    assert await accumulate(task, progress) == 0, "held: the target may be reached already"
+    opt.end_round()
+    progress.round_ended()
+    counts.others, counts.mine = 40, 0
+    assert await accumulate(task, progress) in range(TARGET - 40, TARGET - 40 + MICRO)
+    assert sent[-1].asks_status and sent[-1].epoch == epoch + 1
 
 
 async def test_a_peer_that_never_comes_back_holds_nobody_up(task, monkeypatch):

@@ -57,3 +57,28 @@ def test_a_peer_not_ready_is_not_answered():
     tracker.handle("late", Ready(0, "h0"))
     clock.now += 1
     assert [type(m) for m in answers(tracker.handle("late", asks(31)), "late")] == [Status]
+
+
+def test_an_ask_of_the_next_epoch_before_it_settled_is_not_answered():
+    """A peer steps before the backbone settles its round: the status of the epoch before
+    would tell it the others hold nothing yet, and it would compute the whole target."""
+    clock = Clock()
+    tracker = two_ready_peers(clock, 100)
+    clock.now += 1
+    tracker.handle("other", Progress(0, 60, 60.0, 1.0, 1.0))
+    tracker.handle("me", Progress(0, 40, 40.0, 1.0, 1.0))
+    assert tracker.round is not None
+    assert answers(tracker.handle("me", asks(8, epoch=1)), "me") == []
+
+
+def test_an_answer_says_how_old_the_others_counts_are():
+    """A peer reports every half second until the target is near: the others' counts in an
+    answer are that old, and they computed meanwhile (digits' peers, timing them from the
+    answer, went 6-12 micro-batches each past the target)."""
+    clock = Clock()
+    tracker = two_ready_peers(clock, 100)
+    clock.now += 1
+    tracker.handle("other", Progress(0, 40, 40.0, 1.0, 1.0))
+    clock.now += 0.4
+    [status] = answers(tracker.handle("me", asks(30)), "me")
+    assert abs(status.counts_age - 0.4) < 1e-6, "the other's count, not the asker's own fresh one"

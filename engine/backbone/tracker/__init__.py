@@ -21,7 +21,7 @@ from engine.backbone.tracker.backups import Backups
 from engine.backbone.tracker.checkpoint_requests import CheckpointRequests
 from engine.backbone.tracker.checks import Auditor
 from engine.backbone.tracker.heldout import HeldOutScores
-from engine.backbone.tracker.membership import Members, PeerState
+from engine.backbone.tracker.membership import Members, PeerState, counts_age
 from engine.backbone.tracker.outputs import (
     Broadcast,
     CollaborationState,
@@ -223,8 +223,10 @@ class Tracker:
         """A report that may reach the target waits for an answer: the round it opened,
         a resync, or else the status (also to a peer that stepped before its round settled).
         Once per count: a status costs a pass over the members, and a stranger repeating
-        its report would otherwise buy one with each message."""
-        if not msg.asks_status or not peer.ready or any(
+        its report would otherwise buy one with each message. Not a report of the next
+        epoch, before it settled: the status of this one would tell the peer the others
+        hold nothing (the Step tells it to report again)."""
+        if not msg.asks_status or not peer.ready or msg.epoch != self.epoch or any(
                 isinstance(o, Send) and o.to == peer.peer_id and isinstance(o.msg, (RoundStart, Resync))
                 for o in out):
             return out
@@ -292,11 +294,16 @@ class Tracker:
 
     def status_for(self, peer_id: str) -> Status:
         """The status as ``peer_id`` is told it: at once when it becomes ready, so that a
-        newcomer knows from its first micro-batch whether its samples count yet."""
+        newcomer knows from its first micro-batch whether its samples count yet; in answer
+        to its ask, with the age of the others' counts (its own is fresh)."""
         status, counted = self.status_and_counted()
-        return status if peer_id in counted else struct_replace(status, counts_you=False)
+        me = counted.get(peer_id)
+        if me is None:
+            return struct_replace(status, counts_you=False)
+        others = [p for p in counted.values() if p is not me]
+        return struct_replace(status, counts_age=counts_age(others, self.clock()))
 
-    def status_and_counted(self) -> tuple[Status, set[str]]:
+    def status_and_counted(self) -> tuple[Status, dict[str, PeerState]]:
         """The status, and the peers whose samples it counts (to whom ``counts_you`` holds)."""
         counted = self.members.counted(self.epoch)
         samples = total_count(p.samples for p in counted)
@@ -305,5 +312,7 @@ class Tracker:
         rate = total_rate(p.rate for p in counted)
         target = self.project.target_batch_size
         eta = min(max(target - samples, 0) / rate, MAX_SECONDS) if rate > 0 else None
-        status = Status(self.epoch, samples, target, len(self.members.peers), rate, eta)
-        return status, {p.peer_id for p in counted}
+        status = Status(self.epoch, samples, target, len(self.members.peers), rate, eta,
+                        counts_age=counts_age(counted, self.clock()))
+        return status, {p.peer_id: p for p in counted}
+

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from engine.backbone.ledger import TOLERANCE, Claim
 from engine.backbone.tracker.records import Identity, Records
 from engine.wire.control import Progress, SyncRequest
-from engine.wire.types import MAX_COUNT
+from engine.wire.types import MAX_COUNT, MAX_SECONDS
 
 log = logging.getLogger(__name__)
 PACE_DECAY = 0.9
@@ -347,3 +347,13 @@ class Members:
         peer.samples, peer.compute_seconds = 0, 0.0
         peer.accumulating_since = peer.reported_at = min(since, now) if since is not None else now
         peer.heard_at = now
+
+
+def counts_age(peers: list[PeerState], now: float) -> float:
+    """How old the peers' counts are, weighted by their rates: their rates times this is
+    about what they computed since they reported."""
+    rate = math.fsum(p.rate for p in peers)
+    if rate <= 0:
+        return 0.0
+    age = math.fsum(p.rate * max(now - p.reported_at, 0.0) for p in peers) / rate
+    return min(age, MAX_SECONDS)
