@@ -82,3 +82,28 @@ def test_an_answer_says_how_old_the_others_counts_are():
     clock.now += 0.4
     [status] = answers(tracker.handle("me", asks(30)), "me")
     assert abs(status.counts_age - 0.4) < 1e-6, "the other's count, not the asker's own fresh one"
+
+
+def test_the_first_ask_of_an_epoch_tells_the_silent_peers_the_counts_once():
+    """A peer far from the target by its own estimate reports every half second and
+    computes on unseen meanwhile: the first ask of an epoch has the backbone tell it the
+    counts, so it asks too. Once an epoch: a status to all costs what a broadcast does."""
+    clock = Clock()
+    tracker = two_ready_peers(clock, 100)
+    clock.now += 1
+    tracker.handle("other", Progress(0, 40, 40.0, 1.0, 1.0))
+    clock.now += 0.3
+    out = tracker.handle("me", asks(30))
+    [told] = answers(out, "other")
+    assert isinstance(told, Status) and told.samples == 70
+    clock.now += 0.3
+    assert answers(tracker.handle("me", asks(34)), "other") == [], "once an epoch"
+
+
+def test_a_peer_that_reported_just_now_is_not_told_again():
+    clock = Clock()
+    tracker = two_ready_peers(clock, 100)
+    clock.now += 1
+    tracker.handle("other", Progress(0, 40, 40.0, 1.0, 1.0))
+    clock.now += 0.001
+    assert answers(tracker.handle("me", asks(30)), "other") == []

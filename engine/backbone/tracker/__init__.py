@@ -22,6 +22,7 @@ from engine.backbone.tracker.checkpoint_requests import CheckpointRequests
 from engine.backbone.tracker.checks import Auditor
 from engine.backbone.tracker.heldout import HeldOutScores
 from engine.backbone.tracker.membership import Members, PeerState, counts_age
+from engine.backbone.tracker.nudges import Nudges
 from engine.backbone.tracker.outputs import (
     Broadcast,
     CollaborationState,
@@ -104,6 +105,7 @@ class Tracker:
         self.audits = Auditor(self, rng)
         self.backups = Backups(self)
         self.heldout = HeldOutScores()
+        self.nudges = Nudges()
         if unsettled is not None and unsettled.epoch == epoch:
             # We died while this round was under way: its members replay how it ended, and it
             # settles on what a majority of them say, as it would have.
@@ -234,7 +236,9 @@ class Tracker:
         if peer.answered == asked:
             return out
         peer.answered = asked
-        return [*out, Send(peer.peer_id, self.status_for(peer.peer_id))]
+        status, counted = self.status_and_counted()
+        nudged = [Send(p, status) for p in self.nudges.due(self.epoch, peer.peer_id, counted, self.clock())]
+        return [*out, Send(peer.peer_id, self._status_to(peer.peer_id, status, counted)), *nudged]
 
     def resync(self, peer: PeerState, reason: str) -> list[Out]:
         peer.ready = False
@@ -296,7 +300,9 @@ class Tracker:
         """The status as ``peer_id`` is told it: at once when it becomes ready, so that a
         newcomer knows from its first micro-batch whether its samples count yet; in answer
         to its ask, with the age of the others' counts (its own is fresh)."""
-        status, counted = self.status_and_counted()
+        return self._status_to(peer_id, *self.status_and_counted())
+
+    def _status_to(self, peer_id: str, status: Status, counted: dict[str, PeerState]) -> Status:
         me = counted.get(peer_id)
         if me is None:
             return struct_replace(status, counts_you=False)
