@@ -17,7 +17,7 @@ import aiohttp
 
 from engine.project import FileRef
 from engine.project_folders import is_url
-from engine.shards.cache import ShardCache
+from engine.shards.cache import DiskBusy, ShardCache
 from engine.shards.download import FileError, fetch_file, hash_file
 from engine.shards.lock import exclusive
 from engine.transport.shaping import RateLimiter
@@ -25,6 +25,7 @@ from engine.transport.shaping import RateLimiter
 log = logging.getLogger(__name__)
 ATTEMPTS = 4  # a download that stops is resumed this many times before the file is given up
 FIRST_PAUSE = 2.0
+ROOM_WAIT = 0.25  # seconds between two looks for room that other downloads hold
 READ_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=30)
 KEEP_IDLE = 5.0
 
@@ -109,7 +110,13 @@ class FetchedFiles:
         found = self.cache.find(ref)
         if found is not None:
             return found
-        self.cache.make_room(ref, keep=self._fetching)
+        while True:
+            try:
+                self.cache.make_room(ref, keep=self._fetching)
+                break
+            except DiskBusy as exc:  # (others' downloads end, stored or given up: room frees)
+                log.info("%s", exc)
+                await asyncio.sleep(ROOM_WAIT)
         if self._http is None:
             # A backbone closes a connection idle for 10 s: one idle longer is never reused.
             self._http = aiohttp.ClientSession(timeout=READ_TIMEOUT,
@@ -118,6 +125,14 @@ class FetchedFiles:
         headers = {} if is_url(ref.path) else self.headers()
         progress = self.progress
         report = (lambda got, total: progress(ref.path, got, total)) if progress else None
+        try:
+            return await self._fetch_into_cache(ref, url, headers, report)
+        finally:
+            self.cache.release(ref)
+
+    async def _fetch_into_cache(self, ref: FileRef, url: str, headers: dict[str, str],
+                                report: Callable[[int, int], None] | None) -> Path:
+        assert self._http is not None
         pause, attempt, refetched = FIRST_PAUSE, 1, False
         while True:
             try:

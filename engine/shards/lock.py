@@ -51,3 +51,15 @@ def _try_lock(fd: int) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def held(path: Path) -> bool:
+    """Whether a download holds ``path`` now (in this process or another)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        return not _try_lock(fd)
+    finally:
+        os.close(fd)  # (releases it if we just took it)

@@ -13,9 +13,10 @@ from aiohttp import web
 from engine.project import FileRef
 from engine.project_folders import load_project_folder
 from engine.shards import files as files_module
-from engine.shards.cache import DiskLimitError, ShardCache
+from engine.shards.cache import DiskBusy, DiskLimitError, ShardCache
 from engine.shards.download import FileError
 from engine.shards.files import FetchedFiles
+from engine.shards.lock import exclusive
 from tests.collab.harness import running_backbone
 from tests.projects import albert_folder
 
@@ -150,6 +151,48 @@ def test_the_least_recently_used_files_go_first_when_the_disk_limit_is_reached(t
     fourth = ref_of(b"\x09" * 100, "shards/3")
     cache.make_room(fourth)
     assert cache.find(refs[2]) is None and cache.find(refs[1]) is not None
+
+
+async def test_downloads_started_together_stay_within_the_disk_limit(tmp_path, project):
+    """Before: each download counted the others at their partial sizes, and three 8 MB files
+    started together under a 10 MB limit held 24 MB. Now each reserves its size; one that
+    would fit but for the others' waits for them, and what cannot fit is refused by name."""
+    shards = project.spec.data.shards[:4]
+    limit = shards[0].bytes + shards[1].bytes + 1000
+    cache_dir, peak = tmp_path / "cache", [0]
+
+    def on_disk() -> int:
+        return sum(p.stat().st_size for p in cache_dir.rglob("*") if p.is_file() and p.suffix == "")
+
+    def sample(path, got, total) -> None:
+        peak[0] = max(peak[0], on_disk())
+    async with running_backbone(tmp_path / "bb", projects_dir=project.root.parent) as backbone:
+        files = await fetched(backbone.url, project, cache_dir, max_bytes=limit, progress=sample)
+        try:
+            results = await asyncio.gather(*(files.get(ref) for ref in shards), return_exceptions=True)
+        finally:
+            await files.close()
+    stored = [r for r in results if isinstance(r, Path)]
+    refused = [r for r in results if not isinstance(r, Path)]
+    assert len(stored) == 2 and all(isinstance(r, DiskLimitError) for r in refused), results
+    assert all("disk limit" in str(r) for r in refused)
+    assert max(peak[0], on_disk()) <= limit, (peak[0], limit)
+
+
+async def test_room_other_downloads_hold_is_waited_for_and_a_crashed_ones_is_not(tmp_path):
+    cache = ShardCache(tmp_path, max_bytes=250)
+    first, second = ref_of(b"a" * 100, "shards/a"), ref_of(b"b" * 200, "shards/b")
+    async with exclusive(cache.lock(first)):  # a download under way
+        cache.make_room(first)
+        with pytest.raises(DiskBusy):
+            cache.make_room(second)
+        cache.release(first)  # it ended (stored elsewhere, or given up)
+        cache.make_room(second)
+    cache.release(second)
+    # A process that died mid-download holds no lock: its reservation does not count.
+    cache.reservation(first).write_text("240")
+    cache.make_room(second)
+    assert not cache.reservation(first).exists()
 
 
 def test_a_file_larger_than_the_disk_limit_is_refused_with_the_figures(tmp_path):
