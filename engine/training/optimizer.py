@@ -1,16 +1,14 @@
 """CollaborativeOptimizer: a torch optimizer stepped by a whole collaboration at once.
 
-Each peer runs micro-batches at its own pace and accumulates gradient sums. When the
-backbone opens a round, the peer hands over what it has, the group averages it
-(weighted by samples), and every member applies the same averaged gradient with the
-same optimizer step: synchronous large-batch training, whoever joined or left. In
-``local`` mode (engine/training/local.py) micro-batches step a local copy instead, and
-rounds average pseudo-gradients into the outer step.
+Each peer runs micro-batches at its own pace and accumulates gradient sums. When the backbone
+opens a round, the peer hands over what it has, the group averages it (weighted by samples),
+and every member applies the same averaged gradient with the same optimizer step: synchronous
+large-batch training, whoever joined or left. In ``local`` mode (engine/training/local.py)
+micro-batches step a local copy instead, and rounds average pseudo-gradients into the outer step.
 
-All torch work (micro-batches, the step, state snapshots) runs on one worker thread, in
-order, so a step never overlaps a forward pass and the event loop keeps serving the network.
+All torch work (micro-batches, the step, state snapshots) runs on one worker thread, in order,
+so a step never overlaps a forward pass and the event loop keeps serving the network.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -118,8 +116,7 @@ class CollaborativeOptimizer:
 
     @property
     def stepped_in_round(self) -> bool:
-        """Our round's step is taken, and the round ends once the new state's hash is in:
-        micro-batches of the next epoch run meanwhile."""
+        """Our step is taken; the round ends once the new state's hash is in (computing on)."""
         return self._in_round and self._stepped
 
     @property

@@ -355,10 +355,8 @@ class Status(ControlMessage, tag="status"):
     samples_per_second: Rate
     eta_seconds: Seconds | None = None
     counts_you: bool = True
-    # How old the counts in ``samples`` are, by pace (the others', in an answer to a peer
-    # that is counted): a peer reports every half second unless near the target, so the
-    # others have computed about their rate times this since.
-    counts_age: Seconds = 0.0
+    # How old ``samples``' counts are, by pace (in an answer, the others'): they computed
+    counts_age: Seconds = 0.0  # about their rate times this since (reports come 0.5 s apart)
 
 
 MAX_PARTNERS = 100  # half a peer's connections: warming never crowds out links in use
