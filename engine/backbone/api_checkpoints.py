@@ -73,6 +73,9 @@ async def put_checkpoint(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text=f"{CONTENT_SHA256_HEADER} and {STATE_SHA256_HEADER} must be sha256 "
                                       "hex digests")
     tracker = backbone.trackers[spec.id]
+    if epoch > tracker.epoch:  # (its step still to settle: no failure of the chore)
+        raise web.HTTPConflict(text=f"epoch {epoch} is not settled yet: upload once its step is",
+                               headers={"Retry-After": "1"})
     if backbone.store.rounds.epoch_state(spec.id, epoch) != state_sha:
         tracker.checkpoint_upload(peer_id, epoch, started=False)  # (the chore goes to another)
         raise web.HTTPConflict(text="state hash is not the collaboration's at that epoch")

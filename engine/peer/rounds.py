@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from msgspec.structs import replace
 
+from engine.aio import finished_within
 from engine.averaging.allreduce import butterfly_allreduce, round_key
 from engine.averaging.errors import AveragingError
 from engine.averaging.grouped import grouped_allreduce
@@ -45,6 +46,10 @@ from engine.wire.framing import Frame, Incoming
 from engine.wire.tensors import encode_file
 
 log = logging.getLogger(__name__)
+
+# How long a checkpoint's snapshot, taken a step past the one asked for (rounds outran the
+# snapshot), waits for the collaboration to settle on its step before it is uploaded.
+SETTLE_PATIENCE = 120.0
 
 
 class RoundingPeer(Protocol):
@@ -93,6 +98,7 @@ class Rounds:
         # Our step, who checkpoints it, the round's trainers (engine/evaluators.py picks among them).
         self._unsettled: tuple[EpochCompleted, str | None, list[str]] | None = None
         self._settled: Step | None = None  # the last step the collaboration settled on
+        self._step_heard = asyncio.Event()
         self._changes: dict[int, RoundChanges] = {}  # members lost midway, by round (Reassign)
         self._layout: Layout | None = None  # PowerSGD's view of the model's gradient
         self._ended_at = 0.0  # (monotonic) when our last round ended
@@ -179,6 +185,7 @@ class Rounds:
     def settled(self, step: Step) -> None:
         """The collaboration settled on ``step``: if it is ours, it counts now."""
         self._settled = step
+        self._step_heard.set()
         self._confirm()
 
     def undone(self) -> None:
@@ -211,13 +218,29 @@ class Rounds:
 
     async def _upload_checkpoint(self) -> None:
         index, payload = await self.peer.optimizer.snapshot()
-        data = encode_file(index, payload)
         epoch = index.meta.epoch
+        if not await self.settled_on(epoch, index.meta.state_sha256):
+            log.info("not uploading the checkpoint of epoch %d: the collaboration did not settle on "
+                     "our state of it", epoch)
+            return
+        data = encode_file(index, payload)
         try:
             await self.peer.client.upload_checkpoint(epoch, data, index.meta.state_sha256)
             log.info("uploaded the checkpoint of epoch %d (%.1f MB)", epoch, len(data) / 1e6)
         except BackboneError as exc:
             log.warning("checkpoint upload failed: %s", exc)
+
+    async def settled_on(self, epoch: int, state_sha256: str) -> bool:
+        """Whether the collaboration settled on ``state_sha256`` at ``epoch``, once it settled
+        that epoch at all (within SETTLE_PATIENCE). Uploaded before, the backbone had no
+        state of that epoch to check it against and counted the chore a failure."""
+        deadline = time.monotonic() + SETTLE_PATIENCE
+        while self._settled is None or self._settled.epoch < epoch:
+            self._step_heard.clear()
+            if not await finished_within(self._step_heard.wait(), deadline - time.monotonic()):
+                return False
+        return any(c.step.epoch == epoch and c.step.state_sha256 == state_sha256
+                   for c in reversed(self.peer.history[-100:]))
 
     def on_frame(self, sender: str, frame: Frame) -> None:
         """Frames of rounds wait in the mailbox for their round; state frames go to state_sync."""

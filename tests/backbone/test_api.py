@@ -180,6 +180,25 @@ async def test_an_asked_for_checkpoint_of_another_state_frees_the_chore(collabor
     assert backbone.store.checkpoints.listed("tiny-lm") == []
 
 
+async def test_a_checkpoint_of_an_epoch_still_to_settle_is_refused_and_still_owed(collaboration):
+    """A peer asked for epoch 1 whose snapshot is a step on (rounds outran it), uploading it
+    before that step settled: told to upload once it has, with the chore still its own and no
+    failure counted against it."""
+    backbone, http, _ = collaboration
+    joined = await _join(http, backbone.url)
+    tracker = backbone.trackers["tiny-lm"]
+    later = tracker.epoch + 1000  # (the peers step on meanwhile)
+    tracker.checkpoint_requests.ask(joined["peer_id"], 1)
+    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
+               "X-Content-SHA256": "0" * 64, "X-State-SHA256": "1" * 64}
+    async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/{later}", data=b"x" * 1000,
+                        headers=headers) as resp:
+        assert resp.status == 409 and "not settled yet" in (await resp.json())["error"]
+        assert resp.headers["Retry-After"] == "1"
+    assert tracker.expects_checkpoint(joined["peer_id"], later)
+    assert tracker.checkpoint_requests.failures(joined["peer_id"]) == 0
+
+
 async def test_link_probes_are_for_peers_bounded_and_few(collaboration):
     backbone, http, peers = collaboration
     url = f"{backbone.url}/api/projects/tiny-lm/probe"
