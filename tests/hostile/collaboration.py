@@ -361,10 +361,6 @@ class Verdict:
 # handshakes) measures over twice this, and a poisoner's own joining cost 0.78-0.86x over
 # 60 epochs once steps took the target.
 EPOCHS = 80
-# At 17 epochs/s (steps at the target since issue 49) 80 epochs took 4.5 s, and a CI run
-# with the installer build beside it measured one poisoner's joining (its links, its first
-# round) at 1.1 s of them: 0.80x. Under attack, a window is at least this long.
-ATTACK_SECONDS = 7.0
 RATE_FLOOR = 0.8
 # Alone with one member, nobody but the honest reducer can judge the poisoner, so nobody
 # strikes it: its parts reach that reducer, and are checked there, in every round (with
@@ -376,13 +372,11 @@ LOSS_NOISE = 0.15  # mean loss over a window, as it varies between runs of the s
 
 async def under_attack(collab: Collaboration, attack, epochs: int = EPOCHS, timeout: float = 120,
                        quiet: int | None = None) -> Verdict:
-    """Time ``epochs`` epochs while ``attack()`` runs (more if the collaboration would make
-    them in under ATTACK_SECONDS), and ``quiet`` epochs without it just before and as many
-    just after (default: half of ``epochs`` each, at most EPOCHS in all)."""
+    """Time ``epochs`` epochs while ``attack()`` runs, and ``quiet`` epochs without it just
+    before and as many just after (default: half of ``epochs`` each, at most EPOCHS in all)."""
     rss_before = collab.rss()
     quiet = quiet or max(min(epochs, EPOCHS) // 2, 1)
     before = await timed_epochs(collab, quiet, timeout)
-    epochs = max(epochs, math.ceil(before.rate * ATTACK_SECONDS))
     task = asyncio.ensure_future(attack())
     try:
         during = await timed_epochs(collab, epochs, timeout)
