@@ -166,6 +166,7 @@ class ControlLoop:
         elif isinstance(msg, Status):
             peer.status = msg
             peer.progress.observe(msg)
+            peer.spawn(peer.progress.tell_if_near())
             peer.collab_epoch = msg.epoch
             peer.emit(StatusChanged(msg, peer.traffic()))
         elif isinstance(msg, IceServers):

@@ -42,6 +42,7 @@ class ProgressReporter:
         self._mine_in_status = 0
         self._look_again = asyncio.Event()  # a round took our gradient, or a status came
         self._asked_at: float | None = None  # when a report that may reach the target asked for a status
+        self._asked_in = -1  # the last epoch we asked in: from the first ask on, every report asks
         # While the backbone is away, our share of the target by pace when it was lost
         # (None: connected, and its last status counts us).
         self._away_share: float | None = None
@@ -162,6 +163,15 @@ class ProgressReporter:
             self._away_share = None
         self._remember(status, now)
 
+    async def tell_if_near(self) -> None:
+        """After a status: if the target is in reach and the backbone has not heard our
+        count, tell it now, not after the micro-batch under way (140 ms on a shared CPU,
+        while the other peer, asking meanwhile, heard our count of the epoch's start and
+        computed past the target)."""
+        if self.optimizer.accumulator.samples != self._reported_samples and \
+                self._target_in_reach(time.monotonic()):
+            await self.report(force=True)
+
     def _remember(self, status: Status, now: float) -> None:
         self._status, self._status_time = status, now
         self._look_again.set()
@@ -201,6 +211,8 @@ class ProgressReporter:
         upload, download = self.link_estimate()
         asks = not opt.in_round and self._target_in_reach(now)
         self._asked_at = now if asks else None
+        if asks:
+            self._asked_in = opt.epoch
         await self._send(Progress(opt.epoch, samples, opt.throughput.rate(), loss, compute_seconds,
                                   self.client_mode(), upload, download, asks_status=asks))
 
@@ -228,18 +240,26 @@ class ProgressReporter:
         return self.target_batch_size - seen[1]
 
     def _target_in_reach(self, now: float) -> bool:
+        """Whether our next micro-batch may take the collaboration to its target. Once we
+        asked in an epoch, every micro-batch may: each then waits for counts at most a
+        micro-batch old (the others ask too), so none starts past the target. Estimated
+        again after an answer, a fresh count of the others put it out of reach, and digits'
+        peers each filled the room their last answer showed, 3-6 micro-batches past it."""
         seen, opt = self._others(), self.optimizer
         if seen is None:
             return False
+        if self._asked_in == opt.epoch and not opt.in_round:
+            return True
         status, others = seen
         if status.samples_per_second <= 0:
             # No pace known yet (a restarted backbone's first statuses): any micro-batch may
             # be the one that reaches it. Before, peers there reported every half second
             # and each brought the whole target (256 for 128).
             return True
-        # The others as fast as we compute, if the backbone's rates say less: those are
-        # samples over time, and peers held at the target idle (a held peer's rate fell,
-        # its partner's estimate with it, and both computed the whole target: 240 for 128).
+        # The others at the pace the backbone timed of them, or as fast as we compute if
+        # that says more; their rates are samples over wall time, and peers held at the
+        # target idle (a held peer's rate fell, its partner's estimate with it, and both
+        # computed the whole target: 240 for 128).
         # Where all will be after our next micro-batch: asked only once the target is
         # reached, the answer came after each peer's micro-batch more (192 for 128).
         # Too early an estimate costs a message's round trip per micro-batch; too late, a
@@ -247,7 +267,8 @@ class ProgressReporter:
         accumulated = opt.accumulator
         own_pace = (accumulated.samples / accumulated.compute_seconds if accumulated.compute_seconds > 0
                     else opt.throughput.rate())
-        others_rate = max(status.samples_per_second - opt.throughput.rate(), own_pace * (status.peers - 1))
+        others_rate = max(status.pace - own_pace, status.samples_per_second - opt.throughput.rate(),
+                          own_pace * (status.peers - 1))
         # The others' counts were reported a while before the status (their age): digits'
         # peers timed them from the status, heard of the other's samples half a second late
         # and each computed 6-12 micro-batches past the target.

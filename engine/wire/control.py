@@ -355,8 +355,12 @@ class Status(ControlMessage, tag="status"):
     samples_per_second: Rate
     eta_seconds: Seconds | None = None
     counts_you: bool = True
-    # How old ``samples``' counts are, by pace (in an answer, the others'): they computed
-    counts_age: Seconds = 0.0  # about their rate times this since (reports come 0.5 s apart)
+    # How old ``samples``' counts are (in an answer, the others'), and the pace the backbone
+    # timed of the counted peers: they computed about their pace times ``counts_age`` since
+    # (reports come 0.5 s apart). ``samples_per_second`` is over wall time, rounds and holds
+    # included.
+    counts_age: Seconds = 0.0
+    pace: Rate = 0.0
 
 
 MAX_PARTNERS = 100  # half a peer's connections: warming never crowds out links in use

@@ -213,3 +213,33 @@ async def test_a_new_peer_reports_its_count_often_but_within_the_backbones_budge
     budget = LimitsConfig().per_peer[Kind.REPORT].per_second
     assert len(ran) > budget * seconds, "micro-batches faster than the backbone takes reports"
     assert 0.25 * seconds / progress_module.MIN_REPORT_GAP <= len(sent) < budget * seconds / 2, len(sent)
+
+
+async def test_after_its_first_ask_of_an_epoch_every_report_asks(task):
+    """Each micro-batch then waits for counts at most one micro-batch old: estimated again
+    after an answer, a fresh count put the target out of reach, and digits' peers each
+    filled the room their last answer showed, 3-6 micro-batches past the target."""
+    progress, sent, counts = await peer(task)
+    counts.rate = 1e9  # the others look near the target: the first report asks
+    progress.observe(counts.status(progress.optimizer.epoch))
+    counts.rate = 1.0  # every answer says they are far from it
+    assert await accumulate(task, progress) == TARGET
+    assert len(sent) > 2 and all(m.asks_status for m in sent), [m.asks_status for m in sent]
+
+
+@pytest.mark.parametrize("others", [TARGET - MICRO, 0])
+async def test_a_status_near_the_target_has_an_untold_count_told_at_once(task, others):
+    """Not after the micro-batch under way: on a shared CPU that took 140 ms, while the
+    other peer, asking meanwhile, heard our count of the epoch's start."""
+    progress, sent, counts = await peer(task)
+    opt = progress.optimizer
+    await accumulate(task, progress, limit=1)
+    told = len(sent)
+    await opt.compute_run(counted(task, opt, []), 1, lambda: True)  # one micro-batch, untold
+    counts.others, counts.rate = others, 1.0
+    progress.observe(counts.status(opt.epoch))
+    await progress.tell_if_near()
+    if others:
+        assert len(sent) == told + 1 and sent[-1].samples == opt.accumulator.samples and sent[-1].asks_status
+    else:
+        assert len(sent) == told, "far from the target, it waits for its next report"

@@ -21,7 +21,7 @@ from engine.backbone.tracker.backups import Backups
 from engine.backbone.tracker.checkpoint_requests import CheckpointRequests
 from engine.backbone.tracker.checks import Auditor
 from engine.backbone.tracker.heldout import HeldOutScores
-from engine.backbone.tracker.membership import Members, PeerState, counts_age
+from engine.backbone.tracker.membership import Members, PeerState, unreported
 from engine.backbone.tracker.nudges import Nudges
 from engine.backbone.tracker.outputs import (
     Broadcast,
@@ -307,7 +307,7 @@ class Tracker:
         if me is None:
             return struct_replace(status, counts_you=False)
         others = [p for p in counted.values() if p is not me]
-        return struct_replace(status, counts_age=counts_age(others, self.clock()))
+        return struct_replace(status, counts_age=unreported(others, self.clock())[1])
 
     def status_and_counted(self) -> tuple[Status, dict[str, PeerState]]:
         """The status, and the peers whose samples it counts (to whom ``counts_you`` holds)."""
@@ -318,7 +318,8 @@ class Tracker:
         rate = total_rate(p.rate for p in counted)
         target = self.project.target_batch_size
         eta = min(max(target - samples, 0) / rate, MAX_SECONDS) if rate > 0 else None
+        pace, age = unreported(counted, self.clock())
         status = Status(self.epoch, samples, target, len(self.members.peers), rate, eta,
-                        counts_age=counts_age(counted, self.clock()))
+                        counts_age=age, pace=pace)
         return status, {p.peer_id: p for p in counted}
 

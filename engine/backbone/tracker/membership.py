@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from engine.backbone.ledger import TOLERANCE, Claim
 from engine.backbone.tracker.records import Identity, Records
 from engine.wire.control import Progress, SyncRequest
-from engine.wire.types import MAX_COUNT, MAX_SECONDS
+from engine.wire.types import MAX_COUNT, MAX_RATE, MAX_SECONDS
 
 log = logging.getLogger(__name__)
 PACE_DECAY = 0.9
@@ -349,11 +349,13 @@ class Members:
         peer.heard_at = now
 
 
-def counts_age(peers: list[PeerState], now: float) -> float:
-    """How old the peers' counts are, weighted by their rates: their rates times this is
-    about what they computed since they reported."""
-    rate = math.fsum(p.rate for p in peers)
-    if rate <= 0:
-        return 0.0
-    age = math.fsum(p.rate * max(now - p.reported_at, 0.0) for p in peers) / rate
-    return min(age, MAX_SECONDS)
+def unreported(peers: list[PeerState], now: float) -> tuple[float, float]:
+    """The peers' pace (timed here, of samples the evidence bears out; the rate they claim
+    until measured) and how old their counts are, weighted by it: the two multiplied are
+    about what they computed since they reported. (Their claimed rates are over wall time,
+    rounds and holds included: digits' peers computed 1,240 samples/s and claimed 470.)"""
+    paces = [(p.pace or p.rate, max(now - p.reported_at, 0.0)) for p in peers]
+    pace = math.fsum(v for v, _ in paces)
+    if pace <= 0:
+        return 0.0, 0.0
+    return min(pace, MAX_RATE), min(math.fsum(v * age for v, age in paces) / pace, MAX_SECONDS)
