@@ -20,6 +20,7 @@ from engine.backbone.addresses import DEFAULT_IPV6_PREFIX
 from engine.backbone.checkpoints import CheckpointFiles
 from engine.backbone.connections import HEADER_TIMEOUT, ConnectionCap, listen
 from engine.backbone.curve_events import CurveEvents
+from engine.backbone.execution import execute
 from engine.backbone.forwarding import forward_request, forward_socket
 from engine.backbone.http import BACKBONE, errors_as_json
 from engine.backbone.ice import IceConfig, ice_servers_for
@@ -30,18 +31,7 @@ from engine.backbone.rate_limits import LimitsConfig, Throttle
 from engine.backbone.sessions import PeerSession
 from engine.backbone.store.database import Unavailable
 from engine.backbone.store.repositories import Store
-from engine.backbone.tracker import (
-    Broadcast,
-    CollaborationState,
-    Out,
-    RecordCredits,
-    RecordHeldOut,
-    RecordStep,
-    RoundOpened,
-    Send,
-    Tracker,
-    WithdrawCredits,
-)
+from engine.backbone.tracker import Out, Tracker
 from engine.project import ProjectSpec, load_catalog
 from engine.project_folders import ProjectFolder
 from engine.resources import default_catalog
@@ -50,8 +40,6 @@ from engine.wire.control import CheckpointInfo, IceServers
 from engine.wire.rest import ProjectSummary
 
 log = logging.getLogger(__name__)
-# One line a step, which `cotrain backbone` shows without -v: an operator's sign of progress.
-steps_log = logging.getLogger("engine.backbone.steps")
 SEEN_INTERVAL = 10.0
 PRUNE_INTERVAL = 600.0  # seconds between sweeps of peers long gone
 TICK = 0.25  # seconds between deadline checks
@@ -301,55 +289,8 @@ class Backbone:
                 self.send_ice_servers(session, now)
 
     def execute(self, project: str, outs: list[Out]) -> None:
-        """Carry out what a tracker decided: send, broadcast, record -- if it still runs
-        here (one stopped when another process took its project over records nothing)."""
-        if project not in self.trackers:
-            return
-        for out in outs:
-            if isinstance(out, Send):
-                session = self.sessions.get(out.to)
-                if session is not None:
-                    session.send(encode_text(out.msg))
-            elif isinstance(out, Broadcast):
-                text = encode_text(out.msg)
-                for session in self.sessions.values():
-                    if session.project == project:
-                        session.send(text)
-            elif isinstance(out, RecordStep):
-                self.store.rounds.record_step(project, out.step)
-                if self.curve_events is not None:
-                    self.curve_events.step(project, out.step)
-                step = out.step
-                loss = "none" if step.loss is None else f"{step.loss:.4f}"
-                steps_log.info("%s: step %d, %d samples from %d peer%s, loss %s, averaged in %.1f s", project,
-                               step.epoch, step.samples, step.peers, "" if step.peers == 1 else "s", loss,
-                               step.round_seconds)
-            elif isinstance(out, RecordHeldOut):
-                self.store.curve.record_heldout(project, out.epoch, out.loss, out.accuracy, out.scores)
-                if self.curve_events is not None:
-                    self.curve_events.heldout(project, out.epoch, out.loss, out.accuracy)
-            elif isinstance(out, RecordCredits):
-                owners = self._owners(project, out.credits)
-                self.store.credit.record_credits(project, out.round_id, out.credits, owners)
-            elif isinstance(out, WithdrawCredits):
-                samples = self.store.credit.withdraw_credits(project, out.peer_id, out.round_ids, out.why)
-                log.warning("%s: withdrew the %d samples credited to %s in %d rounds: %s", project, samples,
-                            out.peer_id, len(out.round_ids), out.why)
-            elif isinstance(out, RoundOpened):
-                self.store.rounds.round_opened(project, out)
-            elif isinstance(out, CollaborationState):
-                self.store.rounds.set_collaboration(project, out.epoch, out.state_sha256)
-
-    def _owners(self, project: str, peers) -> dict[str, int | None]:
-        owners = {}
-        for peer_id in peers:
-            session = self.sessions.get(peer_id)
-            if session is not None:
-                owners[peer_id] = session.user_id
-            else:  # left since the round began; its work still counts
-                known = self.store.peers.known(peer_id, project)
-                owners[peer_id] = known.user_id if known else None
-        return owners
+        """Carry out what ``project``'s tracker decided (engine/backbone/execution.py)."""
+        execute(self, project, outs)
 
     def online_users(self, project: str) -> set[int]:
         return {s.user_id for s in self.sessions.values()

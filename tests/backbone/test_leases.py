@@ -1,12 +1,17 @@
 """Several backbone processes on one PostgreSQL database: each project's tracker runs in
 the one that holds its lease, and the others pass its peers on to it."""
 
+import threading
+
 import aiohttp
 import pytest
 
 from engine.backbone.leases import LEASE_SECONDS
 from engine.backbone.server import Backbone, BackboneConfig
+from engine.backbone.store.leases import LeaseLost
 from engine.backbone.store.repositories import Store
+from engine.backbone.tracker import RecordStep
+from engine.wire.control import Step
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 from tests.conftest import until
 
@@ -28,6 +33,84 @@ def test_a_lease_is_taken_renewed_and_only_taken_over_once_it_expired(database):
         assert store.leases.holder("p").holder == "two"
     finally:
         store.close()
+
+
+def _step(epoch: int) -> Step:
+    return Step(epoch=epoch, round_id=epoch, loss=1.0, samples=64, peers=2, round_seconds=0.1,
+                state_sha256=f"{epoch:064x}")
+
+
+def test_a_holder_whose_lease_ran_out_writes_no_step_after_a_takeover(database):
+    """A holder whose event loop stalled past its lease, while another process took the
+    project over: its step is refused, and the record stays the new holder's."""
+    one, two = Store(database), Store(database)
+    try:
+        assert one.leases.take("p", "one", "http://one", LEASE_SECONDS)
+        with one.fenced("p", "one") as db:
+            one.rounds.record_step("p", _step(1), db)
+        assert one.leases.take("p", "one", "http://one", -1)  # (it did not renew in time)
+        assert two.leases.take("p", "two", "http://two", LEASE_SECONDS)
+        with pytest.raises(LeaseLost, match="ran out"), one.fenced("p", "one") as db:
+            one.rounds.record_step("p", _step(2), db)
+        assert two.rounds.collaboration("p") == (1, _step(1).state_sha256)
+        assert [s.epoch for s in two.rounds.steps("p")] == [1]
+    finally:
+        one.close()
+        two.close()
+
+
+async def test_a_takeover_waits_for_a_fenced_write_under_way(database):
+    """A step whose lease check passed is written before another process may take the
+    project (it waits for the lease's row), so the new holder starts from that step."""
+    one, two = Store(database), Store(database)
+    checked, write = threading.Event(), threading.Event()
+
+    def stalled_holder() -> None:
+        with one.fenced("p", "one") as db:
+            checked.set()
+            assert write.wait(30)  # (its loop stalls past the lease)
+            one.rounds.record_step("p", _step(1), db)
+
+    try:
+        assert one.leases.take("p", "one", "http://one", 0.5)
+        holder = threading.Thread(target=stalled_holder)
+        holder.start()
+        assert checked.wait(30)
+        await until(lambda: two.leases.holder("p") is None, 30, "the holder's lease to run out")
+        taken: list[bool] = []
+        takeover = threading.Thread(target=lambda: taken.append(two.leases.take("p", "two", "http://two", 9)))
+        takeover.start()
+        takeover.join(0.5)
+        assert takeover.is_alive() and not taken, "the takeover waits for the write under way"
+        write.set()
+        holder.join(30)
+        takeover.join(30)
+        assert taken == [True]
+        assert two.rounds.collaboration("p")[0] == 1
+    finally:
+        write.set()
+        one.close()
+        two.close()
+
+
+async def test_a_backbone_that_lost_its_lease_stops_the_tracker_and_records_nothing(tmp_path, postgres):
+    url = postgres.new_database()
+    project = tiny_project()
+    backbone = Backbone(BackboneConfig(data_dir=tmp_path / "a", database=url), [project])
+    await backbone.start()
+    other = Store(url)
+    try:
+        assert project.id in backbone.trackers
+        before = other.rounds.collaboration(project.id)
+        assert backbone.leases is not None
+        other.leases.take(project.id, backbone.leases.holder, backbone.url, -1)  # (its loop stalled)
+        assert other.leases.take(project.id, "another process", "http://other", LEASE_SECONDS)
+        backbone.execute(project.id, [RecordStep(_step(before[0] + 1))])
+        assert project.id not in backbone.trackers
+        assert other.rounds.collaboration(project.id) == before
+    finally:
+        other.close()
+        await backbone.stop()
 
 
 async def test_peers_of_either_process_train_at_the_one_tracker(tmp_path, postgres):

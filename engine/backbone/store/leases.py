@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.backbone.store.database import Repository
+from engine.backbone.store.database import Repository, Runner
+
+
+class LeaseLost(Exception):
+    """Another process holds the project now: what its old holder would write is refused."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,16 @@ class LeaseRecords(Repository):
             f"SELECT holder, url, status FROM leases WHERE project=? AND expires >= {self.dialect.now}",
             (project,)).fetchone()
         return Lease(*row) if row else None
+
+    def check(self, db: Runner, project: str, holder: str) -> None:
+        """In transaction ``db``: LeaseLost unless ``holder`` holds ``project`` now. The
+        lease's row stays locked to the end of it: a takeover waits for our write, or we
+        see the takeover."""
+        row = db.execute(f"SELECT 1 FROM leases WHERE project=? AND holder=? AND expires >= "
+                         f"{self.dialect.now}{self.dialect.locking}", (project, holder)).fetchone()
+        if row is None:
+            raise LeaseLost(f"this process's lease on {project} ran out, and another may hold it: "
+                            "its tracker writes nothing more")
 
     def release(self, project: str, holder: str) -> None:
         """Give ``project`` up at once (a process shutting down cleanly)."""

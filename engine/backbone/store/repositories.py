@@ -5,13 +5,15 @@ engine/backbone/store/database.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from engine.backbone.store.accounts import AccountRecords
 from engine.backbone.store.checkpoints import CheckpointRecords
 from engine.backbone.store.credit import CreditRecords
 from engine.backbone.store.curve import CurveRecords
-from engine.backbone.store.database import open_database
+from engine.backbone.store.database import Runner, open_database
 from engine.backbone.store.leases import LeaseRecords
 from engine.backbone.store.peers import PeerRecords
 from engine.backbone.store.project_models import ProjectModelRecords
@@ -30,6 +32,15 @@ class Store:
         self.peers = PeerRecords(self.database)
         self.leases = LeaseRecords(self.database)
         self.models = ProjectModelRecords(self.database)
+
+    @contextmanager
+    def fenced(self, project: str, holder: str | None) -> Iterator[Runner]:
+        """A transaction that writes only while ``holder`` holds ``project``'s lease
+        (LeaseLost if not; None: one process, no leases)."""
+        with self.database.transaction() as db:
+            if holder is not None:
+                self.leases.check(db, project, holder)
+            yield db
 
     @property
     def migrated_hashes(self) -> bool:

@@ -33,8 +33,8 @@ class RoundRecords(Repository):
                                        "COALESCE((SELECT MAX(round_id) FROM rounds), 0)")
         return self.db.execute(f"SELECT {latest}").fetchone()[0]
 
-    def round_opened(self, project: str, opened: RoundOpened) -> None:
-        self.db.execute("INSERT INTO rounds VALUES (?,?,?,?,?) ON CONFLICT (project) DO UPDATE SET "
+    def round_opened(self, project: str, opened: RoundOpened, db: Runner | None = None) -> None:
+        (db or self.db).execute("INSERT INTO rounds VALUES (?,?,?,?,?) ON CONFLICT (project) DO UPDATE SET "
                         "round_id=excluded.round_id, epoch=excluded.epoch, members=excluded.members, "
                         "opened_at=excluded.opened_at",
                         (project, opened.round_id, opened.epoch, json.dumps(opened.voters), time.time()))
@@ -47,15 +47,19 @@ class RoundRecords(Repository):
         ).fetchone()
         return RoundOpened(row[0], row[1], json.loads(row[2])) if row else None
 
-    def record_step(self, project: str, step: Step) -> None:
-        """The step and the collaboration's new epoch, atomically."""
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO steps VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
-                (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
-                 step.round_seconds, step.state_sha256, time.time()),
-            )
-            self.set_collaboration(project, step.epoch, step.state_sha256, db)
+    def record_step(self, project: str, step: Step, db: Runner | None = None) -> None:
+        """The step and the collaboration's new epoch, atomically (in ``db``, the
+        transaction it is part of, if given)."""
+        if db is None:
+            with self._transaction() as db:
+                self.record_step(project, step, db)
+            return
+        db.execute(
+            "INSERT INTO steps VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING",
+            (project, step.round_id, step.epoch, step.loss, step.samples, step.peers,
+             step.round_seconds, step.state_sha256, time.time()),
+        )
+        self.set_collaboration(project, step.epoch, step.state_sha256, db)
 
     def steps(self, project: str) -> list[Step]:
         rows = self.db.execute(

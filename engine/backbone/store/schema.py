@@ -143,6 +143,12 @@ class Dialect:
             return "((julianday('now') - 2440587.5) * 86400.0)"
         return "EXTRACT(EPOCH FROM clock_timestamp())"
 
+    @property
+    def locking(self) -> str:
+        """What a SELECT adds to lock the rows it reads until the transaction ends (SQLite's
+        transactions hold the whole database from BEGIN IMMEDIATE on)."""
+        return "" if self.name == "sqlite" else " FOR UPDATE"
+
     def hour_of(self, seconds: str) -> str:
         """The start of the hour a time falls in (PostgreSQL's CAST rounds, SQLite's truncates)."""
         if self.name == "sqlite":
