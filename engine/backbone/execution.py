@@ -73,14 +73,21 @@ def _carry_out(backbone: Backbone, project: str, out: Out) -> None:
         store.credit.record_credits(project, out.round_id, out.credits, owners)
     elif isinstance(out, WithdrawCredits):
         samples = store.credit.withdraw_credits(project, out.peer_id, out.round_ids, out.why)
-        log.warning("%s: withdrew the %d samples credited to %s in %d rounds: %s", project, samples,
-                    out.peer_id, len(out.round_ids), out.why)
+        log.warning("%s: withdrew the %d samples credited to %s in %d rounds it reduced unchecked "
+                    "(their steps stand, computed from its results): %s; %s", project, samples, out.peer_id,
+                    len(out.round_ids), _named(out.round_ids), out.why)
     elif isinstance(out, RoundOpened):
         with store.fenced(project, _holder(backbone)) as db:
             store.rounds.round_opened(project, out, db)
     elif isinstance(out, CollaborationState):
         with store.fenced(project, _holder(backbone)) as db:
             store.rounds.set_collaboration(project, out.epoch, out.state_sha256, db)
+
+
+def _named(round_ids: list[int], most: int = 50) -> str:
+    """Rounds by id, for an operator to look up (the first ``most`` of a long run)."""
+    shown = ", ".join(str(r) for r in round_ids[:most])
+    return f"rounds {shown}" + (f" and {len(round_ids) - most} more" if len(round_ids) > most else "")
 
 
 def _holder(backbone: Backbone) -> str | None:

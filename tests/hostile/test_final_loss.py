@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,4 +223,9 @@ async def test_under_mean_a_caught_reducer_stays_out_whatever_it_does_and_keeps_
     assert len(caught) == 1 and caught_as in caught[0] and len(lies) <= CAUGHT_WITHIN
     assert lies[-1] in discarded  # expelled at its last lie: no reconnect brought it back
     assert not discarded & kept and not standing
+    # The operator reads which rounds' steps came from its unchecked results.
+    withdrawn = [line for line in backbone if "withdrew the" in line]
+    named = {int(r) for line in withdrawn for found in re.findall(r": rounds ([\d, ]+)", line)
+             for r in found.split(", ")}
+    assert set(lies) & kept <= named, (withdrawn, lies, kept)
     assert attacked.loss <= baseline * (1 + MARGIN), (attacked.loss, baseline)
