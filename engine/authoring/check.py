@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 from engine.project import ProjectSpec
 from engine.project_folders import PROJECT_FILE, is_url, read_project_file
 from engine.shards.download import FileError
@@ -73,6 +75,12 @@ def _check_model(spec: ProjectSpec, root: Path, say: Callable[[str], None]) -> b
         if needed is not None and hasattr(task, "parameters"):
             say(f"✓ model: {task.parameters():,} parameters; about {needed / MB:,.0f} MB for each peer "
                 f"at {micro_batch} samples a micro-batch")
+        free = psutil.virtual_memory().available
+        if needed is not None and needed > free:  # (one batch of it would have the kernel kill us)
+            say(f"✗ a peer needs about {needed / MB:,.0f} MB for this model at {micro_batch} samples a "
+                f"micro-batch; this computer has {free / MB:,.0f} MB free, so the check runs no batch: "
+                "make the model or the micro-batch smaller")
+            return False
         if isinstance(task, LanguageModel):
             size = task.tokenizer().get_vocab_size()
             say(f"✓ tokenizer: {size} tokens, for a vocabulary of {task.cfg.vocab_size}")

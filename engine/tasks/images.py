@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.project import FileRef, ParamTable
 from engine.shards.download import FileError
+from engine.tasks.activations import saved_bytes
 from engine.tasks.base import Batch, Task, TaskData
 from engine.tasks.hf_models import (
     Head,
@@ -211,22 +212,12 @@ class ImageClassification(Task):
         if self._saved is not None:
             return self._saved
         p = self.params
-        kept: dict[int, torch.Tensor] = {}
         try:
             with torch.device("meta"):
                 model = self._torchvision_model() if self.cfg is None else model_class(HEAD, self.cfg)(
                     self.cfg)
                 batch = Batch(0, 0, {"pixel_values": torch.empty(2, p.channels, p.image_size, p.image_size)})
-            weights = {id(t) for t in model.parameters()}
-
-            def keep(t: torch.Tensor) -> torch.Tensor:
-                if id(t) not in weights:
-                    kept[id(t)] = t
-                return t
-
-            with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-                self.logits(model, batch)
-            self._saved = sum(t.numel() * t.element_size() for t in kept.values()) // 2
+            self._saved = saved_bytes(model, lambda m: self.logits(m, batch)) // 2
         except Exception as exc:  # (a model's code may object in its own way: the bound below stands)
             log.debug("counting %s's activations on the meta device failed (%s)", p.architecture, exc)
             self._saved = 4 * ACTIVATIONS_PER_PIXEL * p.image_size * p.image_size

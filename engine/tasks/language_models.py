@@ -6,6 +6,7 @@ learns sentence order too (AlbertForPreTraining), sahajBERT's recipe."""
 from __future__ import annotations
 
 import inspect
+import logging
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -18,12 +19,15 @@ from torch import nn
 from engine.project import ParamTable
 from engine.shards.download import FileError
 from engine.shards.jsonl import ShardError, read_documents
+from engine.tasks.activations import BACKWARD_PEAK, saved_bytes
 from engine.tasks.base import Batch, Task, TaskData
 from engine.tasks.hf_models import (
     Head,
     ModelError,
+    bounded_modules,
     build_model,
     count_parameters,
+    model_class,
     model_config,
     structure,
     training_memory,
@@ -34,6 +38,7 @@ from engine.tasks.text_shards import Specials, TextExamples, packed_examples, se
 from engine.wire.codec import convert
 from engine.wire.types import Name
 
+log = logging.getLogger(__name__)
 SeqLen = Annotated[int, Meta(ge=8, le=8192)]
 Size = Annotated[int, Meta(ge=1, le=4096)]
 MAX_TOKENIZER_BYTES = 64 * 1024 * 1024
@@ -76,6 +81,7 @@ class LanguageModel(Task):
         self._specials: Specials | None = None
         self._shards: OrderedDict[str, TextExamples] = OrderedDict()
         self._accepts: set[str] | None = None
+        self._saved: int | None = None  # bytes autograd keeps per sequence
 
     @classmethod
     def create(cls, params: dict, data: TaskData) -> LanguageModel:
@@ -102,10 +108,32 @@ class LanguageModel(Task):
 
     def memory_needed(self) -> int:
         """Bytes a peer needs for this model: its training state and a micro-batch's
-        activations (a rough bound: 16 fp32 values per token, layer and hidden unit)."""
-        hidden, layers = structure(self.cfg)
-        tokens = self.params.micro_batch * self.params.seq_len
-        return training_memory(self.parameters()) + 64 * tokens * hidden * layers
+        activations at backward's peak (engine/tasks/activations.py)."""
+        structure(self.cfg)  # (a depth past MAX_LAYERS: ALBERT shares its layers, and runs them all)
+        if self._saved is None:
+            self._saved = self._saved_per_sequence()
+        return training_memory(self.parameters()) + int(BACKWARD_PEAK * self.params.micro_batch * self._saved)
+
+    def _saved_per_sequence(self) -> int:
+        """What autograd keeps for backward per sequence, counted in a forward pass on the
+        meta device (engine/tasks/activations.py); a bound by width and depth where that
+        does not run (16 fp32 values per token, layer and hidden unit)."""
+        p, head = self.params, self.head_for(self.params)
+        try:
+            with torch.device("meta"), bounded_modules():
+                model = model_class(head, self.cfg)(self.cfg)
+                ids = torch.zeros(2, p.seq_len, dtype=torch.long)
+                # (no attention mask: transformers asks a mask whether it masks anything,
+                # which a meta tensor cannot answer; a full one keeps the same activations)
+                inputs = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "labels": ids,
+                          "sentence_order_label": torch.zeros(2, dtype=torch.long)}
+            accepts = set(inspect.signature(model.forward).parameters)
+            taken = {k: t for k, t in inputs.items() if k in accepts}
+            return saved_bytes(model, lambda m: m(**taken).loss) // 2
+        except Exception as exc:  # (a model's code may object in its own way: the bound below stands)
+            log.debug("counting %s's activations on the meta device failed (%s)", self.cfg.model_type, exc)
+            hidden, layers = structure(self.cfg)
+            return 64 * p.seq_len * hidden * layers
 
     # -- data ------------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ in a broken project; and the causal family learning."""
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -103,6 +105,16 @@ def builds_without_end(folder: Path) -> str:
     return "this 'albert' model's configuration builds more than 5,000 modules"
 
 
+def wider_than_any_computer(folder: Path) -> str:
+    """Issue 50: a 2,000,000-wide feed-forward was estimated at 661 MB, and the check itself
+    was killed for memory running its one batch on a 24 GB machine."""
+    project = json.loads((folder / "project.json").read_text())
+    project["task_params"]["config"].update(embedding_size=8, hidden_size=8, num_hidden_layers=24,
+                                            num_attention_heads=1, intermediate_size=2_000_000)
+    (folder / "project.json").write_text(json.dumps(project))
+    return "so the check runs no batch"
+
+
 @pytest.mark.parametrize("spoil", [spoil_a_shard, wrong_type, vocabulary_past_the_tokenizer,
                                    breaks_on_a_batch, builds_without_end])
 def test_the_check_names_what_is_wrong_and_records_nothing(authored, tmp_path, capsys, spoil):
@@ -114,6 +126,18 @@ def test_the_check_names_what_is_wrong_and_records_nothing(authored, tmp_path, c
     said = capsys.readouterr().out
     assert "✗ " in said and says in said, said
     assert "Traceback" not in said and (folder / "project.json").read_text() == before
+
+
+def test_a_model_wider_than_this_computer_is_refused_before_its_batch(authored, tmp_path):
+    """In its own process, under a minute: run, the batch would have the kernel kill it."""
+    folder = tmp_path / "mine"
+    shutil.copytree(authored, folder)
+    says = wider_than_any_computer(folder)
+    done = subprocess.run([sys.executable, "-m", "engine", "project", "check", str(folder)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and says in done.stdout, (done.returncode, done.stdout, done.stderr[-2000:])
+    needed = int(done.stdout.split("a peer needs about ")[1].split(" MB")[0].replace(",", ""))
+    assert needed > 100_000, done.stdout  # 24 layers of 2,000,000 values a token: tens of GB, not 661 MB
 
 
 def test_the_image_preset_takes_a_folder_of_class_folders_and_passes_the_check(tmp_path, capsys):
