@@ -80,45 +80,59 @@ def decode_label(data: bytes, num_classes: int, where: str) -> int:
 
 
 def read_image_shard(path: Path, num_classes: int, image_size: int, channels: int) -> ImageExamples:
-    """A shard's images and labels, in the order their keys first appear in the tar."""
-    images: dict[str, torch.Tensor] = {}
-    labels: dict[str, int] = {}
+    """A shard's images and labels, in the order their keys first appear in the tar. The
+    headers are read first, so the images decode into one tensor of their number: stacked
+    from a tensor each, a shard's decoded pixels were in memory twice."""
     per_image = channels * image_size * image_size
     try:
         with tarfile.open(path, "r:") as tar:
-            for count, member in enumerate(tar, 1):
-                if count > MAX_MEMBERS:
-                    raise ShardError(f"{path.name} has more than {MAX_MEMBERS} members")
-                where = f"{path.name}: {member.name!r}"
-                if member.isdir():
-                    continue
-                if not member.isfile():
-                    raise ShardError(f"{where} is not a regular file (a shard holds only files)")
-                key, suffix = split_name(member.name)
-                if suffix not in IMAGE_SUFFIXES and suffix != LABEL_SUFFIX:
-                    continue  # WebDataset's other fields (.json, .txt) are not this task's
-                if member.size > MAX_MEMBER_BYTES:
-                    raise ShardError(f"{where} has {member.size} bytes; at most {MAX_MEMBER_BYTES}")
-                if key in (labels if suffix == LABEL_SUFFIX else images):
-                    raise ShardError(f"{where}: the key {key!r} is in the shard twice")
+            members, labels = _members(tar, path.name, num_classes)
+            if len(members) * per_image > MAX_DECODED_BYTES:
+                raise ShardError(f"{path.name} holds more than {MAX_DECODED_BYTES // per_image} "
+                                 f"images of {image_size}x{image_size}")
+            images = torch.empty((len(members), channels, image_size, image_size), dtype=torch.uint8)
+            for row, (suffix, member) in enumerate(members.values()):
                 extracted = tar.extractfile(member)
                 assert extracted is not None  # a regular file
-                data = extracted.read(member.size)
-                if suffix == LABEL_SUFFIX:
-                    labels[key] = decode_label(data, num_classes, where)
-                else:
-                    if (len(images) + 1) * per_image > MAX_DECODED_BYTES:
-                        raise ShardError(f"{path.name} holds more than {MAX_DECODED_BYTES // per_image} "
-                                         f"images of {image_size}x{image_size}")
-                    images[key] = decode_image(data, suffix, image_size, channels, where)
+                images[row] = decode_image(extracted.read(member.size), suffix, image_size, channels,
+                                           f"{path.name}: {member.name!r}")
     except tarfile.TarError as exc:
         raise ShardError(f"{path.name} is not an uncompressed tar: {exc}") from None
-    unlabelled = next((k for k in images if k not in labels), None)
+    unlabelled = next((k for k in members if k not in labels), None)
     if unlabelled is not None:
         raise ShardError(f"{path.name}: the image {unlabelled!r} has no {unlabelled}.cls label")
-    orphan = next((k for k in labels if k not in images), None)
+    orphan = next((k for k in labels if k not in members), None)
     if orphan is not None:
         raise ShardError(f"{path.name}: the label {orphan}.cls has no image ({', '.join(IMAGE_SUFFIXES)})")
-    if not images:
+    if not members:
         raise ShardError(f"{path.name} holds no images")
-    return ImageExamples(torch.stack(list(images.values())), torch.tensor([labels[k] for k in images]))
+    return ImageExamples(images, torch.tensor([labels[k] for k in members]))
+
+
+def _members(tar: tarfile.TarFile, name: str, num_classes: int
+             ) -> tuple[dict[str, tuple[str, tarfile.TarInfo]], dict[str, int]]:
+    """The shard's image members by key (suffix, header), and its labels, read."""
+    images: dict[str, tuple[str, tarfile.TarInfo]] = {}
+    labels: dict[str, int] = {}
+    for count, member in enumerate(tar, 1):
+        if count > MAX_MEMBERS:
+            raise ShardError(f"{name} has more than {MAX_MEMBERS} members")
+        where = f"{name}: {member.name!r}"
+        if member.isdir():
+            continue
+        if not member.isfile():
+            raise ShardError(f"{where} is not a regular file (a shard holds only files)")
+        key, suffix = split_name(member.name)
+        if suffix not in IMAGE_SUFFIXES and suffix != LABEL_SUFFIX:
+            continue  # WebDataset's other fields (.json, .txt) are not this task's
+        if member.size > MAX_MEMBER_BYTES:
+            raise ShardError(f"{where} has {member.size} bytes; at most {MAX_MEMBER_BYTES}")
+        if key in (labels if suffix == LABEL_SUFFIX else images):
+            raise ShardError(f"{where}: the key {key!r} is in the shard twice")
+        if suffix == LABEL_SUFFIX:
+            extracted = tar.extractfile(member)
+            assert extracted is not None  # a regular file
+            labels[key] = decode_label(extracted.read(member.size), num_classes, where)
+        else:
+            images[key] = (suffix, member)
+    return images, labels

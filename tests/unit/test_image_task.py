@@ -3,6 +3,8 @@ augmentations, reproducible batches and cuts, and the architectures it will (not
 
 import importlib
 import io
+import subprocess
+import sys
 import tarfile
 import types
 from pathlib import Path
@@ -290,3 +292,37 @@ def test_a_torchvision_network_trains_on_grey_images(project, monkeypatch):
     task.loss(model, batch).backward()
     assert asked == {"weights": None, "num_classes": 3}
     assert 0 <= task.metrics(model, batch)["accuracy"] <= 4
+
+
+DECODE_PEAK = """
+import sys
+from pathlib import Path
+import torch
+from engine.tasks.image_shards import read_image_shard
+
+def hwm():
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
+before = rss()
+with open("/proc/self/clear_refs", "w") as reset:  # (the peak so far: the imports)
+    reset.write("5")
+examples = read_image_shard(Path(sys.argv[1]), 3, int(sys.argv[2]), 3)
+print(hwm() - before, examples.images.numel())
+"""
+
+
+def test_a_shards_images_decode_into_memory_once(tmp_path):
+    """Issue 50: 200 flat 1024x1024 PNGs in a 1.4 MiB tar raised peak RSS by 1.2 GiB: each
+    image decoded into a tensor of its own, then all stacked into one, twice the pixels."""
+    flat = io.BytesIO()
+    Image.new("RGB", (512, 512), (90, 120, 200)).save(flat, format="PNG")
+    members = [(f"{n}.{kind}", data) for n in range(80) for kind, data in (("png", flat.getvalue()),
+                                                                             ("cls", b"1"))]
+    shard = write_tar(tmp_path / "flat.tar", members)
+    done = subprocess.run([sys.executable, "-c", DECODE_PEAK, str(shard), "512"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak, pixels = map(int, done.stdout.split())
+    assert pixels == 80 * 3 * 512 * 512
+    assert peak < 1.4 * pixels, f"decoding {pixels / 2**20:.0f} MB of pixels took {peak / 2**20:.0f} MB"
