@@ -342,11 +342,10 @@ class Resync(ControlMessage, tag="resync"):
 
 
 class Status(ControlMessage, tag="status"):
-    """Collaboration progress: broadcast about once a second, sent to a peer when it is
-    ready and in answer to a report that asks (``Progress.asks_status``). ``samples`` are those that
-    count toward the target: proven peers' (everyone's while none is proven). A peer whose
-    samples do not count yet (``counts_you``: a newcomer on probation) brings one micro-batch
-    to its first round, which proves it, rather than a batch of its own on top of the target."""
+    """Collaboration progress: broadcast about once a second, sent to a peer when it is ready
+    and in answer to a report that asks. ``samples`` count toward the target: proven peers'
+    (everyone's while none is). A newcomer on probation (not ``counts_you``) brings one
+    micro-batch to the first round, which proves it, not a batch on top of the target."""
 
     epoch: EpochNumber
     samples: Count
@@ -355,10 +354,8 @@ class Status(ControlMessage, tag="status"):
     samples_per_second: Rate
     eta_seconds: Seconds | None = None
     counts_you: bool = True
-    # How old ``samples``' counts are (in an answer, the others'), and the pace the backbone
-    # timed of the counted peers: they computed about their pace times ``counts_age`` since
-    # (reports come 0.5 s apart). ``samples_per_second`` is over wall time, rounds and holds
-    # included.
+    # How old the counts are (in an answer, the others'), and the counted peers' pace as the
+    # backbone timed it (not over wall time): they computed about the two multiplied since.
     counts_age: Seconds = 0.0
     pace: Rate = 0.0
 

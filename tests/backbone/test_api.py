@@ -131,11 +131,16 @@ async def test_two_sockets_for_one_peer_at_once_leave_exactly_one_connected(coll
     await ws.close()
 
 
+def _upload_headers(joined: dict, state_sha256: str) -> dict[str, str]:
+    """A checkpoint upload's headers, of bytes that are not what they say."""
+    return {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
+            "X-Content-SHA256": "0" * 64, "X-State-SHA256": state_sha256}
+
+
 async def test_checkpoint_uploads_nobody_asked_for_are_refused(collaboration):
     backbone, http, _ = collaboration
     joined = await _join(http, backbone.url)
-    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
-               "X-Content-SHA256": "0" * 64, "X-State-SHA256": "0" * 64}
+    headers = _upload_headers(joined, "0" * 64)
     async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/1", data=b"x" * 1000,
                         headers=headers) as resp:
         assert resp.status == 409
@@ -154,8 +159,7 @@ async def test_an_asked_for_checkpoint_upload_that_fails_frees_the_chore(collabo
     assert state is not None
     tracker.checkpoint_requests.ask(joined["peer_id"], epoch)
     assert joined["peer_id"] in tracker.checkpoint_requests.uploading()
-    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
-               "X-Content-SHA256": "0" * 64, "X-State-SHA256": state}
+    headers = _upload_headers(joined, state)
     async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/{epoch}", data=b"x" * 1000,
                         headers=headers) as resp:
         assert resp.status == 400, await resp.text()
@@ -170,8 +174,7 @@ async def test_an_asked_for_checkpoint_of_another_state_frees_the_chore(collabor
     joined = await _join(http, backbone.url)
     tracker = backbone.trackers["tiny-lm"]
     tracker.checkpoint_requests.ask(joined["peer_id"], 1)
-    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
-               "X-Content-SHA256": "0" * 64, "X-State-SHA256": "1" * 64}
+    headers = _upload_headers(joined, "1" * 64)
     async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/1", data=b"x" * 1000,
                         headers=headers) as resp:
         assert resp.status == 409 and "not the collaboration's" in (await resp.json())["error"]
@@ -189,8 +192,7 @@ async def test_a_checkpoint_of_an_epoch_still_to_settle_is_refused_and_still_owe
     tracker = backbone.trackers["tiny-lm"]
     later = tracker.epoch + 1000  # (the peers step on meanwhile)
     tracker.checkpoint_requests.ask(joined["peer_id"], 1)
-    headers = {"X-Cotrain-Peer-Token": joined["token"], "X-Cotrain-Peer-Id": joined["peer_id"],
-               "X-Content-SHA256": "0" * 64, "X-State-SHA256": "1" * 64}
+    headers = _upload_headers(joined, "1" * 64)
     async with http.put(f"{backbone.url}/api/projects/tiny-lm/checkpoints/{later}", data=b"x" * 1000,
                         headers=headers) as resp:
         assert resp.status == 409 and "not settled yet" in (await resp.json())["error"]
