@@ -235,6 +235,11 @@ class RoundPlan:
     def parts(self) -> int:
         return len(self.group) * self.pieces
 
+    def share_of(self, index: int) -> float:
+        """The share of its phase's vector the part travelling as ``index`` holds, as the
+        backbone weighs its reducer (a flat round's part)."""
+        return self.shares[(index - self.offset) % self.parts // self.pieces] / self.pieces
+
     def owner(self, part: int) -> str:
         """The member a part was given to when the round opened."""
         return self.group[part // self.pieces]

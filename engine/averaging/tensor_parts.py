@@ -16,6 +16,7 @@ from engine.averaging import compression
 from engine.averaging.recheck import part_digest, result_digest
 from engine.averaging.robust import Aggregate, Contribution, aggregate, typical_loss
 from engine.averaging.round_plan import RoundPlan
+from engine.averaging.seen import seen_by_reducers
 from engine.planning.partition import part_bounds
 from engine.project import Codec
 from engine.wire.commitments import Commitment, Committed, PartInputs
@@ -240,15 +241,18 @@ class TensorPartReducer:
 
 def outcome(results: list[Result], parts: TensorPartContainer, reducer: TensorPartReducer) -> Averaged:
     """What the round amounts to. Reducers may have taken different optional parts, and one
-    may lie in its header: the round's samples and loss are the median of what the reducers
-    say, the same on every peer handed the same results; ValueError if nobody reduced."""
+    may lie in its header: the round's samples are what reducers holding most of the vector
+    saw (the rule the backbone credits by), its loss the median the reducers say, the same
+    on every peer handed the same results; ValueError if nobody reduced."""
     if not results:
         raise ValueError("nobody reduced anything")
-    if parts.plan.grouped:  # (a grouped round's results count every group; each lists its own)
+    plan = parts.plan
+    if plan.grouped:  # (a grouped round's results count every group; each lists its own)
         samples = statistics.median_low(r.samples for r in results)
     else:
-        senders = {s for r in results for s in r.received}
-        samples = total_count(statistics.median_low(r.received.get(s, 0) for r in results) for s in senders)
+        reports = {str(i): r.received for i, r in enumerate(results)}
+        samples = total_count(seen_by_reducers(reports, {str(i): plan.share_of(r.index)
+                                                         for i, r in enumerate(results)}).values())
     losses = [r.loss for r in results if r.loss is not None]
     return Averaged(parts.averaged, samples, statistics.median_low(losses) if losses else None,
                     reducer.seen_in_all(), parts.commitment(reducer.reduced), reducer.reduced)

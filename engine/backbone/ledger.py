@@ -69,26 +69,6 @@ def bytes_aggregated(part_sizes: Sequence[int], senders: int, method: Compressio
     return senders * sum(encoded_size(n, method) for n in part_sizes)
 
 
-def seen_by_reducers(reports: dict[str, dict[str, int]], weights: dict[str, float]) -> dict[str, int]:
-    """Per sender whose part reducers holding more than half of ``weights`` (their shares of
-    the vector) took, the largest sample count they all report (0: a part with no samples);
-    a sender they did not see is left out. A reducer that did not report saw nothing."""
-    total = sum(weights.values())
-    senders = {sender for report in reports.values() for sender in report}
-    seen = {}
-    for sender in senders:
-        counts = sorted(((reports.get(r, {}).get(sender, -1), w) for r, w in weights.items() if w > 0),
-                        reverse=True)
-        held = 0.0
-        for count, weight in counts:
-            held += weight
-            if held * 2 > total:
-                if count >= 0:
-                    seen[sender] = count
-                break
-    return seen
-
-
 def credits(seen: dict[str, int], claims: dict[str, Claim]) -> dict[str, Credit]:
     """Credit per member of a completed round."""
     out = {}

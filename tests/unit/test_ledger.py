@@ -1,4 +1,5 @@
-from engine.backbone.ledger import SPEED_UP, TOLERANCE, Claim, credits, seen_by_reducers
+from engine.averaging.seen import seen_by_reducers
+from engine.backbone.ledger import SPEED_UP, TOLERANCE, Claim, credits
 
 
 def claim(reported=100, rate=10.0, step=8, unreported=1.0, compute=9.0, accumulating=10.0):

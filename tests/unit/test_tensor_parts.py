@@ -7,8 +7,10 @@ import torch
 from engine.averaging import compression
 from engine.averaging.recheck import part_digest, result_digest
 from engine.averaging.round_plan import RoundPlan
+from engine.averaging.seen import seen_by_reducers
 from engine.averaging.tensor_parts import TensorPartContainer, TensorPartReducer, decode_values, outcome
 from engine.project import AggregationSpec
+from engine.wire.frames import Result
 
 GROUP = ["a", "b", "c"]
 
@@ -110,3 +112,17 @@ def test_the_round_counts_what_most_reducers_say_whatever_one_of_them_claims():
     assert averaged.received == {"a": 2, "b": 2, "c": 2}
     with pytest.raises(ValueError):
         outcome([], parts, reducer)
+
+
+def test_a_step_counts_a_sender_its_reducers_disagree_on_as_the_backbone_credits_it():
+    """One reducer set a part aside (or got it late), the other took it: the step's samples
+    are what the ledger credits the senders, whichever of them holds more of the vector."""
+    for shares, counted in (([0.49, 0.51], 40 + 56), ([0.51, 0.49], 40)):
+        two = RoundPlan(7, 3, ["a", "b"], shares, "a")
+        parts = TensorPartContainer(two, torch.randn(100), samples=40)
+        aside = Result(round_id=7, epoch=3, index=0, samples=40, loss=1.0, received={"a": 40, "b": 0})
+        took = Result(round_id=7, epoch=3, index=1, samples=96, loss=1.0, received={"a": 40, "b": 56})
+        averaged = outcome([aside, took], parts, TensorPartReducer(two))
+        reports = {"a": aside.received, "b": took.received}
+        credited = seen_by_reducers(reports, {"a": shares[0], "b": shares[1]})
+        assert averaged.samples == sum(credited.values()) == counted

@@ -23,7 +23,8 @@ import statistics
 from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
-from engine.backbone.ledger import Credit, bytes_aggregated, credits, seen_by_reducers
+from engine.averaging.seen import seen_by_reducers
+from engine.backbone.ledger import Credit, bytes_aggregated, credits
 from engine.backbone.tracker.grouped_parts import grouped_bytes_reduced
 from engine.backbone.tracker.membership import PeerState
 from engine.backbone.tracker.outputs import Broadcast, Out, RecordCredits, RecordStep
