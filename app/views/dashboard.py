@@ -85,6 +85,27 @@ class DashboardPage(QWidget):
         for i, tile in enumerate(self.tiles.values()):
             grid.addWidget(tile, i // 4, i % 4)
 
+        plots = self._plots()
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(head)
+        layout.addSpacing(8)
+        layout.addWidget(self.progress_title)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.progress_text)
+        layout.addWidget(self.mode)
+        layout.addSpacing(8)
+        layout.addLayout(grid)
+        layout.addLayout(plots, 1)
+
+        controller.state_changed.connect(self.show_state)
+        controller.stats.connect(self.show_stats)
+        controller.epoch.connect(self.add_epoch)
+        controller.downloading.connect(self.show_download)
+        self.show_state(controller.state)
+
+    def _plots(self) -> QHBoxLayout:
+        """The loss per step beside this computer's own samples over time."""
         pg.setConfigOptions(antialias=True, background=None, foreground=self.palette().text().color())
         self.loss_plot = pg.PlotWidget(title="Loss per step")
         self.loss_plot.setLabel("bottom", "epoch")
@@ -109,23 +130,7 @@ class DashboardPage(QWidget):
         plots = QHBoxLayout()
         plots.addWidget(self.loss_plot)
         plots.addWidget(self.mine_plot)
-
-        layout = QVBoxLayout(self)
-        layout.addLayout(head)
-        layout.addSpacing(8)
-        layout.addWidget(self.progress_title)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.progress_text)
-        layout.addWidget(self.mode)
-        layout.addSpacing(8)
-        layout.addLayout(grid)
-        layout.addLayout(plots, 1)
-
-        controller.state_changed.connect(self.show_state)
-        controller.stats.connect(self.show_stats)
-        controller.epoch.connect(self.add_epoch)
-        controller.downloading.connect(self.show_download)
-        self.show_state(controller.state)
+        return plots
 
     def show_state(self, state: AppState) -> None:
         self.state_icon.setPixmap(icon(f"tray-{state.kind}").pixmap(48, 48))

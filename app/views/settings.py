@@ -87,7 +87,30 @@ class SettingsPage(QWidget):
         self.error = message("error")
         self.applied = message("ok")
 
-        rows = [
+        self.device = help_text("")
+        self._lay_out(self._explained())
+
+        self._timer = QTimer(self, singleShot=True, interval=APPLY_DELAY_MS)
+        self._timer.timeout.connect(self.apply)
+        self._pending: Limits | None = None
+        self.load(controller.store.limits())
+        self.start_at_login.setChecked(controller.store.start_at_login)
+        for spin in (self.threads, self.cpu_percent, self.max_memory.spin, self.max_disk,
+                     self.max_upload.spin, self.max_download.spin, self.idle_minutes):
+            spin.valueChanged.connect(self._changed)
+        for check in (self.max_memory.check, self.max_upload.check, self.max_download.check, self.use_gpu,
+                      self.run_on_battery, self.only_when_idle, self.low_priority):
+            check.toggled.connect(self._changed)
+        self.schedule.textChanged.connect(self._changed)
+        self.start_at_login.toggled.connect(controller.set_start_at_login)
+        controller.state_changed.connect(self._state)
+        controller.stats.connect(self._stats)
+        if controller.last_stats is not None:
+            self._stats(controller.last_stats)
+
+    def _explained(self) -> list[tuple[str, QWidget, str]]:
+        """Each setting's title, control and explanation, in the order they show."""
+        return [
             ("Processor cores", self.threads,
              "How many processor cores Cotrain may use at once. Fewer cores leave more room for "
              "your own programs; \"All cores\" trains fastest."),
@@ -124,16 +147,17 @@ class SettingsPage(QWidget):
             ("Start at login", self.start_at_login,
              "Open Cotrain quietly in the tray when you log in to this computer."),
         ]
-        self.device = help_text("")
+
+    def _lay_out(self, rows: list[tuple[str, QWidget, str]]) -> None:
+        """Each setting is a title, its control and its explanation, one under the other: a
+        form's second column clipped wrapped explanations, and a mistake's message sits
+        right under the control it is about."""
         inner = QWidget()
         layout = QVBoxLayout(inner)
         layout.addWidget(heading("Settings"))
         layout.addWidget(help_text("Changes apply at once, without restarting Cotrain (but for raising "
                                    "its priority again, below)."))
         layout.addWidget(self.applied)
-        # Each setting is a title, its control and its explanation, one under the other: a
-        # form's second column clipped wrapped explanations, and a mistake's message sits
-        # right under the control it is about.
         for label, widget, text in rows:
             box = QVBoxLayout()
             box.setSpacing(2)
@@ -153,24 +177,6 @@ class SettingsPage(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(scroll)
-
-        self._timer = QTimer(self, singleShot=True, interval=APPLY_DELAY_MS)
-        self._timer.timeout.connect(self.apply)
-        self._pending: Limits | None = None
-        self.load(controller.store.limits())
-        self.start_at_login.setChecked(controller.store.start_at_login)
-        for spin in (self.threads, self.cpu_percent, self.max_memory.spin, self.max_disk,
-                     self.max_upload.spin, self.max_download.spin, self.idle_minutes):
-            spin.valueChanged.connect(self._changed)
-        for check in (self.max_memory.check, self.max_upload.check, self.max_download.check, self.use_gpu,
-                      self.run_on_battery, self.only_when_idle, self.low_priority):
-            check.toggled.connect(self._changed)
-        self.schedule.textChanged.connect(self._changed)
-        self.start_at_login.toggled.connect(controller.set_start_at_login)
-        controller.state_changed.connect(self._state)
-        controller.stats.connect(self._stats)
-        if controller.last_stats is not None:
-            self._stats(controller.last_stats)
 
     def load(self, limits: Limits) -> None:
         widgets = (self.threads, self.cpu_percent, self.max_memory.check, self.max_memory.spin, self.max_disk,

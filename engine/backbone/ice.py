@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.wire.control import IceServer
+from engine.wire.ice_servers import IceServer
 
 
 @dataclass

@@ -156,7 +156,7 @@ class ControlLoop:
             peer.audits.on_audit(msg)
         elif isinstance(msg, Resync):
             peer.collab_epoch = msg.epoch
-            held = (peer.optimizer.epoch, peer.optimizer.state_hash)
+            held = (peer.optimizer.epoch, peer.optimizer.hash.value)
             # A step of ours the collaboration did not keep is worth a user's notice; catching up is not.
             undone = held != (msg.epoch, msg.state_sha256) and held[0] >= msg.epoch
             (log.warning if undone else log.info)("resync to epoch %d requested: %s", msg.epoch, msg.reason)

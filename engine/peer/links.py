@@ -47,7 +47,7 @@ def all_links_relayed(mesh: PeerMesh) -> bool:
     the other side is reachable without one (a link relayed because the other side is
     behind one does not count: a shaped-links run saw a peer on a slow direct link take
     itself for a client when its first link was to a relay-only peer)."""
-    known = [relayed for relayed in mesh.relayed_here().values() if relayed is not None]
+    known = [link.relayed_here for link in mesh.open_links().values() if link.relayed_here is not None]
     return bool(known) and all(known)
 
 

@@ -162,7 +162,8 @@ class Rounds:
         step, taken = outcome.step, outcome.taken
         completed = EpochCompleted(step=step, my_samples=outcome.mine, my_batches=taken.batches,
                                    computed_on=taken.computed_on,
-                                   paths=peer.mesh.paths(), averaging_seconds=step.round_seconds,
+                                   paths={p: link.path for p, link in peer.mesh.open_links().items()},
+                                   averaging_seconds=step.round_seconds,
                                    averaging_began=time.time() - step.round_seconds,
                                    took_seconds=outcome.took_seconds,
                                    first_byte_seconds=outcome.first_byte_seconds)

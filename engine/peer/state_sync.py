@@ -98,9 +98,9 @@ class StateSync:
         async with self._lock:  # (taken at once: nothing ran since the check)
             opt = self.optimizer
             await opt.round_over()
-            if opt.synced and (epoch, state_sha256) == (opt.epoch, opt.state_hash):
+            if opt.synced and (epoch, state_sha256) == (opt.epoch, opt.hash.value):
                 # Our step was judged after the round closed, or a message crossed: we hold it.
-                opt.settled(opt.epoch, opt.state_hash)
+                opt.settled(opt.epoch, opt.hash.value)
                 await self.say_ready()
                 return True
             if epoch is not None and state_sha256 is not None and await opt.restore(epoch, state_sha256):
@@ -140,7 +140,7 @@ class StateSync:
     async def say_ready(self) -> None:
         """Tell the backbone which state we hold and compute on (the one place a Ready is
         sent: after a download, a return to a kept state, a reconnect)."""
-        await self.client.send(Ready(self.optimizer.epoch, self.optimizer.state_hash))
+        await self.client.send(Ready(self.optimizer.epoch, self.optimizer.hash.value))
 
     async def sync(self) -> bool:
         """Obtain the state and tell the backbone we are ready; False if every attempt failed."""

@@ -119,10 +119,6 @@ class CollaborativeOptimizer:
         """Our step is taken; the round ends once the new state's hash is in (computing on)."""
         return self._in_round and self._stepped
 
-    @property
-    def state_hash(self) -> str:
-        return self.hash.value
-
     async def compute_run(self, micro_batch: Callable[[int], tuple[int, float]], first_id: int,
                           report_due: Callable[[], bool]) -> tuple[int, int]:
         """Micro-batches ``first_id``, ``first_id + 1``, ... in one job on the compute thread,
@@ -145,7 +141,7 @@ class CollaborativeOptimizer:
                 self.accumulator.add(samples, loss_sum, batch_id, self.thread.last_micro_batch_seconds,
                                      self._copy_epoch)
                 if self.local is not None:
-                    self.local.after_micro_batch(samples, self._lr())
+                    self.local.after_micro_batch(samples, lr_at(self.schedule, self.base_lr, self.epoch))
                 self.throughput.add(samples)
                 added += 1
                 if report_due() or self.thread.others_waiting or time.perf_counter() - began >= RUN_SECONDS:
@@ -174,7 +170,8 @@ class CollaborativeOptimizer:
         self._update()
         def take() -> Accumulated:
             if self.local is not None:
-                return self.local.take(self.model, self.accumulator, self._lr())
+                lr = lr_at(self.schedule, self.base_lr, self.epoch)
+                return self.local.take(self.model, self.accumulator, lr)
             taken = self.accumulator.take()
             if self.overlap:  # the next gradient is computed on this state, during the round
                 self._follow_master()
@@ -222,10 +219,6 @@ class CollaborativeOptimizer:
         if self.kept is not None and self.kept.epoch == epoch:
             self.kept.taken = taken
 
-    def _lr(self) -> float:
-        """The learning rate of this epoch's steps (in local mode, of its inner steps)."""
-        return lr_at(self.schedule, self.base_lr, self.epoch)
-
     # --- where micro-batches run ----------------------------------------------------------
 
     async def set_compute_device(self, device: torch.device | None) -> None:
@@ -250,7 +243,7 @@ class CollaborativeOptimizer:
         self.hash.before_change(step=True)
         copied = self.hash.copy(epoch)
         if self.kept is None or self.kept.epoch != epoch:  # else that older state is still unsettled
-            self.kept = copied or keep(self.model, self.optimizer, epoch, self.state_hash)
+            self.kept = copied or keep(self.model, self.optimizer, epoch, self.hash.value)
             self.kept.residual = self.residual
         set_grads(self.params, vector)
         if self.local is None:  # the outer step takes the pseudo-gradient as it is, at its own lr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from engine.wire.control import IceServer
+from engine.wire.ice_servers import IceServer
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from engine.transport.pauses import Pauses
 from engine.transport.shaping import RateLimiter
 from engine.wire.control import SignalData
 from engine.wire.framing import Frame, Incoming
-from engine.wire.types import LinkPath, SignalKind, Transport
+from engine.wire.types import SignalKind, Transport
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +121,7 @@ class PeerMesh:
         wanted = [p for p in peer_ids if p != self.me and p not in self._links and p not in self._offers
                   and p not in self._answering and not self._shunned.left(p)]
         for peer_id in wanted[:max(room, 0)]:
-            self.spawn(self._warm(peer_id))
-
-    async def _warm(self, peer_id: str) -> None:
-        try:
-            await self.link(peer_id)
-        except LinkClosed as exc:
-            log.info("could not link ahead to %s: %s", peer_id, exc)
+            self.spawn(_link_ahead(self, peer_id))
 
     def close_idle(self, needed: set[str], since: float) -> None:
         """Close, in the background, the links that carried nothing since ``since``
@@ -141,24 +135,14 @@ class PeerMesh:
     def connected(self) -> list[str]:
         return [p for p, link in self._links.items() if link.is_open]
 
-    def paths(self) -> dict[str, LinkPath | None]:
-        return {p: link.path for p, link in self._links.items() if link.is_open}
-
-    def link_transports(self) -> dict[str, Transport]:
-        """The stack each open link runs on, on this side."""
-        return {p: link.transport for p, link in self._links.items() if link.is_open}
-
-    def relayed_here(self) -> dict[str, bool | None]:
-        """Per open link, whether it leaves through this side's own TURN relay."""
-        return {p: link.relayed_here for p, link in self._links.items() if link.is_open}
-
-    def counters(self) -> dict[str, LinkCounters]:
-        return {p: link.counters for p, link in self._links.items()}
+    def open_links(self) -> dict[str, PeerLink]:
+        """The open links by peer: their paths, stacks and relays feed reports and tests."""
+        return {p: link for p, link in self._links.items() if link.is_open}
 
     def totals(self) -> LinkCounters:
         total = self._retired
-        for counters in self.counters().values():
-            total = total + counters
+        for link in self._links.values():
+            total = total + link.counters
         return total
 
     def set_download_cap(self, bytes_per_second: float | None) -> None:
@@ -351,6 +335,13 @@ class PeerMesh:
         self.mailbox.fail_sender(link.peer_id, LinkClosed(f"link to {link.peer_id} closed", link.peer_id))
         if self.download_cap and not self._closing:
             self.spawn(self._advertise_limits())
+
+
+async def _link_ahead(mesh: PeerMesh, peer_id: str) -> None:
+    try:
+        await mesh.link(peer_id)
+    except LinkClosed as exc:
+        log.info("could not link ahead to %s: %s", peer_id, exc)
 
 
 def _retrieve(future: asyncio.Future) -> None:

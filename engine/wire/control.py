@@ -15,13 +15,13 @@ from engine.wire import WIRE_VERSION
 from engine.wire.codec import Codec
 from engine.wire.commitments import Commitment, Committed, Digests
 from engine.wire.groups import RoundGroups
+from engine.wire.ice_servers import IceServerList
 from engine.wire.types import (
     MAX_GROUP,
     MAX_PIECES,
     Count,
     EpochNumber,
     Loss,
-    Name,
     Nonce,
     PeerId,
     Rate,
@@ -368,17 +368,6 @@ class Partners(ControlMessage, tag="partners"):
     so its first round need not wait for links to be set up."""
 
     peers: Annotated[list[PeerId], Meta(max_length=MAX_PARTNERS)]
-
-
-class IceServer(Struct, kw_only=True, omit_defaults=True):
-    """A STUN or TURN server as RTCIceServer takes it."""
-
-    urls: Annotated[list[Url], Meta(min_length=1, max_length=16)]
-    username: Name | None = None
-    credential: Annotated[str, Meta(max_length=256)] | None = None
-
-
-IceServerList = Annotated[list[IceServer], Meta(max_length=16)]
 
 
 class IceServers(ControlMessage, tag="ice_servers"):

@@ -13,7 +13,8 @@ from msgspec import Meta, Struct
 
 from engine.project import ProjectSpec
 from engine.wire.codec import Codec
-from engine.wire.control import CheckpointInfo, IceServerList
+from engine.wire.control import CheckpointInfo
+from engine.wire.ice_servers import IceServerList
 from engine.wire.types import (
     Count,
     EpochNumber,

@@ -12,11 +12,17 @@ from engine.transport.mailbox import Key, Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire.frames import Part, Result, Shown
 from engine.wire.framing import Frame
+from engine.wire.types import Transport
 
 
 def blob(round_id: int) -> Part:
     """A frame header for test payloads, delivered as round_key("part", round_id, 0, sender)."""
     return Part(round_id=round_id, epoch=0, index=0, samples=1, loss_sum=0.0)
+
+
+def transports(mesh: PeerMesh) -> dict[str, Transport]:
+    """The stack each of ``mesh``'s open links runs on, on its side."""
+    return {p: link.transport for p, link in mesh.open_links().items()}
 
 
 def router(mailbox: Mailbox) -> Callable[[str, Frame], None]:

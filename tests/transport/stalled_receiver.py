@@ -22,7 +22,7 @@ from engine.transport.ice import ice_configuration
 from engine.transport.mailbox import Mailbox
 from engine.transport.mesh import PeerMesh
 from engine.wire.control import SignalData
-from tests.transport.mesh_pair import router
+from tests.transport.mesh_pair import router, transports
 
 
 def say(message: dict) -> None:
@@ -53,7 +53,7 @@ async def main() -> None:
             for i in range(command["expect"]):
                 frame = await mailbox.get(round_key("part", i, 0, "a"), timeout=60)
                 digest.update(frame.payload)
-            say({"sha256": digest.hexdigest(), "stack": mesh.link_transports().get("a")})
+            say({"sha256": digest.hexdigest(), "stack": transports(mesh).get("a")})
     await mesh.close()
 
 

@@ -14,7 +14,7 @@ from engine.transport import backends
 from engine.wire.frames import Part
 from engine.wire.types import Transport
 from tests.conftest import until
-from tests.transport.mesh_pair import make_meshes
+from tests.transport.mesh_pair import make_meshes, transports
 
 # The reducer's weighted sum and the test's differ in fp32 rounding only: on values near
 # zero made of terms of order 1-5, that is a few 1e-7 absolute (CI once saw 1.1e-7).
@@ -38,7 +38,7 @@ async def _average(names, vectors, samples, shares, timeout=60.0, round_id=1, co
         if moved is not None:
             moved.extend(meshes[me].totals().bytes_sent for me in names)
         if links is not None:
-            links.update({me: meshes[me].link_transports() for me in names})
+            links.update({me: transports(meshes[me]) for me in names})
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
     return results

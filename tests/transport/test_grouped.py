@@ -18,7 +18,7 @@ from engine.planning.load_balancing import Member
 from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec
 from tests.transport.lost_reducer import BY_HAND, with_one_lost
-from tests.transport.mesh_pair import make_meshes
+from tests.transport.mesh_pair import make_meshes, transports
 from tests.transport.test_allreduce import FP32_SUMS
 
 MB = 2**20
@@ -60,7 +60,7 @@ async def _rounds(names, vectors, samples, run, compression="none"):
             run(RoundPlan(1, 4, names, [1.0] * len(names), me, compression=compression),
                 vectors[i] * samples[i], samples[i], 2.0 * samples[i], meshes[me])
             for i, me in enumerate(names))), 120)
-        links = {me: set(meshes[me].link_transports()) for me in names}
+        links = {me: set(transports(meshes[me])) for me in names}
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
     return results, links

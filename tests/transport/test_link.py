@@ -20,7 +20,7 @@ from engine.transport.mesh import REDIAL_FIRST, SHUN_FIRST
 from engine.wire.framing import MAX_CHUNK
 from engine.wire.types import SignalKind
 from tests.conftest import until
-from tests.transport.mesh_pair import blob, make_meshes
+from tests.transport.mesh_pair import blob, make_meshes, transports
 
 
 async def test_a_large_message_arrives_whole_and_is_counted(stack):
@@ -35,7 +35,7 @@ async def test_a_large_message_arrives_whole_and_is_counted(stack):
         sent, received = meshes["a"].totals(), meshes["b"].totals()
         assert sent.bytes_sent >= len(payload) and received.bytes_received == sent.bytes_sent
         assert sent.messages_sent == received.messages_received >= 1
-        assert meshes["b"].link_transports() == {"a": stack}
+        assert transports(meshes["b"]) == {"a": stack}
     finally:
         await asyncio.gather(*(m.close() for m in meshes.values()))
 

@@ -9,7 +9,7 @@ import pytest
 from engine.averaging.allreduce import round_key
 from engine.transport import backends
 from engine.wire.types import Transport
-from tests.transport.mesh_pair import blob, make_meshes
+from tests.transport.mesh_pair import blob, make_meshes, transports
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ async def test_a_peer_without_the_native_stack_gets_a_mixed_pair_then_aiortc_at_
         link = await _exchange(meshes, "a", "b", 1)
         # a could not know: its first offer is native, and b answers on the stack it has.
         assert link.transport is Transport.NATIVE
-        assert meshes["b"].link_transports() == {"a": Transport.AIORTC}
+        assert transports(meshes["b"]) == {"a": Transport.AIORTC}
         await link.close()
         again = await _exchange(meshes, "a", "b", 2)
         assert again.transport is Transport.AIORTC  # b's answer told a what it has
@@ -49,7 +49,7 @@ async def test_two_peers_with_the_native_stack_use_it_whoever_offers(auto):
     try:
         link = await _exchange(meshes, "b", "a", 1)
         assert link.transport is Transport.NATIVE
-        assert meshes["a"].link_transports() == {"b": Transport.NATIVE}
+        assert transports(meshes["a"]) == {"b": Transport.NATIVE}
     finally:
         for mesh in meshes.values():
             await mesh.close()

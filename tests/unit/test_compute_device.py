@@ -54,7 +54,7 @@ async def train(opt, task, epochs=3, switch_each_epoch=False) -> str:
             if switch_each_epoch and i == 0:  # the owner toggles "use the graphics card"
                 await opt.set_compute_device(None if opt.compute_device is not None else ELSEWHERE)
         assert await peer.run_round(RoundStart(epoch + 1, epoch, ["me"], [1.0], 30.0)) is not None
-    return opt.state_hash
+    return opt.hash.value
 
 
 async def test_micro_batches_on_a_copy_give_the_same_steps_bit_for_bit(task):

@@ -11,7 +11,7 @@ from engine.lan.records import decode_properties, encode_properties
 from engine.transport.backends import native_problem
 from engine.transport.backends.aiortc_backend import configuration as aiortc_configuration
 from engine.transport.ice import ice_configuration
-from engine.wire.control import IceServer
+from engine.wire.ice_servers import IceServer
 
 
 def test_turn_credentials_follow_coturns_shared_secret_scheme():

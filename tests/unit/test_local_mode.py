@@ -117,7 +117,7 @@ async def test_members_average_pseudo_gradients_by_samples_and_take_one_outer_st
     local_a, local_b = flat_params(a.local.params), flat_params(b.local.params)
     steps = await asyncio.gather(*(p.run_round(start(0, ["a", "b"])) for p in peers))
     assert all(s is not None for s in steps)
-    assert a.state_hash == b.state_hash == state_sha256(a.model, a.optimizer, 1)
+    assert a.hash.value == b.hash.value == state_sha256(a.model, a.optimizer, 1)
     pseudo = ((global_before - local_a) * 8 + (global_before - local_b) * 16) / 24
     expected = global_before - 0.7 * (pseudo + 0.9 * pseudo)  # Nesterov's first step
     torch.testing.assert_close(flat_params(trainable(a.model)), expected, rtol=1e-5, atol=1e-6)
@@ -158,6 +158,6 @@ async def test_an_undone_outer_step_puts_the_local_copy_back(task):
     progress = flat_params(opt.local.params)
     assert await peer.run_round(start(0)) is not None and opt.epoch == 1
     assert await opt.restore(0, before)
-    assert opt.epoch == 0 and opt.state_hash == before == state_sha256(opt.model, opt.optimizer, 0)
+    assert opt.epoch == 0 and opt.hash.value == before == state_sha256(opt.model, opt.optimizer, 0)
     torch.testing.assert_close(flat_params(opt.local.params), progress, rtol=1e-5, atol=1e-6)
     assert opt.accumulator.samples == 8
