@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct, field
 
+from engine.shards.webdataset import MAX_MEMBERS
 from engine.wire import ProtocolError
 from engine.wire.codec import convert, decode_json
 from engine.wire.types import Name, ProjectId, Sha256, Text
@@ -43,12 +44,16 @@ MAX_SHARDS = 4096
 FilePlace = Annotated[str, Meta(min_length=1, max_length=1024, pattern=r"^(https?://\S+|[A-Za-z0-9_.-][A-Za-z0-9_./-]*)$")]
 
 
-class FileRef(Struct, frozen=True):
+class FileRef(Struct, frozen=True, omit_defaults=True):
     """One file a peer fetches and checks before using it."""
 
     path: FilePlace
     sha256: Sha256
     bytes: Annotated[int, Meta(ge=1, le=MAX_FILE_BYTES)]
+    # An image shard's image count, written by `cotrain project shard`: a peer sizes the
+    # memory its decoded shards take from it before downloading, and refuses a shard that
+    # holds more.
+    examples: Annotated[int, Meta(ge=1, le=MAX_MEMBERS)] | None = None
 
     def __post_init__(self) -> None:
         if not self.path.startswith(("http://", "https://")) and (

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from engine.authoring.manifest import (
+    IMAGE_TASK,
     SHARDS,
     TOKENIZER,
     file_entry,
@@ -21,7 +22,6 @@ from engine.authoring.manifest import (
 from engine.authoring.presets import PRESETS
 
 TEXT_TASKS = {"hf-masked-lm", "hf-causal-lm"}
-IMAGE_TASK = "image-classification"
 
 
 def add_project_parser(sub, add_logging) -> None:

@@ -11,12 +11,20 @@ from typing import Any
 from engine.project_folders import PROJECT_FILE
 from engine.shards.download import hash_file
 
+IMAGE_TASK = "image-classification"
 SHARDS, HELDOUT, TOKENIZER, INITIAL_WEIGHTS = "shards", "heldout", "tokenizer.json", "initial.safetensors"
 
 
 def file_entry(root: Path, path: Path) -> dict[str, Any]:
     return {"path": path.relative_to(root).as_posix(), "sha256": hash_file(path).hexdigest(),
             "bytes": path.stat().st_size}
+
+
+def _image_entry(root: Path, path: Path) -> dict[str, Any]:
+    """An image shard's entry, with its image count: peers size their memory by it."""
+    from engine.tasks.image_shards import count_images  # (Pillow and torch, for image projects only)
+
+    return file_entry(root, path) | {"examples": count_images(path)}
 
 
 def read_project(root: Path) -> dict[str, Any]:
@@ -38,9 +46,10 @@ def write_project(root: Path, project: dict[str, Any]) -> None:
 def update_manifest(root: Path) -> dict[str, Any]:
     """Rewrite the project's ``data`` from the files in its folder; returns it."""
     project = read_project(root)
+    entry = _image_entry if project.get("task") == IMAGE_TASK else file_entry
     data: dict[str, Any] = {
-        "shards": [file_entry(root, p) for p in sorted((root / SHARDS).glob("*")) if p.is_file()],
-        "heldout": [file_entry(root, p) for p in sorted((root / HELDOUT).glob("*")) if p.is_file()],
+        "shards": [entry(root, p) for p in sorted((root / SHARDS).glob("*")) if p.is_file()],
+        "heldout": [entry(root, p) for p in sorted((root / HELDOUT).glob("*")) if p.is_file()],
     }
     for key, name in (("tokenizer", TOKENIZER), ("initial_weights", INITIAL_WEIGHTS)):
         if (root / name).is_file():

@@ -37,9 +37,9 @@ def check_fits(project: ProjectSpec, task: Task, limits: Limits) -> None:
                       psutil.virtual_memory().total)
         if needed > ceiling:
             raise ProjectRefused(
-                f"{project.title} needs about {needed // MB:,} MB of memory for its model; this computer "
-                f"lets Cotrain use {int(ceiling) // MB:,} MB. Raise the memory limit in Settings or choose "
-                "another project.")
+                f"{project.title} needs about {needed // MB:,} MB of memory for its model and data; this "
+                f"computer lets Cotrain use {int(ceiling) // MB:,} MB. Raise the memory limit in Settings or "
+                "choose another project.")
     data = project.data
     if data is not None:
         largest = max(f.bytes for f in data.files())

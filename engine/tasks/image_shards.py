@@ -79,14 +79,28 @@ def decode_label(data: bytes, num_classes: int, where: str) -> int:
     return label
 
 
-def read_image_shard(path: Path, num_classes: int, image_size: int, channels: int) -> ImageExamples:
+def count_images(path: Path) -> int:
+    """The images a shard holds, by its headers alone (for the manifest)."""
+    try:
+        with tarfile.open(path, "r:") as tar:
+            return sum(1 for m in tar if m.isfile() and split_name(m.name)[1] in IMAGE_SUFFIXES)
+    except tarfile.TarError as exc:
+        raise ShardError(f"{path.name} is not an uncompressed tar: {exc}") from None
+
+
+def read_image_shard(path: Path, num_classes: int, image_size: int, channels: int,
+                     declared: int | None = None) -> ImageExamples:
     """A shard's images and labels, in the order their keys first appear in the tar. The
     headers are read first, so the images decode into one tensor of their number: stacked
-    from a tensor each, a shard's decoded pixels were in memory twice."""
+    from a tensor each, a shard's decoded pixels were in memory twice. A shard holding more
+    images than its manifest ``declared`` is refused: peers sized their memory by it."""
     per_image = channels * image_size * image_size
     try:
         with tarfile.open(path, "r:") as tar:
             members, labels = _members(tar, path.name, num_classes)
+            if declared is not None and len(members) > declared:
+                raise ShardError(f"{path.name} holds {len(members)} images; the project's manifest "
+                                 f"says {declared}")
             if len(members) * per_image > MAX_DECODED_BYTES:
                 raise ShardError(f"{path.name} holds more than {MAX_DECODED_BYTES // per_image} "
                                  f"images of {image_size}x{image_size}")

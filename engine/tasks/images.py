@@ -59,6 +59,9 @@ MAX_DEGREES = 15.0  # rotate turns each image by up to this much either way
 # counted: more than ResNet-50 or ConvNeXt keep (430, 1060), less than ViT (2570).
 ACTIVATIONS_PER_PIXEL = 2048
 SHARDS_IN_MEMORY = 2
+# The fewest tar bytes an image takes in a shard: its member and its label's, each a header
+# and a block of 512 bytes.
+TAR_BYTES_PER_IMAGE = 2048
 Size = Annotated[int, Meta(ge=1, le=4096)]
 Channels = Annotated[list[float], Meta(min_length=1, max_length=3)]
 Scales = Annotated[list[Annotated[float, Meta(gt=0)]], Meta(min_length=1, max_length=3)]
@@ -202,9 +205,22 @@ class ImageClassification(Task):
             return sum(t.numel() for t in self._torchvision_model().parameters())
 
     def memory_needed(self) -> int:
-        """Bytes a peer needs: the model's training state and a micro-batch's activations
-        (twice what autograd keeps, for what backward holds at its peak)."""
-        return training_memory(self.parameters()) + 2 * self.params.micro_batch * self._saved_per_sample()
+        """Bytes a peer needs: the model's training state, a micro-batch's activations (twice
+        what autograd keeps, for what backward holds at its peak) and its decoded shards."""
+        p = self.params
+        return (training_memory(self.parameters()) + 2 * p.micro_batch * self._saved_per_sample()
+                + self._decoded_shards())
+
+    def _decoded_shards(self) -> int:
+        """The pixels of the shards a peer keeps decoded, and of the next while it decodes:
+        the largest in the manifest, by their image counts (one without a count, as many as
+        its tar could hold)."""
+        spec, p = self.data.spec, self.params
+        if spec is None:
+            return 0
+        refs = [*spec.shards, *spec.heldout]
+        counts = sorted((ref.examples or ref.bytes // TAR_BYTES_PER_IMAGE for ref in refs), reverse=True)
+        return sum(counts[:SHARDS_IN_MEMORY + 1]) * p.channels * p.image_size * p.image_size
 
     def _saved_per_sample(self) -> int:
         """Bytes autograd keeps for backward per sample, counted in a forward pass on the meta
@@ -243,7 +259,7 @@ class ImageClassification(Task):
         p = self.params
         path = files.local(ref)
         try:
-            made = read_image_shard(path, p.num_classes, p.image_size, p.channels)
+            made = read_image_shard(path, p.num_classes, p.image_size, p.channels, ref.examples)
         except OSError as exc:
             raise FileError(f"cannot read {ref.path}: {exc}") from None
         self._shards[ref.sha256] = made

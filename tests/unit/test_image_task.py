@@ -14,13 +14,13 @@ import torch
 from PIL import Image
 
 from engine.authoring.image_shards import cut_images
-from engine.authoring.manifest import HELDOUT, SHARDS, file_entry
+from engine.authoring.manifest import HELDOUT, SHARDS, file_entry, update_manifest, write_project
 from engine.project import DataSpec, FileRef
 from engine.shards.files import FolderFiles
 from engine.shards.webdataset import MAX_MEMBER_BYTES
 from engine.tasks import TaskData, create_task
 from engine.tasks.hf_models import ModelError
-from engine.tasks.image_shards import read_image_shard
+from engine.tasks.image_shards import count_images, read_image_shard
 from engine.tasks.images import TORCHVISION_MODELS, TORCHVISION_OPTIONS, augment
 from engine.tasks.text_shards import ShardError
 
@@ -298,7 +298,7 @@ DECODE_PEAK = """
 import sys
 from pathlib import Path
 import torch
-from engine.tasks.image_shards import read_image_shard
+from engine.tasks.image_shards import count_images, read_image_shard
 
 def hwm():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
@@ -326,3 +326,24 @@ def test_a_shards_images_decode_into_memory_once(tmp_path):
     peak, pixels = map(int, done.stdout.split())
     assert pixels == 80 * 3 * 512 * 512
     assert peak < 1.4 * pixels, f"decoding {pixels / 2**20:.0f} MB of pixels took {peak / 2**20:.0f} MB"
+
+
+def test_a_shard_holding_more_images_than_its_manifest_says_is_refused(tmp_path):
+    """Peers size their memory by the manifest's image counts: a shard past its count would
+    decode into memory nobody set aside."""
+    shard = write_tar(tmp_path / "s.tar", [(f"{k}.{suffix}", picture() if suffix == "png" else b"1")
+                                           for k in "abc" for suffix in ("png", "cls")])
+    assert count_images(shard) == 3
+    assert len(read_image_shard(shard, 3, 16, 3, declared=3)) == 3
+    with pytest.raises(ShardError, match=r"s\.tar holds 3 images; the project's manifest says 2"):
+        read_image_shard(shard, 3, 16, 3, declared=2)
+
+
+def test_an_image_projects_manifest_counts_each_shards_images(project):
+    root, _ = project
+    write_project(root, {"id": "pets", "task": "image-classification"})
+    data = update_manifest(root)
+    counted = {entry["path"]: entry["examples"] for entry in [*data["shards"], *data["heldout"]]}
+    assert sum(counted.values()) == 24
+    for path, examples in counted.items():
+        assert len(read_image_shard(root / path, 3, 16, 3)) == examples
