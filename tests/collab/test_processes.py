@@ -46,8 +46,10 @@ async def test_killing_a_peer_between_rounds_lets_the_others_go_on(tmp_path):
     for e in (e for p in peers for e in p.epochs):
         assert {"epoch", "loss", "samples", "peers", "state_sha256", "round_seconds", "averaging_seconds",
                 "my_samples", "paths"} <= set(e)
-        assert len(e["state_sha256"]) == 64 and e["samples"] >= project.target_batch_size
-        assert e["round_seconds"] >= 0 and isinstance(e["loss"], float)
+        assert len(e["state_sha256"]) == 64 and e["round_seconds"] >= 0 and isinstance(e["loss"], float)
+        # The round after the kill may have opened before the backbone noticed: the dead
+        # member's samples died with it, and that one step takes the survivors' alone.
+        assert e["samples"] >= project.target_batch_size or e["epoch"] == killed_at + 1, e
     after = [e for p in survivors for e in p.epochs if e["epoch"] > killed_at + 1]
     assert after and all(e["peers"] == 2 for e in after)
     assert len({e["state_sha256"] for e in after if e["epoch"] == killed_at + 2}) == 1
