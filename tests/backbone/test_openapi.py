@@ -57,6 +57,27 @@ def validator(doc: dict, schema: dict) -> Draft202012Validator:
     return Draft202012Validator({**schema, "components": doc["components"]})
 
 
+def assert_all_described(doc: dict, exchanges: list[tuple[str, str, int, bytes, bytes, str]]) -> None:
+    """The document describes exactly the routes the backbone serves, the collaboration
+    exercised every one, and every request body and answer it saw validates against them."""
+    declared = {(r.method, published_path(r.path)) for r in ROUTES}
+    assert set(doc["paths"]) == {published_path(r.path) for r in ROUTES}
+    assert {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops} == declared
+    exercised = {(method, route) for method, route, *_ in exchanges}
+    assert exercised >= declared, f"not exercised: {declared - exercised}"
+    for method, route, status, body, answer, media in exchanges:
+        operation = doc["paths"][route][method.lower()]
+        assert str(status) in operation["responses"], (method, route, status, answer[:300])
+        described = operation["responses"][str(status)].get("content", {})
+        if media == "application/json" and route != "/api/openapi.json":
+            schema = described["application/json"]["schema"]
+            validator(doc, schema).validate(json.loads(answer))
+        if body and "requestBody" in operation and 200 <= status < 300:
+            content = operation["requestBody"]["content"]
+            if "application/json" in content:
+                validator(doc, content["application/json"]["schema"]).validate(json.loads(body))
+
+
 async def test_every_request_and_answer_matches_the_published_api(tmp_path, exchanges):
     project = tiny_project(checkpoint_every=1, keep_checkpoints=2)
     albert = albert_folder(tmp_path / "projects")  # a project with files
@@ -83,7 +104,7 @@ async def test_every_request_and_answer_matches_the_published_api(tmp_path, exch
             assert await peer.finish(timeout=90) == "reached epoch 3"
         finally:
             await stop_all(peer)
-        status, doc_bytes = await call("GET", "/api/openapi.json")
+        _, doc_bytes = await call("GET", "/api/openapi.json")
         doc = json.loads(doc_bytes)
         await call("GET", "/api/health")
         await call("GET", "/api/me", headers=token)
@@ -126,22 +147,7 @@ async def test_every_request_and_answer_matches_the_published_api(tmp_path, exch
         await call("DELETE", "/api/sessions", headers=token)
         await call("DELETE", "/api/sessions")  # 401
 
-    declared = {(r.method, published_path(r.path)) for r in ROUTES}
-    assert set(doc["paths"]) == {published_path(r.path) for r in ROUTES}
-    assert {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops} == declared
-    exercised = {(method, route) for method, route, *_ in exchanges}
-    assert exercised >= declared, f"not exercised: {declared - exercised}"
-    for method, route, status, body, answer, media in exchanges:
-        operation = doc["paths"][route][method.lower()]
-        assert str(status) in operation["responses"], (method, route, status, answer[:300])
-        described = operation["responses"][str(status)].get("content", {})
-        if media == "application/json" and route != "/api/openapi.json":
-            schema = described["application/json"]["schema"]
-            validator(doc, schema).validate(json.loads(answer))
-        if body and "requestBody" in operation and 200 <= status < 300:
-            content = operation["requestBody"]["content"]
-            if "application/json" in content:
-                validator(doc, content["application/json"]["schema"]).validate(json.loads(body))
+    assert_all_described(doc, exchanges)
     assert any(status == 201 and method == "PUT" for method, _, status, *_ in exchanges), \
         "the real peer's checkpoint upload was answered and checked"
     board = next(json.loads(a) for m, r, s, _, a, _ in exchanges if r.endswith("/leaderboard") and s == 200)

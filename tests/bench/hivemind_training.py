@@ -34,7 +34,9 @@ def say(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The command line tests/bench/collaboration.py gives each peer: the same for all four
+    but for the address, data seed and uplink hint, and the first peer's DHT to join."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--address", required=True)
     parser.add_argument("--initial-peers", nargs="*", default=[])
@@ -54,7 +56,11 @@ def main() -> None:
     parser.add_argument("--heldout-seed", type=int, default=10**6)
     parser.add_argument("--heldout-batches", type=int, default=16)
     parser.add_argument("--evaluate", action="store_true", help="print the held-out loss at the end")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
 
     import hivemind
     import torch

@@ -18,7 +18,8 @@ from engine.wire.control import RoundStart
 from engine.wire.frames import Part, Result
 from engine.wire.framing import Frame
 from tests.hostile.adversary import Adversary, Stranger, member
-from tests.hostile.collaboration import RATE_FLOOR, Collaboration, assert_unharmed, under_attack
+from tests.hostile.attack_effect import RATE_FLOOR, assert_unharmed, under_attack
+from tests.hostile.collaboration import Collaboration
 
 SAMPLES = 32  # what the stranger says each part carries, unless it inflates it
 

@@ -11,7 +11,8 @@ import pytest
 from engine.wire.control import Progress, RoundStart
 from engine.wire.types import PeerRole
 from tests.hostile.adversary import Adversary, Stranger
-from tests.hostile.collaboration import assert_unharmed, running, under_attack
+from tests.hostile.attack_effect import assert_unharmed, under_attack
+from tests.hostile.collaboration import running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 LONG = 500  # epochs per window (~30 s): trials come at most a tenth of the time, measured over many

@@ -15,15 +15,8 @@ from engine.backbone.tracker.checks import MIN_CHECK_TIME
 from engine.project import AggregationSpec
 from engine.wire.control import RoundDone, RoundStart, Step
 from tests.hostile.adversary import Adversary, member
-from tests.hostile.collaboration import (
-    EPOCHS,
-    Collaboration,
-    HonestPeer,
-    assert_unharmed,
-    hostile_project,
-    timed_epochs,
-    under_attack,
-)
+from tests.hostile.attack_effect import EPOCHS, assert_unharmed, timed_epochs, under_attack
+from tests.hostile.collaboration import Collaboration, HonestPeer, hostile_project
 from tests.hostile.cued import cue, start_cued
 from tests.hostile.poisoner import SAMPLES, Poisoner
 

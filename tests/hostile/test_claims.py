@@ -14,7 +14,8 @@ import pytest
 from engine.wire.control import Progress, Ready
 from engine.wire.rest import ProjectList, reply_codec
 from tests.hostile.adversary import Adversary, Stranger, member
-from tests.hostile.collaboration import assert_unharmed, running, under_attack
+from tests.hostile.attack_effect import assert_unharmed, under_attack
+from tests.hostile.collaboration import running
 from tests.hostile.poisoner import poisoned, scaled
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

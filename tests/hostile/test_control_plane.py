@@ -20,7 +20,8 @@ from engine.wire.control import (
 )
 from engine.wire.types import SignalKind
 from tests.hostile.adversary import Adversary, Refused, Stranger, member
-from tests.hostile.collaboration import assert_unharmed, running, under_attack
+from tests.hostile.attack_effect import assert_unharmed, under_attack
+from tests.hostile.collaboration import running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -16,7 +16,8 @@ from engine.wire.control import RoundStart
 from engine.wire.frames import Part, ReceiveLimit, StateRequest
 from tests.conftest import until
 from tests.hostile.adversary import Adversary, Stranger, first_chunk, member, next_chunk
-from tests.hostile.collaboration import assert_unharmed, running, under_attack
+from tests.hostile.attack_effect import assert_unharmed, under_attack
+from tests.hostile.collaboration import Collaboration, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -60,6 +61,37 @@ async def test_malformed_parts_cost_only_their_sender(collab, report_figure):
         assert_unharmed(collab, verdict, adversary.peer_ids)
 
 
+def rule_breaches() -> dict[str, list[bytes]]:
+    """The chunks of each breach of the framing's rules, by name: each one must cost its
+    sender its link, whatever the victim had to parse or hold to see it."""
+    header = encode(Part(round_id=10**9, epoch=0, index=0, samples=1, loss_sum=0.0))
+    return {
+        "a header nested 30,000 deep": [first_chunk(1, b"[" * 30_000 + b"]" * 30_000, 0, last=True)],
+        "a 1 GiB payload announced": [first_chunk(1, header, 1 << 30, b"\0" * 1000)],
+        "forty messages left unfinished": [first_chunk(n, header, 2000, b"\0" * 1000) for n in range(40)],
+        "a chunk of no message": [next_chunk(7, b"\0" * 100)],
+    }
+
+
+def assert_the_flood_was_cut_off(collab: Collaboration, flooder: str, victims: list[str],
+                                 connected: dict[str, list[float]], cut: dict[str, list[float]]) -> None:
+    """What a flood of well-formed frames must come to: ``connected`` and ``cut`` hold, per
+    victim, when each link the flooder opened to it opened, and when the flooder saw it cut."""
+    # Every victim cut the flood off past its quota, in its own words (the flooder may
+    # learn it late: a libwebrtc victim's native threads keep taking the flood in while
+    # its event loop works through what came before) ...
+    assert set(connected) == set(victims)
+    cutting = re.compile(rf"dropping link to {flooder}: (more than \d+ frames a second|more frames "
+                         r"than anyone waits for)")
+    assert all(cutting.search(p.tail(10**6)) for p in collab.peers), [p.tail() for p in collab.peers]
+    # ... and did not let it back in for the first shunning's whole length (a slow
+    # machine's window may outlast it: then one more link, cut again).
+    for victim, opened in connected.items():
+        gaps = [again - before for before, again in zip(cut.get(victim, []), opened[1:], strict=False)]
+        assert len(opened) <= len(cut.get(victim, [])) + 1, (victim, opened, cut.get(victim))
+        assert all(gap >= SHUN_FIRST - 2 for gap in gaps), (victim, opened, cut[victim])
+
+
 async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(collab, report_figure):
     """Before: a peer could keep 32 frames of up to 1 GiB each open per link with no idle
     timeout, a deeply nested header killed its receiver with RecursionError, and one mailbox
@@ -68,13 +100,7 @@ async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(colla
     nobody waits for fills only its sender's own quota."""
     async with Adversary(collab.url, collab.project.id) as adversary:
         victims = await adversary.scout()
-        header = encode(Part(round_id=10**9, epoch=0, index=0, samples=1, loss_sum=0.0))
-        breaches = {
-            "a header nested 30,000 deep": [first_chunk(1, b"[" * 30_000 + b"]" * 30_000, 0, last=True)],
-            "a 1 GiB payload announced": [first_chunk(1, header, 1 << 30, b"\0" * 1000)],
-            "forty messages left unfinished": [first_chunk(n, header, 2000, b"\0" * 1000) for n in range(40)],
-            "a chunk of no message": [next_chunk(7, b"\0" * 100)],
-        }
+        breaches = rule_breaches()
         outcomes: dict[str, list[str]] = {}
 
         async def breach(name: str, chunks: list[bytes]) -> None:
@@ -135,19 +161,7 @@ async def test_broken_unfinished_and_flooded_frames_cost_only_their_sender(colla
         assert set(outcomes) == set(breaches)
         for name, seen in outcomes.items():
             assert seen == ["dropped, then refused"] * len(victims), (name, seen)
-        # Every victim cut the flood off past its quota, in its own words (the flooder may
-        # learn it late: a libwebrtc victim's native threads keep taking the flood in while
-        # its event loop works through what came before) ...
-        assert set(connected) == set(victims)
-        cutting = re.compile(rf"dropping link to {flooder[0]}: (more than \d+ frames a second|more frames "
-                             r"than anyone waits for)")
-        assert all(cutting.search(p.tail(10**6)) for p in collab.peers), [p.tail() for p in collab.peers]
-        # ... and did not let it back in for the first shunning's whole length (a slow
-        # machine's window may outlast it: then one more link, cut again).
-        for victim, opened in connected.items():
-            gaps = [again - before for before, again in zip(cut.get(victim, []), opened[1:], strict=False)]
-            assert len(opened) <= len(cut.get(victim, [])) + 1, (victim, opened, cut.get(victim))
-            assert all(gap >= SHUN_FIRST - 2 for gap in gaps), (victim, opened, cut[victim])
+        assert_the_flood_was_cut_off(collab, flooder[0], victims, connected, cut)
 
 
 async def breach_one(mesh: PeerMesh, victim: str, chunks: list[bytes]) -> str:

@@ -6,7 +6,8 @@ samples divided everyone else's gradient away."""
 
 import pytest
 
-from tests.hostile.collaboration import PAIR_RATE_FLOOR, running
+from tests.hostile.attack_effect import PAIR_RATE_FLOOR
+from tests.hostile.collaboration import running
 from tests.hostile.poisoner import flipped, inflated, nan, noise, poisoned
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

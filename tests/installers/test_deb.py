@@ -117,9 +117,10 @@ def test_the_bundle_and_the_deb_stay_within_their_size_budget(built, report_figu
     assert "cotrain/cotrain" in listing.stdout.splitlines()
 
 
-def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninstalls(built, tmp_path,
-                                                                                    report_figure):
-    _, deb, _ = built
+def install_with_its_depends(deb: Path) -> None:
+    """Install ``deb`` as a user would: the system libraries its Depends name first (what a
+    package manager would fetch), then the package by dpkg; but first, that Debian's tools
+    accept its Maintainer and that the libc it needs is no newer than this system's."""
     depends = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True,
                              check=True).stdout.strip().split(", ")
     maintainer = subprocess.run(["dpkg-deb", "-f", str(deb), "Maintainer"], capture_output=True, text=True,
@@ -131,13 +132,67 @@ def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninsta
     installed = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libc6"], capture_output=True,
                                text=True, check=True).stdout
     assert subprocess.run(["dpkg", "--compare-versions", installed, "ge", needed[1]]).returncode == 0
-    # The system libraries first (what a package manager would fetch), then the package by dpkg.
     names = [d.split()[0] for d in depends]
     fetched = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *names],
                              capture_output=True, text=True, timeout=600)
     assert fetched.returncode == 0, fetched.stdout[-3000:] + fetched.stderr[-3000:]
     install = subprocess.run(["dpkg", "-i", str(deb)], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+
+
+def assert_the_headless_app_trains(home: Path) -> None:
+    """Headless, the installed app does its main job: host demo-lm and train it (the one
+    thing a user started it for, before any window)."""
+    lines: list[str] = []
+    trained = threading.Event()
+    home.mkdir()
+    app = subprocess.Popen(["/usr/bin/cotrain"], env=clean_env(home),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def read() -> None:
+        assert app.stderr is not None
+        for line in app.stderr:
+            lines.append(line)
+            if re.search(r"epoch 1: loss [\d.]+", line):
+                trained.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert trained.wait(240), "the installed app never completed an epoch:\n" + "".join(lines[-30:])
+    finally:
+        app.terminate()
+        app.wait(60)
+
+
+def assert_the_app_opens_its_window(home: Path) -> None:
+    """On a display, the installed app shows its window (a picture of it goes to the
+    artifacts where imagemagick is installed): what a user sees on starting it."""
+    with xvfb() as display:
+        app = subprocess.Popen(["/usr/bin/cotrain"], env=clean_env(home, DISPLAY=display),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            # xdotool waits (--sync) for the window itself, bounded by the timeout.
+            found = subprocess.run(["xdotool", "search", "--sync", "--onlyvisible", "--name", "Cotrain"],
+                                   env={**os.environ, "DISPLAY": display}, capture_output=True,
+                                   text=True, timeout=90)
+            assert found.returncode == 0 and found.stdout.strip(), "no Cotrain window appeared"
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            if shutil.which("import"):  # imagemagick: a picture of what the user would see
+                subprocess.run(["import", "-window", "root", str(ARTIFACTS / "installed-app.png")],
+                               env={**os.environ, "DISPLAY": display}, check=False, timeout=30)
+        finally:
+            app.terminate()
+            try:
+                app.wait(30)
+            except subprocess.TimeoutExpired:
+                app.kill()
+                app.wait()
+
+
+def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninstalls(built, tmp_path,
+                                                                                    report_figure):
+    _, deb, _ = built
+    install_with_its_depends(deb)
     try:
         status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "cotrain"], capture_output=True,
                                 text=True)
@@ -164,47 +219,8 @@ def test_the_installed_package_passes_its_self_test_opens_its_window_and_uninsta
         expected = len(selftest.CHECKS) + len(app_selftest.CHECKS)  # the engine's and the app's
         assert len(lines) == expected and all(line.startswith("ok") for line in lines), check.stdout
 
-        # Headless, the installed app does its main job: host demo-lm and train it.
-        lines: list[str] = []
-        trained = threading.Event()
-        (tmp_path / "headless").mkdir()
-        app = subprocess.Popen(["/usr/bin/cotrain"], env=clean_env(tmp_path / "headless"),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-        def read() -> None:
-            assert app.stderr is not None
-            for line in app.stderr:
-                lines.append(line)
-                if re.search(r"epoch 1: loss [\d.]+", line):
-                    trained.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        try:
-            assert trained.wait(240), "the installed app never completed an epoch:\n" + "".join(lines[-30:])
-        finally:
-            app.terminate()
-            app.wait(60)
-
-        with xvfb() as display:
-            app = subprocess.Popen(["/usr/bin/cotrain"], env=clean_env(tmp_path, DISPLAY=display),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            try:
-                # xdotool waits (--sync) for the window itself, bounded by the timeout.
-                found = subprocess.run(["xdotool", "search", "--sync", "--onlyvisible", "--name", "Cotrain"],
-                                       env={**os.environ, "DISPLAY": display}, capture_output=True,
-                                       text=True, timeout=90)
-                assert found.returncode == 0 and found.stdout.strip(), "no Cotrain window appeared"
-                ARTIFACTS.mkdir(parents=True, exist_ok=True)
-                if shutil.which("import"):  # imagemagick: a picture of what the user would see
-                    subprocess.run(["import", "-window", "root", str(ARTIFACTS / "installed-app.png")],
-                                   env={**os.environ, "DISPLAY": display}, check=False, timeout=30)
-            finally:
-                app.terminate()
-                try:
-                    app.wait(30)
-                except subprocess.TimeoutExpired:
-                    app.kill()
-                    app.wait()
+        assert_the_headless_app_trains(tmp_path / "headless")
+        assert_the_app_opens_its_window(tmp_path)
     finally:
         removed = subprocess.run(["dpkg", "--purge", "cotrain"], capture_output=True, text=True, timeout=300)
     assert removed.returncode == 0, removed.stderr

@@ -3,7 +3,7 @@ network namespace sends to the public segment leaves its cable ``delay`` later, 
 long-distance link. The approach is mahimahi's DelayShell (Netravali et al., USENIX ATC
 2015): the segment's route points into a TUN device; this process reads each IP packet
 there, holds it, and sends it on through a raw socket whose mark routes it out of the
-machine's real interface (and through that interface's shaping, ``bench.collaboration``'s
+machine's real interface (and through that interface's shaping, ``bench.home_cables``'s
 htb) instead of back into the TUN device.
 
     ip netns exec NS python -m tests.nat.delay_line --device eth0 --address A --delay-ms 15

@@ -8,7 +8,7 @@ from engine.planning.partition import part_sizes
 from engine.planning.sizes import encoded_size
 from engine.wire.control import Progress, Reassign, Resync, RoundDone, RoundStart
 from engine.wire.types import PeerRole
-from tests.unit.test_tracker import clock, done, open_round, ready_tracker, sent
+from tests.unit.tracker_helpers import clock, done, open_round, ready_tracker, sent
 
 __all__ = ["clock"]  # the fixture
 

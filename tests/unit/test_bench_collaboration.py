@@ -3,7 +3,8 @@ only as fair as these."""
 
 from __future__ import annotations
 
-from tests.bench.collaboration import CableMeter, HivemindPeer, hivemind_outcome
+from tests.bench.collaboration import HivemindPeer, hivemind_outcome
+from tests.bench.home_cables import CableMeter
 
 
 def test_a_window_of_steps_is_charged_the_bytes_read_around_it_not_those_after_it():

@@ -11,7 +11,7 @@ from engine.wire import control
 from engine.wire.codec import encode_text
 from engine.wire.control import Progress, Ready, Resync, RoundStart, SyncRequest
 from engine.wire.types import MAX_COUNT, MAX_RATE
-from tests.unit.test_tracker import Clock, done, open_round, project, sent
+from tests.unit.tracker_helpers import Clock, done, open_round, project, sent
 
 PEERS = ("a", "b", "c")
 

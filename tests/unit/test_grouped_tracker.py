@@ -14,7 +14,7 @@ from engine.wire.codec import encode
 from engine.wire.commitments import Commitment, Committed, PartInputs
 from engine.wire.control import Audit, Progress, Ready, Reassign, SyncRequest, from_backbone
 from engine.wire.types import PeerRole
-from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
+from tests.unit.tracker_helpers import Clock, done, open_round, ready_tracker, sent
 
 TWELVE = tuple(f"p{i:02}" for i in range(12))
 

@@ -5,7 +5,7 @@ from engine.backbone.rate_limits import Kind, LimitsConfig, Throttle, kind_of
 from engine.ratelimit import Buckets, Rate
 from engine.wire.control import Progress, Signal, SignalData, SyncRequest
 from engine.wire.types import SignalKind
-from tests.unit.test_tracker import Clock
+from tests.unit.tracker_helpers import Clock
 
 SIGNAL = Signal("victim", SignalData(kind=SignalKind.OFFER, conn="c", sdp="v=0"))
 

@@ -10,7 +10,7 @@ from engine.backbone.accounts import LEGACY_HASH, PASSWORD_HASH, PasswordWork, S
 from engine.backbone.logins import LoginLimits
 from engine.backbone.rate_limits import LimitsConfig
 from tests.conftest import until
-from tests.unit.test_tracker import Clock
+from tests.unit.tracker_helpers import Clock
 
 LIMITS = LimitsConfig()
 

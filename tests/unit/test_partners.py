@@ -4,7 +4,7 @@ its first round starts (engine/backbone/tracker/partners.py)."""
 from engine.backbone.tracker import Tracker
 from engine.wire.control import MAX_PARTNERS, Availability, Partners, Progress, Ready, SyncRequest
 from engine.wire.types import PeerRole
-from tests.unit.test_tracker import Clock, project, sent
+from tests.unit.tracker_helpers import Clock, project, sent
 
 
 def ready(t: Tracker, peer: str) -> list[str] | None:

@@ -11,7 +11,7 @@ from engine.project import AggregationSpec
 from engine.wire.commitments import Commitment, Committed, PartInputs
 from engine.wire.control import Audit, AuditDone, Resync
 from tests.unit.test_auxiliary_tracker import aux_done, with_auxiliary
-from tests.unit.test_tracker import Clock, clock, done, open_round, ready_tracker, sent
+from tests.unit.tracker_helpers import Clock, clock, done, open_round, ready_tracker, sent
 
 __all__ = ["clock"]  # the fixture
 

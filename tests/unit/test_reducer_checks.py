@@ -13,7 +13,7 @@ from engine.planning.partition import part_bounds
 from engine.project import AggregationSpec
 from engine.wire.commitments import Commitment, Committed, PartInputs
 from engine.wire.control import Audit, AuditDone, Ready, Resync
-from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
+from tests.unit.tracker_helpers import Clock, done, open_round, ready_tracker, sent
 
 # --- the checker's recomputation ------------------------------------------------------------
 

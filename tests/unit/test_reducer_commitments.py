@@ -13,7 +13,7 @@ from engine.backbone.tracker.outputs import WithdrawCredits
 from engine.wire.commitments import EMPTY_PART, Commitment, Committed, PartInputs
 from engine.wire.control import Audit, AuditDone, Ready, SyncRequest
 from tests.unit.test_reducer_checks import PEERS, checked_tracker, first_audit, run_round
-from tests.unit.test_tracker import Clock, done, open_round, ready_tracker, sent
+from tests.unit.tracker_helpers import Clock, done, open_round, ready_tracker, sent
 
 
 def own(member: str, j: int) -> str:

@@ -15,7 +15,7 @@ from engine.training.optimizer import CollaborativeOptimizer
 from engine.wire.control import Progress, Ready, RoundDone, RoundStart, SyncRequest
 from tests.collab.harness import TINY
 from tests.lone_peer import lone_peer
-from tests.unit.test_tracker import Clock, project
+from tests.unit.tracker_helpers import Clock, project
 
 
 def two_ready_peers(clock: Clock, target_batch_size: int) -> Tracker:

@@ -6,7 +6,7 @@ with each message."""
 from engine.backbone.tracker import Send
 from engine.wire.control import Progress, Ready, RoundStart, Status, SyncRequest
 from tests.unit.test_round_evidence import two_ready_peers
-from tests.unit.test_tracker import Clock
+from tests.unit.tracker_helpers import Clock
 
 
 def answers(outs: list, to: str) -> list:

@@ -2,7 +2,7 @@
 tracker must tell that reducer from its victims on the word of a majority, never of one."""
 
 from engine.wire.control import Ready, RoundDone
-from tests.unit.test_tracker import clock, done, open_round, ready_tracker
+from tests.unit.tracker_helpers import clock, done, open_round, ready_tracker
 
 __all__ = ["clock"]  # the fixture
 
