@@ -164,6 +164,11 @@ def stand_in(plan: RoundPlan, members: list[str], caps: dict[str, int]) -> None:
 
 @dataclass
 class RoundPlan:
+    """A round as this member takes part in it: the RoundStart the backbone sent, read with
+    the project's rules (aggregation, compression, target batch) and the changes the backbone
+    announces while it runs (lost members, their stand-ins). Everything a round does is
+    decided from it, the same on every member."""
+
     round_id: int
     epoch: int
     group: list[str]

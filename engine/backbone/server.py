@@ -76,6 +76,11 @@ MOVED = b"the coordinator moved; reconnect"
 
 
 class Backbone:
+    """The always-on server a project's owner runs: accounts, signaling, one Tracker per
+    project, the record (steps, curve, ledger, checkpoints) in SQLite or PostgreSQL. It is
+    trusted; the peers it serves are not, so what they send is checked here before it
+    moves anything."""
+
     def __init__(self, config: BackboneConfig, projects: list[ProjectSpec] | None = None) -> None:
         self.config = config
         # The backbone's user's alone, on every start: an older version or a copy may have

@@ -63,6 +63,12 @@ CHECKPOINT_UPLOAD_TIMEOUT = 120.0
 
 
 class Peer:
+    """One volunteer's membership of one collaboration, from joining to leaving: it owns the
+    control socket, the mesh of links, the optimizer and the reporters, and hands the work
+    to them (control: ControlLoop, rounds: Rounds, state: StateSync, checks: Audits). A
+    background job that fails stops nothing but itself; an error of the peer's own stops it
+    with the reason."""
+
     def __init__(self, options: PeerOptions, on_event: Callable[[PeerEvent], None] | None = None) -> None:
         self.options = options
         self.history: list[EpochCompleted] = []

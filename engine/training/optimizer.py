@@ -51,6 +51,10 @@ class UnsafeStep(AveragingError):
 
 
 class CollaborativeOptimizer:
+    """The model, its optimizer and the accumulated gradient of one peer, and the order of
+    everything done to them (see the module's docstring): micro-batches between rounds, a
+    round's step, a downloaded state, a snapshot."""
+
     def __init__(
         self,
         model: torch.nn.Module,

@@ -55,6 +55,10 @@ class _Offer:
 
 
 class PeerMesh:
+    """This peer's links to the others, opened on demand through the backbone's signaling,
+    a few ahead of the rounds that need them, closed when idle or when a peer breaks the
+    rules. Frames that arrive go to ``on_frame``; the round code only asks for a link."""
+
     def __init__(
         self,
         me: str,

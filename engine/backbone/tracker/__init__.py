@@ -64,6 +64,12 @@ __all__ = ["Broadcast", "CollaborationState", "Identity", "Out", "RecordCredits"
 
 
 class Tracker:
+    """One project's collaboration as the backbone runs it: who is in it, when a round
+    opens, what it settles, who is credited. Pure: messages in, outputs out (outputs.py),
+    on a clock it is given, so every rule is tested without a network; the server applies
+    the outputs (sends, records) and holds the lease that makes this process the one that
+    runs it."""
+
     def __init__(
         self,
         project: ProjectSpec,
