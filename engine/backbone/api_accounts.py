@@ -23,7 +23,7 @@ from engine.backbone.http import (
     read_json,
     required_user,
 )
-from engine.backbone.store.accounts import Secret, User, UsernameTaken
+from engine.backbone.store.account_records import Secret, User, UsernameTaken
 from engine.wire.codec import Codec
 from engine.wire.rest import (
     LoginReply,

@@ -17,7 +17,7 @@ from engine.backbone.http import (
     json_reply,
     project_of,
 )
-from engine.backbone.store.checkpoints import checkpoint_url
+from engine.backbone.store.checkpoint_records import checkpoint_url
 from engine.wire.control import CheckpointInfo
 from engine.wire.rest import CONTENT_SHA256_HEADER, PEER_ID_HEADER, STATE_SHA256_HEADER, CheckpointList
 

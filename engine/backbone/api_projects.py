@@ -21,7 +21,7 @@ from engine.backbone.http import (
 )
 from engine.backbone.ice import ice_servers_for
 from engine.backbone.sessions import PeerSession
-from engine.backbone.store.accounts import User
+from engine.backbone.store.account_records import User
 from engine.backbone.tracker import Identity
 from engine.project import ProjectSpec
 from engine.wire import WIRE_VERSION, ProtocolError

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from engine.backbone.store.leases import LeaseLost
+from engine.backbone.store.lease_records import LeaseLost
 from engine.backbone.tracker import (
     Broadcast,
     CollaborationState,

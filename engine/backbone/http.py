@@ -13,9 +13,9 @@ from aiohttp import web
 
 from engine.backbone.accounts import token_digest
 from engine.backbone.addresses import address_group, plain_address
-from engine.backbone.store.accounts import User
+from engine.backbone.store.account_records import User
 from engine.backbone.store.database import Unavailable
-from engine.backbone.store.peers import KnownPeer
+from engine.backbone.store.peer_records import KnownPeer
 from engine.project import ProjectSpec
 from engine.wire import ProtocolError
 from engine.wire.codec import Codec, encode

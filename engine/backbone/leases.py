@@ -1,5 +1,5 @@
 """Several backbone processes on one database: each project's tracker runs in the one
-process that holds the project's lease (engine/backbone/store/leases.py); the others serve
+process that holds the project's lease (engine/backbone/store/lease_records.py); the others serve
 what the database holds and forward the rest to the holder (engine/backbone/forwarding.py).
 
 Every RENEW_EVERY seconds each process renews the leases it holds and tries to take the
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine.backbone.store.database import Unavailable
-from engine.backbone.store.leases import Lease
+from engine.backbone.store.lease_records import Lease
 from engine.wire.rest import ProjectSummary
 
 if TYPE_CHECKING:

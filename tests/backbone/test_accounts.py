@@ -9,7 +9,7 @@ import pytest
 
 from engine.backbone.accounts import token_digest
 from engine.backbone.rate_limits import LimitsConfig
-from engine.backbone.store.accounts import TOKEN_IDLE
+from engine.backbone.store.account_records import TOKEN_IDLE
 from engine.wire import WIRE_VERSION
 from tests.collab.harness import running_backbone, start_peer, stop_all, tiny_project
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.backbone.leases import LEASE_SECONDS
 from engine.backbone.server import Backbone, BackboneConfig
-from engine.backbone.store.leases import LeaseLost
+from engine.backbone.store.lease_records import LeaseLost
 from engine.backbone.store.repositories import Store
 from engine.backbone.tracker import RecordStep
 from engine.wire.control import Step

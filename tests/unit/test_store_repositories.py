@@ -7,7 +7,7 @@ import time
 import pytest
 
 from engine.backbone.ledger import Credit
-from engine.backbone.store.accounts import UsernameTaken
+from engine.backbone.store.account_records import UsernameTaken
 from engine.backbone.store.database import Conflict
 from engine.backbone.store.repositories import Store
 from engine.backbone.tracker.outputs import RoundOpened

@@ -110,7 +110,7 @@ def test_peers_that_never_connected_or_left_long_ago_are_forgotten_and_their_cre
     """Joins are cheap: their rows must not stay for ever. A peer still connected, one that
     joined a moment ago or left today is kept; credit and online time do not need the rows."""
     from engine.backbone.ledger import Credit
-    from engine.backbone.store.peers import LEFT_KEPT, NEVER_CONNECTED_KEPT
+    from engine.backbone.store.peer_records import LEFT_KEPT, NEVER_CONNECTED_KEPT
 
     store = Store(database)
     alice = store.accounts.create_user("alice", b"s", b"h")

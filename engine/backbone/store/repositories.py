@@ -9,15 +9,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.backbone.store.accounts import AccountRecords
-from engine.backbone.store.checkpoints import CheckpointRecords
-from engine.backbone.store.credit import CreditRecords
-from engine.backbone.store.curve import CurveRecords
+from engine.backbone.store.account_records import AccountRecords
+from engine.backbone.store.checkpoint_records import CheckpointRecords
+from engine.backbone.store.credit_records import CreditRecords
+from engine.backbone.store.curve_records import CurveRecords
 from engine.backbone.store.database import Runner, open_database
-from engine.backbone.store.leases import LeaseRecords
-from engine.backbone.store.peers import PeerRecords
+from engine.backbone.store.lease_records import LeaseRecords
+from engine.backbone.store.peer_records import PeerRecords
 from engine.backbone.store.project_models import ProjectModelRecords
-from engine.backbone.store.rounds import RoundRecords
+from engine.backbone.store.round_records import RoundRecords
 
 
 class Store:

@@ -19,8 +19,8 @@ SCHEMA_VERSION = 7
 # expire unused and say what client made them. Version 3: auxiliary peers, credited with
 # the bytes they aggregated. Version 4: each password hash says what parameters made it
 # (those stored before were scrypt n=2^14), so it can be hashed anew at the next log-in.
-# Version 5: credit withdrawn from a reducer caught lying (store/credit.py). Version 6:
-# project leases, for several backbone processes on one database (store/leases.py). Version 7:
+# Version 5: credit withdrawn from a reducer caught lying (store/credit_records.py). Version 6:
+# project leases, for several backbone processes on one database (store/lease_records.py). Version 7:
 # the settings each project folder's state depends on, and its version (store/project_models.py).
 MIGRATIONS = {
     2: """

@@ -36,9 +36,9 @@ from engine.backbone.tracker.outputs import (
 )
 from engine.backbone.tracker.pairs import Pairs
 from engine.backbone.tracker.partners import partners
-from engine.backbone.tracker.records import Identity
 from engine.backbone.tracker.scheduling import OpenRound, Scheduler
 from engine.backbone.tracker.settlement import Settlement
+from engine.backbone.tracker.standing import Identity
 from engine.backbone.tracker.syncing import StateSources
 from engine.project import ProjectSpec
 from engine.wire.control import (

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.backbone.ledger import TOLERANCE, Claim
-from engine.backbone.tracker.records import Identity, Records
+from engine.backbone.tracker.standing import Identity, Standings
 from engine.wire.control import Progress, SyncRequest
 from engine.wire.types import MAX_COUNT, MAX_RATE, MAX_SECONDS
 
@@ -133,18 +133,18 @@ class Members:
         self._counted_at = -math.inf
         self._typical = (0.0, 0)  # the typical member's pace and micro-batch (0: none measured yet)
         self._typical_at = -math.inf
-        self.records = Records(clock)  # punishment, by identity: it outlives a socket
+        self.standings = Standings(clock)  # punishment, by identity: it outlives a socket
         self._bootstrap = True  # nobody is proven: everyone is judged as a proven member would be
 
     def join(self, peer_id: str, name: str, auxiliary: bool = False,
              identity: Identity | None = None) -> None:
         peer = self.peers[peer_id] = PeerState(peer_id, name, self._clock(), auxiliary=auxiliary)
-        self.records.arrived(peer, identity or Identity())
+        self.standings.arrived(peer, identity or Identity())
 
     def leave(self, peer_id: str) -> None:
         peer = self.peers.pop(peer_id, None)
         if peer is not None:
-            self.records.left(peer)
+            self.standings.left(peer)
 
     def get(self, peer_id: str) -> PeerState | None:
         return self.peers.get(peer_id)
@@ -210,7 +210,7 @@ class Members:
         peer.strikes += 1
         peer.proven = False
         peer.excluded_until = self._clock() + MAX_EXCLUSION
-        self.records.expelled(peer)
+        self.standings.expelled(peer)
         log.warning("leaving %s out of rounds for %.0f s: %s", peer.peer_id, MAX_EXCLUSION, why)
 
     def report(self, peer: PeerState, msg: Progress, now: float) -> None:

@@ -5,7 +5,7 @@ the strikes, exclusion, probation and demotion it left with.
 Keys are what a stranger cannot shed at will: its peer id (reconnecting with the same id
 and token), its account, and, for an expulsion only (harm done on purpose), its address
 group (an IPv4 address, an IPv6 /64: engine/backbone/addresses.py). Strikes and demotions
-do not follow an address: many honest users may share one NAT's. Records expire once
+do not follow an address: many honest users may share one NAT's. Standings expire once
 nothing in them holds any longer and they are an hour old, and the table is swept
 whenever it doubles, so identities that come and go cannot grow it without end.
 """
@@ -21,11 +21,13 @@ from engine.ratelimit import Sweeps
 if TYPE_CHECKING:
     from engine.backbone.tracker.membership import PeerState
 
-FORGET_AFTER = 3600.0  # a record nothing holds any more is forgotten this long after it was kept
+FORGET_AFTER = 3600.0  # a standing nothing holds any more is forgotten this long after it was kept
 
 
 @dataclass
-class Record:
+class Standing:
+    """What an identity left with: its strikes, exclusions, demotions and probation."""
+
     strikes: int = 0
     excluded_until: float = 0.0
     sends_only_until: float = 0.0
@@ -57,10 +59,12 @@ class Identity:
 
 
 @dataclass
-class Records:
+class Standings:
+    """Each identity's standing while its peers come and go."""
+
     clock: Callable[[], float]
     identities: dict[str, Identity] = field(default_factory=dict)  # of the peers here now
-    _kept: dict[str, Record] = field(default_factory=dict)
+    _kept: dict[str, Standing] = field(default_factory=dict)
     _sweeps: Sweeps = field(default_factory=Sweeps)
 
     def arrived(self, peer: PeerState, identity: Identity) -> None:
@@ -68,25 +72,25 @@ class Records:
         self.identities[peer.peer_id] = identity
         now = self.clock()
         for key in identity.expulsion_keys(peer.peer_id):
-            record = self._kept.get(key)
-            if record is None:
+            standing = self._kept.get(key)
+            if standing is None:
                 continue
-            peer.excluded_until = max(peer.excluded_until, record.excluded_until)
+            peer.excluded_until = max(peer.excluded_until, standing.excluded_until)
             if key.startswith("address:"):
                 continue
-            peer.strikes = max(peer.strikes, record.strikes)
-            peer.sends_only_until = max(peer.sends_only_until, record.sends_only_until)
-            peer.unshown = max(peer.unshown, record.unshown)
-            peer.checks_nothing_until = max(peer.checks_nothing_until, record.checks_nothing_until)
-            peer.lapsed = max(peer.lapsed, record.lapsed)
+            peer.strikes = max(peer.strikes, standing.strikes)
+            peer.sends_only_until = max(peer.sends_only_until, standing.sends_only_until)
+            peer.unshown = max(peer.unshown, standing.unshown)
+            peer.checks_nothing_until = max(peer.checks_nothing_until, standing.checks_nothing_until)
+            peer.lapsed = max(peer.lapsed, standing.lapsed)
             if key.startswith("peer:") and peer.strikes == 0 and peer.excluded_until <= now:
-                peer.proven = record.proven
+                peer.proven = standing.proven
 
     def left(self, peer: PeerState) -> None:
         """A peer's socket closed: what it is judged by stays with its identities."""
         identity = self.identities.pop(peer.peer_id, Identity())
         for key in identity.keys(peer.peer_id):
-            self._keep(key, Record(peer.strikes, peer.excluded_until, peer.sends_only_until, peer.unshown,
+            self._keep(key, Standing(peer.strikes, peer.excluded_until, peer.sends_only_until, peer.unshown,
                                    peer.proven and key.startswith("peer:"), peer.checks_nothing_until,
                                    peer.lapsed))
 
@@ -94,21 +98,21 @@ class Records:
         """It was caught doing harm on purpose: every identity of it is kept out as long."""
         identity = self.identities.get(peer.peer_id, Identity())
         for key in identity.expulsion_keys(peer.peer_id):
-            record = self._kept.get(key, Record())
-            record.excluded_until = max(record.excluded_until, peer.excluded_until)
+            standing = self._kept.get(key, Standing())
+            standing.excluded_until = max(standing.excluded_until, peer.excluded_until)
             if not key.startswith("address:"):
-                record.strikes = max(record.strikes, peer.strikes)
-            self._keep(key, record)
+                standing.strikes = max(standing.strikes, peer.strikes)
+            self._keep(key, standing)
 
-    def _keep(self, key: str, record: Record) -> None:
+    def _keep(self, key: str, standing: Standing) -> None:
         now = self.clock()
-        record.kept_at = now
-        self._kept[key] = record
+        standing.kept_at = now
+        self._kept[key] = standing
         if self._sweeps.due(len(self._kept)):
             self._kept = {k: r for k, r in self._kept.items() if not _expired(r, now)}
             self._sweeps.swept(len(self._kept))
 
 
-def _expired(record: Record, now: float) -> bool:
-    return (now - record.kept_at > FORGET_AFTER and record.excluded_until <= now
-            and record.sends_only_until <= now and record.checks_nothing_until <= now)
+def _expired(standing: Standing, now: float) -> bool:
+    return (now - standing.kept_at > FORGET_AFTER and standing.excluded_until <= now
+            and standing.sends_only_until <= now and standing.checks_nothing_until <= now)
