@@ -250,7 +250,10 @@ def outcome(results: list[Result], parts: TensorPartContainer, reducer: TensorPa
     if plan.grouped:  # (a grouped round's results count every group; each lists its own)
         samples = statistics.median_low(r.samples for r in results)
     else:
-        reports = {str(i): r.received for i, r in enumerate(results)}
+        # A reducer holding most of the vector decides alone: it counts a sender for no more
+        # than the round's cap on it, as honest reducers weigh it.
+        reports = {str(i): {s: min(n, plan.caps.get(s, n)) for s, n in r.received.items()}
+                   for i, r in enumerate(results)}
         samples = total_count(seen_by_reducers(reports, {str(i): plan.share_of(r.index)
                                                          for i, r in enumerate(results)}).values())
     losses = [r.loss for r in results if r.loss is not None]

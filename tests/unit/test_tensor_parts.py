@@ -126,3 +126,11 @@ def test_a_step_counts_a_sender_its_reducers_disagree_on_as_the_backbone_credits
         reports = {"a": aside.received, "b": took.received}
         credited = seen_by_reducers(reports, {"a": shares[0], "b": shares[1]})
         assert averaged.samples == sum(credited.values()) == counted
+
+
+def test_a_reducer_holding_most_of_the_vector_cannot_count_a_sender_past_its_cap():
+    two = RoundPlan(7, 3, ["a", "b"], [0.4, 0.6], "a", caps={"a": 48, "b": 64})
+    parts = TensorPartContainer(two, torch.randn(100), samples=40)
+    honest = Result(round_id=7, epoch=3, index=0, samples=96, loss=1.0, received={"a": 40, "b": 56})
+    liar = Result(round_id=7, epoch=3, index=1, samples=10**9, loss=1.0, received={"a": 40, "b": 10**9})
+    assert outcome([honest, liar], parts, TensorPartReducer(two)).samples == 40 + 64
