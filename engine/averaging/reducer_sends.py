@@ -78,12 +78,14 @@ class ReducerSends:
 
     async def _send_to(self, peer: str, header: Result | Shown, payload: Payload) -> None:
         """A frame for ``peer`` within the round's time (an optional member's link may still
-        be opening); one that cannot go is logged, and costs the round nothing here."""
+        be opening: it dials us, we never dial it, so twenty silent newcomers cost a reducer
+        no connections); one that cannot go is logged, and costs the round nothing here."""
         remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
         try:
             link = self.links.get(peer)
             if link is None:
-                link = await asyncio.wait_for(self.mesh.link(peer), max(remaining, 0.0))
+                dial = peer not in self.plan.optional
+                link = await asyncio.wait_for(self.mesh.link(peer, dial=dial), max(remaining, 0.0))
             await asyncio.wait_for(link.send(header, payload), max(remaining, 1.0))
         except (asyncio.TimeoutError, LinkClosed, ProtocolError) as exc:
             log.info("round %d: no %s for %s (%s)", self.plan.round_id, header.__struct_config__.tag, peer,

@@ -96,14 +96,18 @@ class PeerMesh:
         mailbox.on_overflow = self._overflowed
         self.transports = backends.available()  # the stacks this peer offers, the preferred first
 
-    async def link(self, peer_id: str, timeout: float | None = None) -> PeerLink:
-        """The open link to ``peer_id``, connecting first if there is none."""
+    async def link(self, peer_id: str, timeout: float | None = None, dial: bool = True) -> PeerLink:
+        """The open link to ``peer_id``, connecting first if there is none. Without ``dial``,
+        only a link it opens to us (or has under way) will do: a stranger who never spoke
+        costs us no connection of our own."""
         link = self._links.get(peer_id)
         if link is not None and link.is_open:
             return link
         shunned = self._shunned.left(peer_id)
         if shunned:
             raise LinkClosed(f"{peer_id} broke the rules: no links to it for {shunned:.0f} s", peer_id)
+        if not dial and peer_id not in self._answering and peer_id not in self._offers:
+            raise LinkClosed(f"{peer_id} opened no link to us", peer_id)
         arrival = self._arrival(peer_id)
         if peer_id not in self._offers and peer_id not in self._answering:
             # An answer under way brings the link too; a second offer now would make the

@@ -59,9 +59,15 @@ def joined(collab: Collaboration) -> list[int]:
 
 @pytest.fixture(scope="module")
 def fp32_loss(tmp_path_factory) -> float:
-    loss, agreed = asyncio.run(trained(tmp_path_factory.mktemp("fp32")))
-    assert agreed >= EPOCHS // 2, f"fp32: only {agreed} epochs had all three peers"
-    return loss
+    """The higher held-out loss of two fp32 runs: which peer's samples fill each step
+    depends on timing, and two fp32 runs alone differed by 0.7% (3.0814, 3.1017), a third
+    of the margin. A setting is held to fp32 as fp32 is to itself, then the margin."""
+    losses = []
+    for _ in range(2):
+        loss, agreed = asyncio.run(trained(tmp_path_factory.mktemp("fp32")))
+        assert agreed >= EPOCHS // 2, f"fp32: only {agreed} epochs had all three peers"
+        losses.append(loss)
+    return max(losses)
 
 
 def test_fp16_and_uint8_reach_the_loss_of_fp32_and_every_hash_agrees(tmp_path, fp32_loss, report_figure):

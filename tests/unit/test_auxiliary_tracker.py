@@ -2,8 +2,14 @@
 gradient, hold no state and never vote. Driven directly: no network, a controllable clock."""
 
 from engine.backbone.tracker import RecordCredits, Tracker
-from engine.backbone.tracker.scheduling import TRIAL_SPACING
 from engine.backbone.tracker.settlement import REPORT_GRACE
+from engine.backbone.tracker.trials import (
+    MIN_TRIAL_TIMEOUT,
+    RECENT_ROUNDS,
+    TRIAL_SPACING,
+    TRIAL_TIMEOUT_FACTOR,
+    Trials,
+)
 from engine.planning.partition import part_sizes
 from engine.planning.sizes import encoded_size
 from engine.wire.control import Progress, Reassign, Resync, RoundDone, RoundStart
@@ -117,6 +123,47 @@ def test_unproven_auxiliary_peers_get_one_trial_round_in_ten_of_the_time(clock):
         clock.now = closed + wait - 3
     clock.now = closed + wait
     assert len(next_round(3).auxiliary) == 1
+
+
+def settled_rounds(t, clock, took: float, count: int = 3) -> None:
+    """``count`` rounds of the trainers alone, each settled ``took`` seconds after it opened."""
+    for _ in range(count):
+        start = open_round(t, {"a": 60, "b": 60})
+        assert start.auxiliary == []
+        clock.now += took
+        for p in "ab":
+            t.handle(p, done(start, digest=f"h{t.epoch + 1}"))
+        assert t.round is None
+
+
+def test_a_trial_round_may_take_ten_times_what_rounds_take_not_the_whole_timeout(clock):
+    """A stranger that comes as an auxiliary peer and withholds its results stalls its trial
+    round for ten times a typical round (at least a second), as the backbone timed them:
+    not for the project's whole round timeout."""
+    t = ready_tracker(clock, peers=("a", "b"), round_timeout=30)
+    settled_rounds(t, clock, took=0.05)
+    t.join("x", "x", PeerRole.AUXILIARY)
+    t.handle("x", Progress(t.epoch, 0, 0.0, upload=100 * MBIT, download=100 * MBIT))
+    trial = open_round(t, {"a": 60, "b": 60})
+    assert trial.auxiliary == ["x"] and trial.timeout == MIN_TRIAL_TIMEOUT
+    epoch = t.epoch
+    clock.now += trial.timeout + t.round_grace + 0.1
+    t.tick()
+    assert t.round is None and t.epoch == epoch, "the stalled trial failed at its own deadline"
+    assert t.peers["x"].strikes == 1
+
+
+def test_a_trial_timeout_follows_the_rounds_lately_within_the_projects():
+    trials = Trials(clock=lambda: 0.0, retry_delay=1.0)
+    assert trials.timeout(30) == 30, "before any round settled: nothing to judge by"
+    for took in (0.5, 0.4, 0.6, 20.0):  # (one slow round moves the median little)
+        trials.round_over(opened_at=0.0, settled_at=took, trial=False)
+    assert trials.timeout(30) == TRIAL_TIMEOUT_FACTOR * 0.55
+    trials.round_over(opened_at=0.0, settled_at=None, trial=False)  # a failed round tells nothing
+    assert trials.timeout(30) == TRIAL_TIMEOUT_FACTOR * 0.55
+    for _ in range(RECENT_ROUNDS):
+        trials.round_over(opened_at=0.0, settled_at=9.0, trial=False)
+    assert trials.timeout(30) == 30, "never longer than the project's timeout"
 
 
 def test_an_auxiliary_reducer_that_withholds_its_results_is_struck_then_sits_rounds_out(clock):

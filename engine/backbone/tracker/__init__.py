@@ -118,7 +118,7 @@ class Tracker:
             now = clock()
             self.round = OpenRound(unsettled.round_id, epoch, unsettled.voters, [1.0] * len(unsettled.voters),
                                    opened_at=now, deadline=now + project.round_timeout, checkpoint_by=None,
-                                   members={}, recovering=True)
+                                   members={}, timeout=project.round_timeout, recovering=True)
 
     @property
     def peers(self) -> dict[str, PeerState]:
@@ -263,7 +263,7 @@ class Tracker:
         if rnd is None:
             return []
         self.round = rnd
-        start = rnd.start(self.project.round_timeout)
+        start = rnd.start()
         return [RoundOpened(rnd.round_id, rnd.epoch, rnd.voters), *(Send(pid, start) for pid in rnd.group)]
 
     def tick(self) -> list[Out]:

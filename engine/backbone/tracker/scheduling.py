@@ -4,19 +4,13 @@ however many joiners come and go), and the group can all reach each other. Peers
 the round as optional members: their parts are welcome, but nobody waits for them and
 their word does not open it.
 
-Auxiliary peers join every round whose members they all reach, as reducers only. One that
-has not proven itself yet (no round it reduced in has settled) is everyone's to wait for
-as any reducer is, so only one such peer at a time gets a trial round, and trial rounds
-take at most a tenth of the time: after one that lasted d seconds, the next comes
-(TRIAL_SPACING - 1) * d later, twice that after a trial that failed, four times after two
-in a row... Identities that come as auxiliary peers and stall their trials cost the
-collaboration at most a tenth of its time, however many there are, and ever less."""
+Auxiliary peers join every round whose members they all reach, as reducers only; one not
+proven yet, only in a trial round (tracker/trials.py: short and rare)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +20,7 @@ from engine.backbone.tracker.grouping import grouped_shares, link_claims
 from engine.backbone.tracker.join_hold import JoinHold
 from engine.backbone.tracker.membership import Members, Pace, PeerState
 from engine.backbone.tracker.pairs import Pairs
+from engine.backbone.tracker.trials import Trials
 from engine.planning.load_balancing import Balance, balance, equal_shares, round_time
 from engine.planning.partition import part_bounds
 from engine.planning.slot_reducers import slot_reducers_now
@@ -37,10 +32,6 @@ if TYPE_CHECKING:
     from engine.backbone.tracker.part_checks import RoundAudit
 
 log = logging.getLogger(__name__)
-# Rounds with an unproven auxiliary peer in them take at most 1 / TRIAL_SPACING of the time,
-# and half that again after each trial in a row that failed (up to 2**MAX_TRIAL_BACKOFF).
-TRIAL_SPACING = 10
-MAX_TRIAL_BACKOFF = 6
 # A round the LP expects to move bytes for this long or more comes in PIECES parts per
 # member's share, pipelined (planning/partition.py): on shaped home links, results flowing
 # out while later pieces flow in brought rounds from 1.25-1.29x the LP's fluid prediction
@@ -72,6 +63,7 @@ class OpenRound:
     deadline: float
     checkpoint_by: str | None
     members: dict[str, Pace]  # what each member had reported, refreshed during the round
+    timeout: float  # what members are told a round may take (a trial's is shorter)
     optional: set[str] = field(default_factory=set)  # on probation: not waited for, no vote
     outcomes: dict[str, RoundDone] = field(default_factory=dict)
     settled_to: str | None = None  # the state hash a majority of members reported
@@ -84,7 +76,7 @@ class OpenRound:
     unproven: set[str] = field(default_factory=set)  # seen with samples; proven if its late step agrees
     reducers: list[str] = field(default_factory=list)  # who reduces part j now (a backup, if lost)
     auxiliary: set[str] = field(default_factory=set)  # reduce only: no gradient, no step, no vote
-    trial: bool = False  # an unproven auxiliary peer reduces in it (Scheduler.trial_over)
+    trial: bool = False  # an unproven auxiliary peer reduces in it (tracker/trials.py)
     pieces: int = 1  # parts per member's share (planning/partition.py)
     # All-reduces per round: 2 in a PowerSGD project (P, then Q), whose part j of phase k is
     # part ``k * parts + j`` in commitments, draws and credit; same reducer for both.
@@ -164,10 +156,10 @@ class OpenRound:
         """Per member, the most samples its parts count for (an auxiliary member sends none)."""
         return [self.members[p].cap if p in self.members else 0 for p in self.group]
 
-    def start(self, timeout: float) -> RoundStart:
-        return RoundStart(self.round_id, self.epoch, self.group, self.shares, timeout, self.checkpoint_by,
-                          sorted(self.optional), sorted(self.auxiliary), self.pieces, self.caps(), self.nonce,
-                          self.groups)
+    def start(self) -> RoundStart:
+        return RoundStart(self.round_id, self.epoch, self.group, self.shares, self.timeout,
+                          self.checkpoint_by, sorted(self.optional), sorted(self.auxiliary), self.pieces,
+                          self.caps(), self.nonce, self.groups)
 
     def reducer_groups(self) -> list[tuple[set[str], dict[str, float]]]:
         """Who sends to whom: each group's members and its reducers' weights (a flat round:
@@ -203,8 +195,7 @@ class Scheduler:
         self._retry_at = 0.0
         self._round_ids = itertools.count(last_round_id + 1)
         self._join_hold = JoinHold()
-        self._next_trial = -math.inf  # no unproven auxiliary peer in a round before then
-        self._failed_trials = 0  # trial rounds in a row that did not settle
+        self.trials = Trials(clock, retry_delay)
         self.vector_bytes = 0  # what a round moves per member, once a settled round told us
         # The counted samples of the peers that could average together, when too few for a
         # round (peers linked apart): the status says so, and they compute on.
@@ -274,7 +265,8 @@ class Scheduler:
             balanced = Balance([s for _, s in kept], balanced.seconds)
         trial = any(not p.proven for p in helpers if p.peer_id in auxiliary)
         if trial:
-            self._next_trial = math.inf  # until this one is over
+            self.trials.opened()
+        timeout = self.trials.timeout(self.project.round_timeout) if trial else self.project.round_timeout
         due = epoch + 1 - last_checkpoint >= self.project.checkpoint_every
         predicted = balanced.seconds * self.vector_bytes
         phases = 2 if self.project.compression == "powersgd" else 1
@@ -282,7 +274,7 @@ class Scheduler:
         pipelined = predicted >= PIPELINE_FROM and phases * len(group) * PIECES <= MAX_PIPELINED_PARTS
         rnd = OpenRound(
             round_id=next(self._round_ids), epoch=epoch, group=group, shares=balanced.shares,
-            opened_at=now, deadline=now + self.project.round_timeout,
+            opened_at=now, deadline=now + timeout, timeout=timeout,
             checkpoint_by=checkpointer(members, proven, self.chore_rank) if due else None,
             members=self.members.paces(members, now), optional=optional,
             auxiliary=auxiliary, trial=trial, pieces=PIECES if pipelined and not grouped else 1,
@@ -295,27 +287,15 @@ class Scheduler:
                  " ".join(f"{s:.2f}" for s in rnd.shares), rnd.pieces, balanced.seconds * 1e6, predicted)
         return rnd
 
-    def trial_over(self, rnd: OpenRound) -> None:
-        """A round is over: if it was a trial, the next one waits nine times as long as it
-        took (with the pause after a failed round), and twice that again after each trial in
-        a row that failed: identities that keep stalling their trials get ever fewer."""
-        if not rnd.trial:
-            return
-        now = self._clock()
-        took = now - rnd.opened_at
-        if rnd.settled_to is None:
-            took += self.retry_delay
-            self._failed_trials += 1
-        else:
-            self._failed_trials = 0
-        backoff = 2 ** min(self._failed_trials, MAX_TRIAL_BACKOFF)
-        self._next_trial = now + (TRIAL_SPACING - 1) * took * backoff
+    def round_over(self, rnd: OpenRound) -> None:
+        settled_at = rnd.settled_at if rnd.settled_to is not None else None
+        self.trials.round_over(rnd.opened_at, settled_at, rnd.trial)
 
     def _auxiliaries(self, trainers: list[str], now: float, sends_only: set[str]) -> list[PeerState]:
         """The auxiliary peers that join a round of ``trainers``: those that reach them all
         and accept connections; of those not proven yet, one, if a trial is due."""
         chosen = []
-        trial_due = now >= self._next_trial
+        trial_due = self.trials.due(now)
         for peer in self.members.auxiliaries():
             reaches = all(self.pairs.reachable(peer.peer_id, t, now) for t in trainers)
             if peer.peer_id in sends_only or not reaches:

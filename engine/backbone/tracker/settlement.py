@@ -251,7 +251,7 @@ class Settlement:
     def close(self, rnd: OpenRound) -> list[Out]:
         t = self.t
         t.round, self.closed = None, rnd
-        t.scheduler.trial_over(rnd)
+        t.scheduler.round_over(rnd)
         out: list[Out] = []
         if rnd.settled_to is None and not (rnd.audit is not None and rnd.audit.failed):
             out += self._try_settle(rnd, final=True)
