@@ -137,7 +137,7 @@ def test_a_backbone_killed_and_started_again_is_found_again_without_the_user(qtb
         wait_until(lambda: app.controller.state.kind == "contributing", 90,
                    lambda: f"the app to contribute again; it says {app.controller.state.reason!r}")
         # (A backbone that restarts waits up to a minute for the peers holding the epoch it
-        # recorded before it lets anyone start over: engine/ARCHITECTURE.md, Restart.)
+        # recorded before it lets anyone start over: engine/docs/accounts_and_ledger.md, Restart.)
         wait_until(lambda: credited_here(app) > 0, 90, "samples credited on this computer")
         dashboard = app.window.pages["dashboard"]
         app.window.show_page("dashboard")

@@ -6,7 +6,7 @@ parses them: the floor any validating decoder stands on.
 
 The ratio to json.loads is what to compare across machines and days. Before the wire moved
 to msgspec (a hand-made validator over json.loads), the median ratio was 3.1x on this
-project's machines (engine/ARCHITECTURE.md, "Performance").
+project's machines (engine/docs/benchmarks.md).
 """
 
 from __future__ import annotations
