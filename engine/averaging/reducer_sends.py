@@ -79,7 +79,8 @@ class ReducerSends:
     async def _send_to(self, peer: str, header: Result | Shown, payload: Payload) -> None:
         """A frame for ``peer`` within the round's time (an optional member's link may still
         be opening: it dials us, we never dial it, so twenty silent newcomers cost a reducer
-        no connections); one that cannot go is logged, and costs the round nothing here."""
+        no connections, and a newcomer whose part came too late still gets its results);
+        one that cannot go is logged, and costs the round nothing here."""
         remaining = self.timeout - (asyncio.get_running_loop().time() - self.began)
         try:
             link = self.links.get(peer)

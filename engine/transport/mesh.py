@@ -98,18 +98,16 @@ class PeerMesh:
 
     async def link(self, peer_id: str, timeout: float | None = None, dial: bool = True) -> PeerLink:
         """The open link to ``peer_id``, connecting first if there is none. Without ``dial``,
-        only a link it opens to us (or has under way) will do: a stranger who never spoke
-        costs us no connection of our own."""
+        only a link it opens to us will do (a newcomer's may still be on its way): a
+        stranger who never speaks costs us no connection of our own."""
         link = self._links.get(peer_id)
         if link is not None and link.is_open:
             return link
         shunned = self._shunned.left(peer_id)
         if shunned:
             raise LinkClosed(f"{peer_id} broke the rules: no links to it for {shunned:.0f} s", peer_id)
-        if not dial and peer_id not in self._answering and peer_id not in self._offers:
-            raise LinkClosed(f"{peer_id} opened no link to us", peer_id)
         arrival = self._arrival(peer_id)
-        if peer_id not in self._offers and peer_id not in self._answering:
+        if dial and peer_id not in self._offers and peer_id not in self._answering:
             # An answer under way brings the link too; a second offer now would make the
             # other side drop the link it is about to open, as if ours had died. (So the
             # offer is registered here, not when its task starts: a second ``link`` in the
