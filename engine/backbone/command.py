@@ -81,7 +81,7 @@ async def run_backbone(args: argparse.Namespace) -> int:
     from engine.backbone.addresses import plain_address
     from engine.backbone.ice import IceConfig, read_turn_secret
     from engine.backbone.server import BackboneConfig
-    from engine.backbone.store.database import is_database_url
+    from engine.backbone.store.opening import is_database_url
 
     try:
         ice = IceConfig(stun_urls=args.stun, turn_urls=args.turn, turn_ttl=args.turn_ttl,

@@ -10,7 +10,7 @@ from contextlib import closing
 
 import pytest
 
-from engine.backbone.store.database import open_database
+from engine.backbone.store.opening import open_database
 from engine.paths import engine_command
 from engine.peer.events import Connection, RoundFailed
 from tests.collab.accounts import register

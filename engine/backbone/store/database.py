@@ -1,16 +1,12 @@
 """What every repository (engine/backbone/store/) works through: a database that runs the
 repositories' SQL (one text for SQLite and PostgreSQL, `?` for parameters; the few
-fragments that differ are its ``dialect``'s), and transactions on it.
-
-``open_database`` picks the engine: a path is an SQLite file (the embedded default), a
-``postgresql://`` URL a PostgreSQL server that several backbone processes can share.
-"""
+fragments that differ are its ``dialect``'s), and transactions on it (the engines:
+store/sqlite.py, store/postgres.py; which one, store/opening.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Protocol
 
 from engine.backbone.store.schema import Dialect
@@ -52,24 +48,6 @@ class Database(Runner, Protocol):
         """A context manager giving a Runner: all of it or none of it."""
 
     def close(self) -> None: ...
-
-
-def is_database_url(where: str) -> bool:
-    return where.startswith(("postgresql://", "postgres://"))
-
-
-def open_database(where: Path | str) -> Database:
-    """The database at ``where``, created or migrated to this schema."""
-    if isinstance(where, str) and is_database_url(where):
-        try:
-            from engine.backbone.store.postgres import PostgresDatabase  # only its users need psycopg
-        except ImportError as exc:  # the desktop app's bundle leaves it out
-            needs = f"a backbone on PostgreSQL needs {exc.name}: pip install 'cotrain[backbone]'"
-            raise RuntimeError(needs) from None
-        return PostgresDatabase(where)
-    from engine.backbone.store.sqlite import SqliteDatabase
-
-    return SqliteDatabase(Path(where))
 
 
 class Repository:

@@ -13,8 +13,9 @@ from engine.backbone.store.account_records import AccountRecords
 from engine.backbone.store.checkpoint_records import CheckpointRecords
 from engine.backbone.store.credit_records import CreditRecords
 from engine.backbone.store.curve_records import CurveRecords
-from engine.backbone.store.database import Runner, open_database
+from engine.backbone.store.database import Runner
 from engine.backbone.store.lease_records import LeaseRecords
+from engine.backbone.store.opening import open_database
 from engine.backbone.store.peer_records import PeerRecords
 from engine.backbone.store.project_models import ProjectModelRecords
 from engine.backbone.store.round_records import RoundRecords
