@@ -1,9 +1,9 @@
 """asyncio helpers: the event loop to run on, fire-and-forget tasks that are neither
-garbage-collected mid-flight nor silent on failure, and waits that a cancellation always
-ends. (Python 3.11's ``asyncio.wait_for`` returns instead of raising when its awaitable
-finishes in the same turn as the cancellation: a loop around it then runs on, and whoever
-awaits its end waits for ever -- a worker once never left its peer to join under a new
-login.)"""
+garbage-collected mid-flight nor silent on failure, waits that a cancellation always
+ends, and abandoning the halves of a round that failed. (Python 3.11's
+``asyncio.wait_for`` returns instead of raising when its awaitable finishes in the same
+turn as the cancellation: a loop around it then runs on, and whoever awaits its end waits
+for ever -- a worker once never left its peer to join under a new login.)"""
 
 from __future__ import annotations
 
@@ -56,6 +56,30 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task]) -> None:
         _, pending = await asyncio.wait(pending, timeout=RECANCEL_AFTER)
         if pending:
             log.warning("%d task(s) ran on after their cancellation; cancelling again", len(pending))
+
+
+def abandon(futures: Iterable[asyncio.Future]) -> None:
+    """Cancel ``futures`` that are still running, and keep whatever they raise quiet: the
+    abandoned halves of a failed round, whose error is the round's, already reported."""
+    for future in futures:
+        if not future.done():
+            future.cancel()
+        future.add_done_callback(_quiet)
+
+
+def _quiet(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def all_or_none(coros: Iterable[Awaitable[T]]) -> list[T]:
+    """Their results, in order; if one fails, the rest are abandoned and its error raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        abandon(tasks)
+        raise
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

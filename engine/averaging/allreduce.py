@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.aio import abandon, all_or_none
 from engine.averaging.errors import AveragingError, Misbehaved
-from engine.averaging.lost_members import LostMembers, all_or_none, quiet
+from engine.averaging.lost_members import LostMembers
 from engine.averaging.reducer_sends import ReducerSends
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.stand_ins import FinishedParts
@@ -200,10 +201,7 @@ class AllReduceRunner:
         try:
             await self.members.until_done(waits, self.required)
         finally:
-            for wait in waits.values():
-                if not wait.done():
-                    wait.cancel()
-                wait.add_done_callback(quiet)
+            abandon(waits.values())
 
     async def exchange(self, j: int) -> Result:
         """Part ``j``: reduce it, if it is ours to; else send it to its reducer and take the
@@ -228,9 +226,7 @@ class AllReduceRunner:
                         raise AveragingError(f"round {self.plan.round_id}: {reducer} left, and nobody "
                                              f"took over part {j}")
             finally:
-                if not work.done():
-                    work.cancel()
-                work.add_done_callback(quiet)
+                abandon([work])
 
     async def send_and_receive(self, j: int, reducer: str) -> Result:
         link = self.links.get(reducer)
@@ -241,9 +237,7 @@ class AllReduceRunner:
             await self.send_part(j, link)
             return await results
         finally:
-            if not results.done():
-                results.cancel()
-            results.add_done_callback(quiet)
+            abandon([results])
 
     async def send_part(self, j: int, link: PeerLink) -> None:
         parts = self.parts
@@ -323,10 +317,7 @@ class AllReduceRunner:
                 now = asyncio.get_running_loop().time()
                 await asyncio.wait(optional, timeout=max(GRACE, now - self.began))
         finally:
-            for wait in waits.values():
-                if not wait.done():
-                    wait.cancel()
-                wait.add_done_callback(quiet)
+            abandon(waits.values())
         arrived = {p: w.result() for p, w in waits.items()
                    if p in senders and p not in self.members.lost and w.done() and not w.cancelled()
                    and w.exception() is None}

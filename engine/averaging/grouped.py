@@ -34,10 +34,10 @@ from typing import NoReturn, TypeVar
 
 import torch
 
+from engine.aio import abandon
 from engine.averaging.allreduce import Finish, aggregate_parts, butterfly_allreduce
 from engine.averaging.errors import AveragingError
 from engine.averaging.grouped_commitment import grouped_commitment
-from engine.averaging.lost_members import quiet
 from engine.averaging.round_plan import RoundPlan
 from engine.averaging.tensor_parts import Averaged, ReducedPart, ReducedParts
 from engine.transport.mesh import PeerMesh
@@ -98,10 +98,7 @@ async def _in_groups(plan: RoundPlan, mesh: PeerMesh, timeout: float,
             await asyncio.to_thread(_commit, plan, one, outcome, level_two)
         return outcome
     finally:
-        for task in (levels, watch):
-            if not task.done():
-                task.cancel()
-            task.add_done_callback(quiet)
+        abandon([levels, watch])
 
 
 async def _until_a_slot_is_orphaned(plan: RoundPlan) -> NoReturn:

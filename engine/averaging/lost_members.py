@@ -72,21 +72,3 @@ class LostMembers:
         while peer not in self.lost and loop.time() < until:
             await finished_within(self.plan.changes.wait(), until - loop.time())
         return peer in self.lost
-
-
-async def all_or_none(coros: list) -> list:
-    """Their results, in order; if one fails, the rest are cancelled and its error raised."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-            task.add_done_callback(quiet)
-        raise
-
-
-def quiet(future: asyncio.Future) -> None:
-    """Abandoned halves of a failed round: their errors are the round's, already reported."""
-    if not future.cancelled():
-        future.exception()

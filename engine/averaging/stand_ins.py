@@ -12,8 +12,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
+from engine.aio import abandon
 from engine.averaging.errors import AveragingError
-from engine.averaging.lost_members import LostMembers, quiet
+from engine.averaging.lost_members import LostMembers
 from engine.averaging.reducer_sends import Payload, ReducerSends
 from engine.averaging.round_plan import RoundPlan
 from engine.transport.mailbox import Key
@@ -55,7 +56,4 @@ class FinishedParts:
                                      "applied it")
             return gathering.result()
         finally:
-            for task in (gathering, *shown):
-                if not task.done():
-                    task.cancel()
-                task.add_done_callback(quiet)
+            abandon([gathering, *shown])

@@ -17,11 +17,10 @@ import torch
 from msgspec.structs import replace
 
 from engine.aio import finished_within
-from engine.averaging.allreduce import butterfly_allreduce, round_key
+from engine.averaging.allreduce import round_key
 from engine.averaging.errors import AveragingError
-from engine.averaging.grouped import grouped_allreduce
 from engine.averaging.powersgd import Layout
-from engine.averaging.powersgd_round import powersgd_allreduce
+from engine.averaging.round_kinds import PowerSGDInputs, average_round
 from engine.averaging.round_plan import RoundChanges, RoundPlan
 from engine.averaging.tensor_parts import Averaged
 from engine.evaluators import evaluators
@@ -111,9 +110,10 @@ class Rounds:
             self._layout = Layout.of(shapes, self.peer.project.powersgd.rank)
         return self._layout
 
-    def _warm(self) -> list[torch.Tensor | None]:
-        opt = self.peer.optimizer
-        return warm_q(opt.optimizer, opt.params, (m.param for m in self.layout().matrices))
+    def _powersgd(self) -> PowerSGDInputs:
+        opt, layout = self.peer.optimizer, self.layout()
+        return PowerSGDInputs(layout, opt.residual, self.peer.project.seed,
+                              warm_q(opt.optimizer, opt.params, (m.param for m in layout.matrices)))
 
     async def average(self, plan: RoundPlan, vector: torch.Tensor, samples: int, loss_sum: float,
                       timeout: float) -> Averaged:
@@ -121,15 +121,8 @@ class Rounds:
         before, began = peer.mesh.totals(), time.monotonic()
         plan.changes = self._changes.setdefault(plan.round_id, RoundChanges())
         try:
-            # (a round too large to run flat runs in groups)
-            allreduce = butterfly_allreduce if plan.groups is None else grouped_allreduce
-            if plan.phases > 1:  # compression: powersgd
-                averaged = await powersgd_allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout,
-                                                    layout=self.layout(), feedback=peer.optimizer.residual,
-                                                    seed=peer.project.seed, warm=self._warm(),
-                                                    allreduce=allreduce)
-            else:
-                averaged = await allreduce(plan, vector, samples, loss_sum, peer.mesh, timeout)
+            powersgd = self._powersgd() if plan.phases > 1 else None
+            averaged = await average_round(plan, vector, samples, loss_sum, peer.mesh, timeout, powersgd)
             peer.audits.keep(averaged.reduced)
             moved = peer.mesh.totals()
             peer.bandwidth.observed(moved.bytes_sent - before.bytes_sent,
