@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,20 @@ log = logging.getLogger(__name__)
 CHECKPOINT_UPLOAD_TIMEOUT = 120.0
 
 
+@dataclass(frozen=True)
+class JoinedPeer:
+    """What a training peer runs with once it has joined, built whole in one go: none of it
+    is ever missing, and before the join there is none of it. (The mesh is apart: an
+    auxiliary peer, which trains nothing, has one too.)"""
+
+    task: Task
+    files: FetchedFiles | None  # (a project with no data files has none)
+    optimizer: CollaborativeOptimizer
+    progress: ProgressReporter
+    pipeline: RoundPipeline
+    state_sync: StateSync
+
+
 class Peer:
     """One volunteer's membership of one collaboration, from joining to leaving: it owns the
     control socket, the mesh of links, the optimizer and the reporters, and hands the work
@@ -94,13 +109,8 @@ class Peer:
         self.spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task] = self.tasks.spawn
         self.chore: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task] = self.tasks.chore
         self.track: Callable[[asyncio.Task], None] = self.tasks.track
+        self._joined: JoinedPeer | None = None
         self._mesh: PeerMesh | None = None
-        self._opt: CollaborativeOptimizer | None = None
-        self._progress: ProgressReporter | None = None
-        self._pipeline: RoundPipeline | None = None
-        self._sync: StateSync | None = None
-        self._task: Task | None = None
-        self._files: FetchedFiles | None = None
         self._running = True
         # (epoch, hash) the backbone told us to resync to while paused: done on resume
         self._resync_on_resume: tuple[int, str | None] | None = None
@@ -113,38 +123,39 @@ class Peer:
         return self.client.join_reply.project
 
     @property
-    def optimizer(self) -> CollaborativeOptimizer:
-        assert self._opt is not None
-        return self._opt
-
-    @property
-    def progress(self) -> ProgressReporter:
-        assert self._progress is not None
-        return self._progress
-
-    @property
-    def pipeline(self) -> RoundPipeline:
-        assert self._pipeline is not None
-        return self._pipeline
+    def parts(self) -> JoinedPeer:
+        """What the peer runs with; only once it has joined (``joined``)."""
+        assert self._joined is not None, "the peer has not joined yet"
+        return self._joined
 
     @property
     def joined(self) -> bool:
-        return self._opt is not None
+        return self._joined is not None
+
+    @property
+    def optimizer(self) -> CollaborativeOptimizer:
+        return self.parts.optimizer
+
+    @property
+    def progress(self) -> ProgressReporter:
+        return self.parts.progress
+
+    @property
+    def pipeline(self) -> RoundPipeline:
+        return self.parts.pipeline
 
     @property
     def mesh(self) -> PeerMesh:
-        assert self._mesh is not None
+        assert self._mesh is not None, "the peer has not joined yet"
         return self._mesh
 
     @property
     def state_sync(self) -> StateSync:
-        assert self._sync is not None
-        return self._sync
+        return self.parts.state_sync
 
     @property
     def task(self) -> Task:
-        assert self._task is not None
-        return self._task
+        return self.parts.task
 
     @property
     def stopping_event(self) -> asyncio.Event:
@@ -167,9 +178,9 @@ class Peer:
         changed = run != self._running
         self._running = run
         self.emit(Governed(run, reason))
-        if self._opt is None or not changed:
+        if self._joined is None or not changed:
             return
-        self._opt.pause(not run)
+        self._joined.optimizer.pause(not run)
         self.spawn(self.client.send(Availability(paused=not run)))
         if run:
             self.check_behind()
@@ -181,11 +192,11 @@ class Peer:
         self.download.set_rate(limits.max_download_kbps * 1000.0 if limits.max_download_kbps else None)
         if self._mesh is not None:
             self._mesh.set_download_cap(self.download.rate)
-        threads = limits.threads or self.options.threads
-        if self._opt is not None and threads:
-            self.spawn(self._opt.thread.set_threads(threads))
-        if self._opt is None:
+        if self._joined is None:
             return
+        threads = limits.threads or self.options.threads
+        if threads:
+            self.spawn(self._joined.optimizer.thread.set_threads(threads))
         placement = choose_device(limits.use_gpu)
 
         async def compute_there() -> None:
@@ -243,13 +254,13 @@ class Peer:
         log.info("joined %s as %s", project.id, self.peer_id)
         self.emit(Joined(self.peer_id, project, reply.username))
         files_url = f"{self.client.base_url}/api/projects/{project.id}/files"
-        self._task, self._files = await asyncio.to_thread(
+        task, files = await asyncio.to_thread(
             project_task, project, files_url, self.client.file_headers, opts.limits, opts.data_dir,
             asyncio.get_running_loop(), self.emit, self.download)
         # Off the loop: the first optimizer imports torch's compiler stack, seconds of CPU on a
         # busy machine that would otherwise starve this peer's sockets and links.
         seed = data_seed(opts.data_seed, self.peer_id)
-        model, optimizer, micro_batch_seconds = await asyncio.to_thread(built, self.task, project, seed)
+        model, optimizer, micro_batch_seconds = await asyncio.to_thread(built, task, project, seed)
         self.gate.install(model, micro_batch_seconds)
         # In local mode the project's optimizer steps this peer's own copy of the model.
         local = LocalSteps(project.local, partial(build_optimizer, project.optimizer),
@@ -259,29 +270,26 @@ class Peer:
         self.mailbox.max_bytes, self.mailbox.max_total = 2 * max_frame, 4 * max_frame
         relay_only = self.relay_only = opts.relay_only or reply.ice_policy is IcePolicy.RELAY
         ice = ice_configuration(reply.ice_servers, relay_only)
-        self._mesh = PeerMesh(self.peer_id, self.control.signal, ice, self.mailbox, self.rounds.on_frame,
-                              self.rounds.on_incoming, max_payload=max_frame,
-                              upload=self.upload)
+        self._mesh = mesh = PeerMesh(self.peer_id, self.control.signal, ice, self.mailbox,
+                                     self.rounds.on_frame, self.rounds.on_incoming, max_payload=max_frame,
+                                     upload=self.upload)
         # PowerSGD starts each round from the last one's Q, which the state carries.
         warm = warm_shapes_of(project, trainable(model))
-        self._opt = CollaborativeOptimizer(model, optimizer, project.schedule, project_id=project.id,
-                                           clip_grad_norm=project.optimizer.clip_grad_norm,
-                                           gate=self.gate, local=local, overlap=project.overlap,
-                                           warm_shapes=warm)
-        self._progress = ProgressReporter(self._opt, self.client.send, project.target_batch_size,
-                                          reply.report_interval)
-        mesh = self._mesh
-        self._progress.client_mode = lambda: relay_only or all_links_relayed(mesh)
-        self._progress.link_estimate = partial(reported_link, self.bandwidth, self.upload, self.download)
-        self._pipeline = RoundPipeline(self._opt, self._progress, self.rounds.average, self.client.send,
-                                       me=self.peer_id, target_batch_size=project.target_batch_size,
-                                       aggregation=project.aggregation, compression=project.compression)
+        opt = CollaborativeOptimizer(model, optimizer, project.schedule, project_id=project.id,
+                                     clip_grad_norm=project.optimizer.clip_grad_norm,
+                                     gate=self.gate, local=local, overlap=project.overlap, warm_shapes=warm)
+        progress = ProgressReporter(opt, self.client.send, project.target_batch_size, reply.report_interval)
+        progress.client_mode = lambda: relay_only or all_links_relayed(mesh)
+        progress.link_estimate = partial(reported_link, self.bandwidth, self.upload, self.download)
+        pipeline = RoundPipeline(opt, progress, self.rounds.average, self.client.send,
+                                 me=self.peer_id, target_batch_size=project.target_batch_size,
+                                 aggregation=project.aggregation, compression=project.compression)
+        sync = StateSync(self.client, mesh, self.mailbox, opt, progress, self.fresh_model, self.emit)
+        self._joined = JoinedPeer(task, files, opt, progress, pipeline, sync)
         self.client.upload, self.client.download = self.upload, self.download
         self.apply_limits(opts.limits)
         if not self._running:
-            self._opt.pause(True)
-        self._sync = StateSync(self.client, self._mesh, self.mailbox, self._opt, self._progress,
-                               self.fresh_model, self.emit)
+            opt.pause(True)
 
     def fresh_model(self) -> torch.nn.Module:
         assert self.client.join_reply is not None
@@ -290,16 +298,17 @@ class Peer:
     async def _shutdown(self) -> None:
         # (First: a user waits for it, and the uploads below may take minutes.)
         stopped_again = False
-        if self.options.save_state is not None and self._opt is not None:
-            if self._opt.synced:
+        joined = self._joined
+        if self.options.save_state is not None and joined is not None:
+            if joined.optimizer.synced:
                 try:
-                    await save_state(self._opt, Path(self.options.save_state))
+                    await save_state(joined.optimizer, Path(self.options.save_state))
                 except asyncio.CancelledError:
                     stopped_again = True  # (saved) leave now: no wait for uploads
             else:
                 log.warning("not saving the state: this peer holds none of the collaboration's")
-        if self._stop_reason == PROJECT_CHANGED and self._opt is not None and self._opt.synced:
-            self.carried = await carried_state(self._opt)
+        if self._stop_reason == PROJECT_CHANGED and joined is not None and joined.optimizer.synced:
+            self.carried = await carried_state(joined.optimizer)
         pending = [t for t in self.rounds.uploads if not t.done()]
         if pending and not stopped_again:
             # The collaboration asked us for this checkpoint; if we are the last peer to
@@ -309,11 +318,11 @@ class Peer:
         if self._mesh is not None:
             await self._mesh.close()
         await self.client.close()
-        if self._files is not None:
-            await self._files.close()  # a micro-batch waiting for a shard gives up
-        if self._opt is not None:
-            self._opt.thread.shutdown()
-            self._opt.hash.close()
+        if joined is not None and joined.files is not None:
+            await joined.files.close()  # a micro-batch waiting for a shard gives up
+        if joined is not None:
+            joined.optimizer.thread.shutdown()
+            joined.optimizer.hash.close()
         if stopped_again:
             raise asyncio.CancelledError
 

@@ -19,7 +19,7 @@ async def test_peers_link_to_each_other_as_they_become_ready_before_any_round(tm
 
         def meshed() -> bool:
             ids = {p.peer.peer_id for p in peers}
-            return "" not in ids and all(p.peer._mesh is not None and
+            return "" not in ids and all(p.peer.joined and
                                          set(p.peer.mesh.connected()) == ids - {p.peer.peer_id}
                                          for p in peers)
 
