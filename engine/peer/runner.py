@@ -122,9 +122,8 @@ class Peer:
         assert self.client.join_reply is not None
         return self.client.join_reply.project
 
-    @property
-    def parts(self) -> JoinedPeer:
-        """What the peer runs with; only once it has joined (``joined``)."""
+    def _joined_peer(self) -> JoinedPeer:
+        """What the peer trains with; only once it has joined (``joined``)."""
         assert self._joined is not None, "the peer has not joined yet"
         return self._joined
 
@@ -134,15 +133,15 @@ class Peer:
 
     @property
     def optimizer(self) -> CollaborativeOptimizer:
-        return self.parts.optimizer
+        return self._joined_peer().optimizer
 
     @property
     def progress(self) -> ProgressReporter:
-        return self.parts.progress
+        return self._joined_peer().progress
 
     @property
     def pipeline(self) -> RoundPipeline:
-        return self.parts.pipeline
+        return self._joined_peer().pipeline
 
     @property
     def mesh(self) -> PeerMesh:
@@ -151,11 +150,11 @@ class Peer:
 
     @property
     def state_sync(self) -> StateSync:
-        return self.parts.state_sync
+        return self._joined_peer().state_sync
 
     @property
     def task(self) -> Task:
-        return self.parts.task
+        return self._joined_peer().task
 
     @property
     def stopping_event(self) -> asyncio.Event:
@@ -284,16 +283,13 @@ class Peer:
         pipeline = RoundPipeline(opt, progress, self.rounds.average, self.client.send,
                                  me=self.peer_id, target_batch_size=project.target_batch_size,
                                  aggregation=project.aggregation, compression=project.compression)
-        sync = StateSync(self.client, mesh, self.mailbox, opt, progress, self.fresh_model, self.emit)
+        fresh_model = partial(initial_model, task, project.seed)
+        sync = StateSync(self.client, mesh, self.mailbox, opt, progress, fresh_model, self.emit)
         self._joined = JoinedPeer(task, files, opt, progress, pipeline, sync)
         self.client.upload, self.client.download = self.upload, self.download
         self.apply_limits(opts.limits)
         if not self._running:
             opt.pause(True)
-
-    def fresh_model(self) -> torch.nn.Module:
-        assert self.client.join_reply is not None
-        return initial_model(self.task, self.client.join_reply.project.seed)
 
     async def _shutdown(self) -> None:
         # (First: a user waits for it, and the uploads below may take minutes.)
