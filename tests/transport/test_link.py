@@ -132,6 +132,26 @@ async def test_data_sent_just_before_a_graceful_close_is_delivered(stack):
         await meshes["b"].close()
 
 
+async def test_a_link_asked_for_without_dialling_is_the_one_the_other_side_opens(stack):
+    """A reducer sends a newcomer's results only over the link the newcomer opens: twenty
+    silent strangers on probation must cost it no offers of its own. It waits for the
+    newcomer's link (which may open after it asked), and gives up on a silent one."""
+    signals: list = []
+    meshes = make_meshes(["a", "b"], signals=signals)
+    try:
+        waiting = asyncio.ensure_future(meshes["a"].link("b", dial=False))
+        with pytest.raises(LinkClosed):
+            await meshes["a"].link("ghost", timeout=0.5, dial=False)  # (a second, in the meantime)
+        assert not waiting.done() and signals == [], "it dialled"
+        opened = await meshes["b"].link("a")
+        link = await asyncio.wait_for(waiting, 10)
+        assert link.is_open and opened.is_open
+        assert {(sender, kind) for sender, _, kind, _ in signals} == {("b", SignalKind.OFFER),
+                                                                     ("a", SignalKind.ANSWER)}
+    finally:
+        await asyncio.gather(*(m.close() for m in meshes.values()))
+
+
 async def test_connecting_to_a_peer_that_never_answers_fails_in_bounded_time(stack):
     meshes = make_meshes(["a"], connect_timeout=1.0)
     began = asyncio.get_running_loop().time()
